@@ -1,0 +1,118 @@
+"""CutlassCodegen: turn each offloaded function into an external kernel call.
+
+TVM's `RunCodegen` calls the function registered as `relax.ext.relax_cutlass` with the offloaded
+functions; it returns runtime modules (here: one relocatable object, loaded as a static library) and
+RunCodegen rewrites every call into `R.call_dps_packed(R.extern(symbol), ...)` and records the modules
+under the IRModule attribute `external_mods`, so `tvm.compile` links them and `export_library` ships
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from .arch import parse_arch
+from .compile import compile_all, link_relocatable
+from .emit import emit_glue, emit_kernel
+from .kernel_spec import GemmRegion
+from .patterns import ACCUMULATOR_DTYPES, CODEGEN
+from .regions import analyze, make_region
+from .select import DEFAULT_M_HINT, choose_kernel
+
+REGIONS_ATTR = "relax_cutlass.regions"
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Knobs of CutlassCodegen (also accepted by `offload_pipeline`)."""
+
+    arch: int = 80
+    accumulator: str = "float32"  # "float16" trades accuracy for register pressure
+    m_hint: int = DEFAULT_M_HINT  # M assumed by the heuristic when M is symbolic
+    jobs: int | None = None  # parallel compiler processes (default: all cores)
+    compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
+
+    @staticmethod
+    def create(arch="sm_80", **options) -> CodegenOptions:
+        known = {"accumulator", "m_hint", "jobs", "compile"}
+        unknown = set(options) - known
+        if unknown:
+            raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
+        acc = options.get("accumulator", "float32")
+        if acc not in ACCUMULATOR_DTYPES:
+            raise ValueError(f"accumulator={acc!r}: use one of {ACCUMULATOR_DTYPES}")
+        return CodegenOptions(arch=parse_arch(arch), **options)
+
+    def to_map(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @staticmethod
+    def from_map(options) -> CodegenOptions:
+        values = {str(k): v for k, v in dict(options).items()}
+        return CodegenOptions(
+            arch=int(values.get("arch", 80)),
+            accumulator=str(values.get("accumulator", "float32")),
+            m_hint=int(values.get("m_hint", DEFAULT_M_HINT)),
+            jobs=int(values["jobs"]) if "jobs" in values else None,
+            compile=bool(values.get("compile", True)),
+        )
+
+
+def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion]:
+    """Offloaded functions -> GemmRegion records (kernel chosen for each)."""
+    regions = []
+    for func in functions:
+        symbol = str(func.attrs["global_symbol"])
+        spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
+        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint)
+        regions.append(make_region(func, symbol, kernel, roles, composite))
+    return regions
+
+
+def build_regions(regions: list[GemmRegion], options: CodegenOptions, module_name: str):
+    """Emit, compile (cached, parallel) and link one static-library module for these regions."""
+    kernels = {r.kernel.name: r.kernel for r in regions}
+    sources = [emit_kernel(k) for k in kernels.values()]
+    sources.append(emit_glue(regions, module_name))
+    objects = compile_all(sources, options.arch, options.jobs)
+    merged = link_relocatable([objects[s.name][0] for s in sources], module_name)
+    return tvm.runtime.load_static_library(str(merged), [r.symbol for r in regions])
+
+
+@tvm_ffi.register_global_func(f"relax.ext.{CODEGEN}", override=True)
+def _relax_ext_codegen(functions, options, _constant_names):
+    """Entry point RunCodegen calls with all functions annotated Codegen="relax_cutlass"."""
+    opts = CodegenOptions.from_map(options)
+    regions = plan_regions(list(functions), opts)
+    if not regions or not opts.compile:
+        return []
+    return [build_regions(regions, opts, f"{CODEGEN}_module")]
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.CutlassCodegen")
+class CutlassCodegen:
+    """Generate, compile and attach CUTLASS kernels for every relax_cutlass region.
+
+    Options: accumulator ("float32" | "float16"), m_hint (int), jobs (int), compile (bool; False
+    rewrites the module and records the plan without running a compiler). Each region (op,
+    epilogue, shapes, kernel) is recorded in the module attribute "relax_cutlass.regions" for
+    `offload_report`.
+    """
+
+    def __init__(self, arch: str | int = "sm_80", **options):
+        self.options = CodegenOptions.create(arch, **options)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from .constants import offloaded_functions
+
+        # Planning is deterministic and cheap, so the report rows are computed here rather than
+        # smuggled out of the RunCodegen callback.
+        rows = [r.report_row() for r in plan_regions([f for _, f in offloaded_functions(mod)], self.options)]
+        out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
+        previous = json.loads(str(mod.attrs[REGIONS_ATTR])) if mod.attrs and REGIONS_ATTR in mod.attrs else []
+        return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))

@@ -1,0 +1,192 @@
+"""Compile generated sources to objects: nvcc for kernels, the host compiler for glue.
+
+Every object is cached on disk under a content hash of everything that can change its bytes (source,
+flags, arch, compiler and CUTLASS versions, our version), so a rebuild recompiles nothing and a
+build on a machine without a GPU produces the same objects as one with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arch import nvcc_gencode
+
+__all__ = ["CompileError", "Source", "Toolchain", "cache_dir", "compile_all", "link_relocatable"]
+
+
+class CompileError(RuntimeError):
+    """A generated source failed to compile; carries the compiler log and the kept source path."""
+
+    def __init__(self, source_path: Path, command: list[str], log: str):
+        self.source_path, self.command, self.log = source_path, command, log
+        super().__init__(
+            f"compiling {source_path} failed (source kept there for inspection):\n"
+            f"$ {' '.join(command)}\n{log.strip()[-8000:]}"
+        )
+
+
+@dataclass(frozen=True)
+class Source:
+    """One translation unit: `cuda` ones go through nvcc, `host` ones through the C++ compiler."""
+
+    name: str
+    text: str
+    kind: str  # "cuda" | "host"
+
+
+def cache_dir() -> Path:
+    """RELAX_CUTLASS_CACHE_DIR, else ~/.cache/relax_cutlass."""
+    path = Path(os.environ.get("RELAX_CUTLASS_CACHE_DIR", Path.home() / ".cache" / "relax_cutlass"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pkg_dir(module: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"python package {module!r} is not installed")
+    return Path(spec.origin).parent
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: str
+    cxx: str
+    cuda_home: Path
+    nvcc_version: str
+    cutlass_version: str
+    includes_cuda: tuple[str, ...]
+    includes_host: tuple[str, ...]
+
+    def fingerprint(self) -> str:
+        from . import __version__
+
+        return f"{self.nvcc_version}|cutlass {self.cutlass_version}|relax_cutlass {__version__}"
+
+
+def _cuda_home(nvcc: str) -> Path:
+    """CUDA_HOME / CUDA_PATH, else the toolkit nvcc lives in (following a wrapper or symlink)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    candidates += [Path(os.path.realpath(nvcc)).parent.parent, Path(nvcc).parent.parent, "/usr/local/cuda"]
+    for c in candidates:
+        if c and (Path(c) / "include" / "cuda_runtime.h").exists():
+            return Path(c)
+    raise RuntimeError(f"cannot locate the CUDA toolkit of {nvcc}; set CUDA_HOME")
+
+
+@functools.cache
+def toolchain() -> Toolchain:
+    nvcc = os.environ.get("RELAX_CUTLASS_NVCC") or shutil.which("nvcc")
+    if not nvcc:
+        raise RuntimeError(
+            "nvcc was not found: install the CUDA toolkit (12.x or 13.x) and put nvcc on PATH, "
+            "or set RELAX_CUTLASS_NVCC to its path"
+        )
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
+    version = version.splitlines()[-1] if version else "unknown"
+    cuda_home = _cuda_home(nvcc)
+    cutlass_root = _pkg_dir("cutlass_library") / "source"
+    # nvidia-cutlass's headers must win over the older copy shipped inside the tvm wheel.
+    cutlass_inc = (str(cutlass_root / "include"), str(cutlass_root / "tools" / "util" / "include"))
+    import tvm_ffi.libinfo
+
+    ffi_inc = tuple(dict.fromkeys([tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]))
+    return Toolchain(
+        nvcc=nvcc,
+        cxx=os.environ.get("CXX", shutil.which("g++") or "c++"),
+        cuda_home=cuda_home,
+        nvcc_version=version,
+        cutlass_version=importlib.metadata.version("nvidia-cutlass"),
+        includes_cuda=cutlass_inc,
+        includes_host=ffi_inc,
+    )
+
+
+def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Path) -> list[str]:
+    if src.kind == "cuda":
+        return [
+            tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-w",
+            "--expt-relaxed-constexpr", "-DNDEBUG", *nvcc_gencode(arch),
+            *(f"-I{p}" for p in tc.includes_cuda),
+            str(src_path), "-o", str(obj_path),
+        ]  # fmt: skip
+    return [
+        tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden",
+        *(f"-I{p}" for p in tc.includes_host), str(src_path), "-o", str(obj_path),
+    ]  # fmt: skip
+
+
+def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
+    """-> (object path, whether it came from the cache)."""
+    probe = _command(tc, src, arch, Path("SRC"), Path("OBJ"))
+    key = hashlib.sha256("\0".join([src.text, *probe, tc.fingerprint()]).encode()).hexdigest()[:32]
+    root = cache_dir()
+    obj = root / f"{src.name}-{key}.o"
+    if obj.exists():
+        return obj, True
+    suffix = ".cu" if src.kind == "cuda" else ".cc"
+    src_path = root / f"{src.name}-{key}{suffix}"
+    src_path.write_text(src.text)
+    fd, tmp = tempfile.mkstemp(dir=root, suffix=".o.tmp")
+    os.close(fd)
+    cmd = _command(tc, src, arch, src_path, Path(tmp))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise CompileError(src_path, cmd, proc.stdout + proc.stderr)
+    os.replace(tmp, obj)  # atomic: concurrent builds of the same kernel never see half an object
+    return obj, False
+
+
+def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> dict[str, tuple[Path, bool]]:
+    """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores)."""
+    tc = toolchain()
+    unique = {s.name: s for s in sources}
+    jobs = jobs or int(os.environ.get("RELAX_CUTLASS_JOBS", 0)) or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(unique)))) as pool:
+        futures = {name: pool.submit(_compile_one, tc, s, arch) for name, s in unique.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def link_relocatable(objects: list[Path], name: str) -> Path:
+    """Merge objects (plus the static CUDA runtime) into one relocatable object.
+
+    One object per module keeps `load_static_library` and `export_library` simple, and linking
+    cudart statically makes the exported library independent of how the host process loaded CUDA.
+    """
+    tc = toolchain()
+    cudart = next(
+        (p for p in (tc.cuda_home / "lib64" / "libcudart_static.a", tc.cuda_home / "lib" / "libcudart_static.a") if p.exists()),
+        None,
+    )
+    if cudart is None:
+        raise RuntimeError(f"libcudart_static.a not found under {tc.cuda_home}; is the CUDA toolkit complete?")
+    key = hashlib.sha256("\0".join(sorted(str(o) for o in objects) + [str(cudart)]).encode()).hexdigest()[:32]
+    out = cache_dir() / f"{name}-{key}.o"
+    if out.exists():
+        return out
+    fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".o.tmp")
+    os.close(fd)
+    # Only the TVM FFI entry points stay global: kernels and cudart become local symbols, so two
+    # exported models loaded in one process can never bind to each other's copies.
+    for cmd in (
+        ["ld", "-r", "-o", tmp, *map(str, objects), str(cudart)],
+        ["objcopy", "--wildcard", "--keep-global-symbol=__tvm_ffi_*", tmp],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            raise CompileError(objects[0], cmd, proc.stdout + proc.stderr)
+    os.replace(tmp, out)
+    return out

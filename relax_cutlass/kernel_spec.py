@@ -1,0 +1,172 @@
+"""What a kernel computes, as small frozen records.
+
+Everything downstream of partitioning (kernel choice, C++ emission, compilation, the offload report)
+reads these records instead of Relax IR, so each stage can be tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Relax dtype -> CUTLASS element type.
+CUTLASS_ELEMENT = {
+    "float16": "cutlass::half_t",
+    "bfloat16": "cutlass::bfloat16_t",
+    "float32": "float",
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation applied in the epilogue, and the CUTLASS functor that computes it."""
+
+    name: str
+    functor: str
+    # CUTLASS skips the source (bias) load when it can; "heavy" functors tell the epilogue to
+    # evaluate them once per fragment rather than inline per element.
+    is_heavy: bool = False
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in (
+        Activation("identity", "cutlass::epilogue::thread::Identity"),
+        Activation("relu", "cutlass::epilogue::thread::ReLu"),
+        # erf form, as R.nn.gelu and the decomposed 0.5*x*(1+erf(x/sqrt(2))).
+        Activation("gelu", "cutlass::epilogue::thread::GELU", is_heavy=True),
+        # tanh form, as R.nn.gelu_tanh.
+        Activation("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True),
+        Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True),
+        Activation("sigmoid", "cutlass::epilogue::thread::Sigmoid", is_heavy=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """D = post(act(acc + bias) + residual), cast to the output dtype.
+
+    `post` is only meaningful with a residual (the ResNet/Transformer `relu(x + f(x))` shape).
+    """
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: bool = False
+    residual_activation: str = "identity"
+
+    def __post_init__(self) -> None:
+        for name in (self.activation, self.residual_activation):
+            if name not in ACTIVATIONS:
+                raise ValueError(f"unknown epilogue activation {name!r}; known: {sorted(ACTIVATIONS)}")
+        if self.residual_activation != "identity" and not self.residual:
+            raise ValueError("a post-residual activation needs a residual")
+
+    def describe(self) -> str:
+        parts = []
+        if self.bias:
+            parts.append("bias")
+        if self.activation != "identity":
+            parts.append(self.activation)
+        if self.residual:
+            parts.append("residual_add")
+        if self.residual_activation != "identity":
+            parts.append(self.residual_activation)
+        return "+".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """A row-major (M, K) x (K, N) product; M may be unknown until run time."""
+
+    m: int | None
+    n: int
+    k: int
+    b_transposed: bool  # B is stored as (N, K) (a "dense" weight), i.e. column-major (K, N)
+    element_a: str = "float16"
+    element_b: str = "float16"
+    element_out: str = "float16"
+    element_accumulator: str = "float32"
+
+    @property
+    def alignment(self) -> int:
+        """Widest vector access (in elements) legal for A, B and D: K and N must be multiples of it."""
+        for width in (8, 4, 2):
+            if self.k % width == 0 and self.n % width == 0:
+                return width
+        return 1
+
+    def flops(self, m: int | None = None) -> int:
+        return 2 * (m if m is not None else (self.m or 0)) * self.n * self.k
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One CUTLASS 2.x tensor-op configuration (a cutlass_library TileDescription, flattened)."""
+
+    threadblock: tuple[int, int, int]
+    warps: tuple[int, int, int]
+    stages: int
+    instruction: tuple[int, int, int] = (16, 8, 16)
+    swizzle: int = 8  # GemmIdentityThreadblockSwizzle<N>
+    split_k: int = 1
+
+    def describe(self) -> str:
+        tb = "x".join(map(str, self.threadblock))
+        wp = "x".join(map(str, self.warps))
+        return f"tb{tb}_w{wp}_s{self.stages}_swz{self.swizzle}" + (
+            f"_splitk{self.split_k}" if self.split_k > 1 else ""
+        )
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    """One kernel to instantiate: problem class (dtypes, layout, alignment) + epilogue + tile."""
+
+    problem: GemmProblem
+    epilogue: Epilogue
+    tile: TileConfig
+    arch: int = 80  # SM version of the CUTLASS kernel family (SM80 kernels also run on SM90)
+    selected_by: str = field(default="heuristic", compare=False)
+
+    @property
+    def name(self) -> str:
+        p = self.problem
+        layout = "tn" if p.b_transposed else "nn"
+        acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
+        epi = self.epilogue.describe().replace("+", "_")
+        out = {"float16": "f16", "float32": "f32", "bfloat16": "bf16"}[p.element_out]
+        return (
+            f"sm{self.arch}_gemm_{layout}_{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
+        )
+
+
+@dataclass(frozen=True)
+class GemmRegion:
+    """One offloaded function: its external symbol, kernel, and the role of each runtime argument."""
+
+    symbol: str
+    kernel: GemmKernel
+    # Role of each function parameter, in order: "lhs", "rhs", "bias" or "residual".
+    arg_roles: tuple[str, ...]
+    # Shapes as written in the IR (ints, or names of symbolic dims), for checks and the report.
+    arg_shapes: tuple[tuple[int | str, ...], ...]
+    arg_dtypes: tuple[str, ...]
+    out_shape: tuple[int | str, ...]
+    out_dtype: str
+    composite: str
+
+    def report_row(self) -> dict:
+        p = self.kernel.problem
+        return {
+            "symbol": self.symbol,
+            "op": "dense" if p.b_transposed else "matmul",
+            "composite": self.composite,
+            "epilogue": self.kernel.epilogue.describe(),
+            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes)},
+            "out_shape": list(self.out_shape),
+            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes)}
+            | {"out": self.out_dtype, "accumulator": p.element_accumulator},
+            "mnk": [p.m if p.m is not None else "dynamic", p.n, p.k],
+            "kernel": self.kernel.name,
+            "selected_by": self.kernel.selected_by,
+        }

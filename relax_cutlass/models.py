@@ -1,0 +1,157 @@
+"""Small Relax model builders used by the main job, tests, benchmarks and tutorials.
+
+Built with `relax.BlockBuilder` the way frontends emit them (dense as permute_dims + matmul, bias
+as a broadcast add), with weights as parameters that `bind_weights` turns into constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.op import astype, erf, matmul, multiply, nn, permute_dims, reshape, sigmoid
+
+ACTIVATION_BUILDERS = {
+    "identity": lambda bb, x: x,
+    "relu": lambda bb, x: bb.emit(nn.relu(x)),
+    "gelu": lambda bb, x: bb.emit(nn.gelu(x)),
+    "gelu_tanh": lambda bb, x: bb.emit(nn.gelu_tanh(x)),
+    "silu": lambda bb, x: bb.emit(nn.silu(x)),
+    "sigmoid": lambda bb, x: bb.emit(sigmoid(x)),
+    # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
+    "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
+}
+
+
+def _scalar(value: float, dtype: str) -> relax.Expr:
+    return relax.const(value, dtype)
+
+
+def _gelu_decomposed(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    dtype = x.ty.dtype
+    scaled = bb.emit(multiply(x, _scalar(1 / math.sqrt(2), dtype)))
+    e = bb.emit(astype(erf(bb.emit(astype(scaled, "float32"))), dtype))
+    one_plus = bb.emit(relax.op.add(e, _scalar(1.0, dtype)))
+    return bb.emit(multiply(bb.emit(multiply(x, _scalar(0.5, dtype))), one_plus))
+
+
+def dense(bb, x, w, b=None, *, transposed=True, out_dtype=None):
+    """x @ w.T (+ b) with w given as (N, K), the way frontends lower nn.Linear; or x @ w for (K, N)."""
+    wt = bb.emit(permute_dims(w)) if transposed else w
+    y = bb.emit(matmul(x, wt, out_dtype=out_dtype))
+    return bb.emit(relax.op.add(y, b)) if b is not None else y
+
+
+def dense_epilogue_model(
+    m: int | str,
+    n: int,
+    k: int,
+    *,
+    bias: bool = True,
+    activation: str = "identity",
+    residual: bool = False,
+    residual_relu: bool = False,
+    transposed: bool = True,
+    dtype: str = "float16",
+    out_cast: str | None = None,
+    batch: tuple[int, ...] = (),
+) -> tvm.IRModule:
+    """main(x[, residual], w[, b]) = cast(post(act(x @ w^T + b) + residual)); M may be symbolic."""
+    m_dim = tvm.tirx.Var(m, "int64") if isinstance(m, str) else m
+    lead = [*batch, m_dim]
+    x = relax.Var("x", relax.TensorType([*lead, k], dtype))
+    w = relax.Var("w", relax.TensorType([n, k] if transposed else [k, n], dtype))
+    params = [x]
+    r = None
+    if residual:
+        r = relax.Var("residual", relax.TensorType([*lead, n], dtype))
+        params.append(r)
+    params.append(w)
+    b = None
+    if bias:
+        b = relax.Var("b", relax.TensorType([n], dtype))
+        params.append(b)
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = dense(bb, x, w, b, transposed=transposed)
+            y = ACTIVATION_BUILDERS[activation](bb, y)
+            if residual:
+                y = bb.emit(relax.op.add(y, r))
+                if residual_relu:
+                    y = bb.emit(nn.relu(y))
+            if out_cast:
+                y = bb.emit(astype(y, out_cast))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def bert_encoder_layer(batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: int = 4096,
+                       heads: int = 16, dtype: str = "float16") -> tvm.IRModule:
+    """One BERT-large encoder layer, as torch.export + from_exported_program would produce it.
+
+    main(x: (batch, seq, hidden), *weights) -> (batch, seq, hidden); attention score matmuls are
+    batched (ND x ND) and stay in TVM; the six dense layers are offload candidates.
+    """
+    head_dim = hidden // heads
+    x = relax.Var("x", relax.TensorType([batch, seq, hidden], dtype))
+    names = [("q", hidden, hidden), ("k", hidden, hidden), ("v", hidden, hidden),
+             ("o", hidden, hidden), ("ffn1", ffn, hidden), ("ffn2", hidden, ffn)]
+    weights = {}
+    for name, n, k in names:
+        weights[f"{name}_w"] = relax.Var(f"{name}_w", relax.TensorType([n, k], dtype))
+        weights[f"{name}_b"] = relax.Var(f"{name}_b", relax.TensorType([n], dtype))
+    for ln in ("ln1", "ln2"):
+        weights[f"{ln}_g"] = relax.Var(f"{ln}_g", relax.TensorType([hidden], dtype))
+        weights[f"{ln}_b"] = relax.Var(f"{ln}_b", relax.TensorType([hidden], dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, *weights.values()]):
+        with bb.dataflow():
+            def lin(inp, name):
+                return dense(bb, inp, weights[f"{name}_w"], weights[f"{name}_b"])
+
+            def heads_of(t):
+                t = bb.emit(reshape(t, [batch, seq, heads, head_dim]))
+                return bb.emit(permute_dims(t, [0, 2, 1, 3]))
+
+            q, k, v = (heads_of(lin(x, n)) for n in ("q", "k", "v"))
+            scores = bb.emit(matmul(q, bb.emit(permute_dims(k, [0, 1, 3, 2]))))
+            scores = bb.emit(multiply(scores, _scalar(1 / math.sqrt(head_dim), dtype)))
+            probs = bb.emit(nn.softmax(scores, axis=-1))
+            ctx = bb.emit(permute_dims(bb.emit(matmul(probs, v)), [0, 2, 1, 3]))
+            ctx = bb.emit(reshape(ctx, [batch, seq, hidden]))
+            attn = bb.emit(relax.op.add(lin(ctx, "o"), x))
+            h = bb.emit(nn.layer_norm(attn, weights["ln1_g"], weights["ln1_b"], axes=[-1]))
+            f = bb.emit(nn.gelu(lin(h, "ffn1")))
+            y = bb.emit(relax.op.add(lin(f, "ffn2"), h))
+            y = bb.emit(nn.layer_norm(y, weights["ln2_g"], weights["ln2_b"], axes=[-1]))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def random_weights(mod: tvm.IRModule, seed: int = 0, skip: tuple[str, ...] = ("x", "residual")) -> dict[str, np.ndarray]:
+    """Random (never zero) weights for every parameter of main not in `skip`, scaled like an init."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for p in mod["main"].params:
+        if p.name in skip:
+            continue
+        shape = [int(d) for d in p.ty.shape.values]
+        fan_in = shape[-1] if len(shape) > 1 else 1
+        scale = 1 / math.sqrt(fan_in) if len(shape) > 1 else 0.1
+        value = rng.uniform(-1, 1, size=shape) * scale
+        if p.name.endswith("_g"):
+            value = 1.0 + value
+        out[p.name] = value.astype(str(p.ty.dtype))
+    return out
+
+
+def bind_weights(mod: tvm.IRModule, weights: dict[str, np.ndarray]) -> tvm.IRModule:
+    """bind_params_by_name + FoldConstant: the scenario in which weights reach the offload passes
+    as R.const tensors (and FoldConstant folds their permute_dims)."""
+    mod = relax.transform.BindParams("main", weights)(mod)
+    return relax.transform.FoldConstant()(mod)

@@ -1,0 +1,149 @@
+"""The C++ templates relax_cutlass emits, kept apart from the Python that fills them."""
+
+from string import Template
+
+# The C ABI between a module's glue (which knows Relax shapes) and a kernel object (which knows
+# CUTLASS). Kernel objects depend only on their configuration, so they are cached across models.
+GEMM_ARGS = """\
+struct RelaxCutlassGemmArgs {
+  int64_t m, n, k;
+  const void* a; int64_t lda;
+  const void* b; int64_t ldb;
+  const void* bias;                      // per-column vector of N elements, or nullptr
+  const void* residual; int64_t ldr;     // (M, N) tensor, or nullptr
+  void* d; int64_t ldd;
+};
+"""
+
+# One kernel configuration -> one object exporting `<kernel>_run`.
+KERNEL_TU = Template("""\
+// relax_cutlass generated kernel: $name
+#include <cstdint>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+$includes
+
+$gemm_args
+namespace {
+$instance
+}  // namespace
+
+// Returns nullptr on success, else a message that names the failing step.
+extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
+    const RelaxCutlassGemmArgs* p, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  using Gemm = $operation_type;
+  $arguments
+  Gemm op;
+  cutlass::Status status = op.can_implement(arguments);
+  if (status != cutlass::Status::kSuccess) {
+    return "$name: CUTLASS cannot implement this problem (can_implement failed: unsupported "
+           "alignment or size)";
+  }
+  size_t workspace_size = Gemm::get_workspace_size(arguments);
+  void* workspace = nullptr;
+  if (workspace_size > 0 && cudaMallocAsync(&workspace, workspace_size, stream) != cudaSuccess) {
+    return "$name: could not allocate the CUTLASS workspace";
+  }
+  status = op.initialize(arguments, workspace, stream);
+  if (status == cutlass::Status::kSuccess) status = op.run(stream);
+  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+  if (status != cutlass::Status::kSuccess) {
+    return "$name: kernel launch failed (CUTLASS status not kSuccess)";
+  }
+  if (cudaGetLastError() != cudaSuccess) return "$name: CUDA error after kernel launch";
+  return nullptr;
+}
+""")
+
+# One module -> one glue object exporting a TVM FFI function per offloaded region.
+GLUE_TU = Template("""\
+// relax_cutlass generated host glue: shape/dtype checks, stream, launch.
+#include <cstdint>
+#include <string>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+$gemm_args
+$kernel_decls
+
+namespace {
+using tvm::ffi::TensorView;
+
+std::string ShapeStr(const TensorView& t) {
+  std::string s = "(";
+  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + ")";
+}
+
+const void* Data(const TensorView& t) {
+  return static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+}
+
+void CheckTensor(const char* fn, const char* role, const TensorView& t, uint8_t code, uint8_t bits,
+                 int alignment_bytes, int device_id) {
+  if (t.device().device_type != kDLCUDA) {
+    TVM_FFI_THROW(ValueError) << fn << ": " << role << " must be on a CUDA device (got device type "
+                              << t.device().device_type << ")";
+  }
+  if (t.device().device_id != device_id) {
+    TVM_FFI_THROW(ValueError) << fn << ": " << role << " is on cuda:" << t.device().device_id
+                              << " but the output is on cuda:" << device_id;
+  }
+  if (t.dtype().code != code || t.dtype().bits != bits || t.dtype().lanes != 1) {
+    TVM_FFI_THROW(TypeError) << fn << ": " << role << " has the wrong dtype (code "
+                             << int(t.dtype().code) << ", " << int(t.dtype().bits)
+                             << " bits); the kernel was built for code " << int(code) << ", "
+                             << int(bits) << " bits";
+  }
+  if (!t.IsContiguous()) {
+    TVM_FFI_THROW(ValueError) << fn << ": " << role << " must be contiguous (row-major)";
+  }
+  if (reinterpret_cast<uintptr_t>(Data(t)) % alignment_bytes != 0) {
+    TVM_FFI_THROW(ValueError) << fn << ": " << role << " data is not " << alignment_bytes
+                              << "-byte aligned, which the kernel's vector width requires";
+  }
+}
+
+void CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const TensorView& t) {
+  if (got != want) {
+    TVM_FFI_THROW(ValueError) << fn << ": " << what << " is " << got << " but the kernel was "
+                              << "built for " << want << " (shape " << ShapeStr(t) << ")";
+  }
+}
+}  // namespace
+
+$functions
+""")
+
+GLUE_FUNCTION = Template("""\
+namespace {
+void ${symbol}_impl($params) {
+  const char* fn = "$symbol";
+  const int device_id = out.device().device_id;
+$checks
+  if (lhs.ndim() < 2) {
+    TVM_FFI_THROW(ValueError) << fn << ": lhs must have rank >= 2, got " << ShapeStr(lhs);
+  }
+  CheckDim(fn, "lhs inner dim K", lhs.size(lhs.ndim() - 1), $k, lhs);
+  const int64_t m = lhs.numel() / $k;
+  CheckDim(fn, "rhs rank", rhs.ndim(), 2, rhs);
+  CheckDim(fn, "rhs dim 0", rhs.size(0), $rhs_dim0, rhs);
+  CheckDim(fn, "rhs dim 1", rhs.size(1), $rhs_dim1, rhs);
+  CheckDim(fn, "output rank", out.ndim(), lhs.ndim(), out);
+  for (int i = 0; i + 1 < lhs.ndim(); ++i) CheckDim(fn, "output leading dim", out.size(i), lhs.size(i), out);
+  CheckDim(fn, "output dim N", out.size(out.ndim() - 1), $n, out);
+$extra_checks
+  if (m == 0) return;
+  RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
+                            $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
+  if (const char* err = ${kernel}_run(&args, stream)) {
+    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
+  }
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
+""")

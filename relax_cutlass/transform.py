@@ -1,0 +1,7 @@
+"""The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
+
+from .codegen import CutlassCodegen
+from .constants import LiftConstants
+from .partition import PartitionForCutlass
+
+__all__ = ["CutlassCodegen", "LiftConstants", "PartitionForCutlass"]
