@@ -23,8 +23,7 @@ def parse_arch(arch: str | int) -> int:
         value = int(match.group(1))
     if value < 80:
         raise ValueError(
-            f"arch sm_{value} is not supported: relax_cutlass generates SM80+ tensor-op kernels "
-            "(Ampere, Ada, Hopper)"
+            f"arch sm_{value} is not supported: relax_cutlass generates SM80+ tensor-op kernels (Ampere, Ada, Hopper)"
         )
     return value
 
@@ -37,9 +36,7 @@ def detect_arch() -> int:
             "arch='auto' needs a visible NVIDIA GPU, but nvidia-smi is not on PATH; "
             "pass the target explicitly, e.g. arch='sm_80' or arch='sm_90a', to cross-compile"
         )
-    proc = subprocess.run(
-        [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True
-    )
+    proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True)
     caps = proc.stdout.split()
     if proc.returncode != 0 or not caps:
         raise RuntimeError(

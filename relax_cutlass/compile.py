@@ -167,7 +167,11 @@ def link_relocatable(objects: list[Path], name: str) -> Path:
     """
     tc = toolchain()
     cudart = next(
-        (p for p in (tc.cuda_home / "lib64" / "libcudart_static.a", tc.cuda_home / "lib" / "libcudart_static.a") if p.exists()),
+        (
+            p
+            for p in (tc.cuda_home / "lib64" / "libcudart_static.a", tc.cuda_home / "lib" / "libcudart_static.a")
+            if p.exists()
+        ),
         None,
     )
     if cudart is None:

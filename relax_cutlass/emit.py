@@ -14,6 +14,7 @@ import functools
 from string import Template
 
 from .compile import Source
+from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import ACTIVATIONS, GemmKernel, GemmRegion
 from .templates import GEMM_ARGS, GLUE_FUNCTION, GLUE_TU, KERNEL_TU
 
@@ -42,10 +43,10 @@ class _Activation(enum.Enum):
 @functools.cache
 def _register_epilogues() -> None:
     """Teach cutlass_library's emitters our activation epilogues (idempotent)."""
+    load_cutlass_library()
     from cutlass_library.library import EpilogueFunctorTag
 
     for member in _Activation:
-        act = ACTIVATIONS[member.value]
         # A template with LinearCombination's <ElementOutput, Count, ElementAccumulator,
         # ElementCompute> signature, as the emitter instantiates it.
         EpilogueFunctorTag[member] = f"RelaxCutlassEpilogue_{member.value}"
@@ -64,20 +65,37 @@ def _epilogue_alias(activation: str) -> str:
 def _operation(kernel: GemmKernel):
     """The cutlass_library GemmOperation for `kernel`, described as the transposed (column-major)
     problem so that the emitted kernel computes the row-major D = A @ B the Relax graph means."""
+    load_cutlass_library()
     from cutlass_library.gemm_operation import GemmOperation
     from cutlass_library.library import (
-        DataType, EpilogueFunctor, GemmKind, LayoutType, MathInstruction, MathOperation,
-        OpcodeClass, SwizzlingFunctor, TensorDescription, TileDescription,
+        DataType,
+        EpilogueFunctor,
+        GemmKind,
+        LayoutType,
+        MathInstruction,
+        MathOperation,
+        OpcodeClass,
+        SwizzlingFunctor,
+        TensorDescription,
+        TileDescription,
     )  # fmt: skip
 
     _register_epilogues()
     p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
     dt = {"float16": DataType.f16, "float32": DataType.f32, "bfloat16": DataType.bf16}
-    mi = MathInstruction(list(t.instruction), dt[p.element_a], dt[p.element_b],
-                         dt[p.element_accumulator], OpcodeClass.TensorOp, MathOperation.multiply_add)
+    mi = MathInstruction(
+        list(t.instruction),
+        dt[p.element_a],
+        dt[p.element_b],
+        dt[p.element_accumulator],
+        OpcodeClass.TensorOp,
+        MathOperation.multiply_add,
+    )
     tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
     # Transposed description: operand A of the description is our B, and vice versa.
-    desc_a = TensorDescription(dt[p.element_b], LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment)
+    desc_a = TensorDescription(
+        dt[p.element_b], LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment
+    )
     desc_b = TensorDescription(dt[p.element_a], LayoutType.ColumnMajor, p.alignment)
     desc_c = TensorDescription(dt[p.element_out], LayoutType.ColumnMajor, p.alignment)
     functor = EpilogueFunctor.LinearCombination if epi.activation == "identity" else _Activation(epi.activation)
@@ -121,6 +139,7 @@ typename Gemm::Arguments arguments(
 
 
 def _residual_instance(kernel: GemmKernel) -> str:
+    load_cutlass_library()
     from cutlass_library.library import DataTypeSize, DataTypeTag
 
     op = _operation(kernel)
@@ -150,6 +169,7 @@ def emit_kernel(kernel: GemmKernel) -> Source:
         instance = _residual_instance(kernel)
         operation_type, arguments = f"{kernel.name}_gemm", RESIDUAL_ARGUMENTS
     else:
+        load_cutlass_library()
         from cutlass_library.gemm_operation import EmitGemmUniversalInstance
 
         op = _operation(kernel)
@@ -176,7 +196,7 @@ def _glue_function(region: GemmRegion) -> str:
     roles = region.arg_roles
     params = ", ".join(f"TensorView {role}" for role in roles) + ", TensorView out"
     checks = []
-    for role, dtype in [*zip(roles, region.arg_dtypes), ("out", region.out_dtype)]:
+    for role, dtype in [*zip(roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
         code, bits = _DLPACK_DTYPE[dtype]
         align_bytes = max(1, p.alignment * bits // 8) if role in ("lhs", "rhs", "out", "residual") else bits // 8
         checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
@@ -186,7 +206,8 @@ def _glue_function(region: GemmRegion) -> str:
     if "residual" in roles:
         extra.append('  CheckDim(fn, "residual rank", residual.ndim(), out.ndim(), residual);')
         extra.append(
-            '  for (int i = 0; i < out.ndim(); ++i) CheckDim(fn, "residual dim", residual.size(i), out.size(i), residual);'
+            "  for (int i = 0; i < out.ndim(); ++i)\n"
+            '    CheckDim(fn, "residual dim", residual.size(i), out.size(i), residual);'
         )
     rhs_dims = (p.n, p.k) if p.b_transposed else (p.k, p.n)
     return GLUE_FUNCTION.substitute(

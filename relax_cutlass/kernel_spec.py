@@ -113,9 +113,7 @@ class TileConfig:
     def describe(self) -> str:
         tb = "x".join(map(str, self.threadblock))
         wp = "x".join(map(str, self.warps))
-        return f"tb{tb}_w{wp}_s{self.stages}_swz{self.swizzle}" + (
-            f"_splitk{self.split_k}" if self.split_k > 1 else ""
-        )
+        return f"tb{tb}_w{wp}_s{self.stages}_swz{self.swizzle}" + (f"_splitk{self.split_k}" if self.split_k > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -135,9 +133,7 @@ class GemmKernel:
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
         epi = self.epilogue.describe().replace("+", "_")
         out = {"float16": "f16", "float32": "f32", "bfloat16": "bf16"}[p.element_out]
-        return (
-            f"sm{self.arch}_gemm_{layout}_{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
-        )
+        return f"sm{self.arch}_gemm_{layout}_{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
 
 
 @dataclass(frozen=True)
@@ -162,9 +158,9 @@ class GemmRegion:
             "op": "dense" if p.b_transposed else "matmul",
             "composite": self.composite,
             "epilogue": self.kernel.epilogue.describe(),
-            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes)},
+            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
             "out_shape": list(self.out_shape),
-            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes)}
+            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
             | {"out": self.out_dtype, "accumulator": p.element_accumulator},
             "mnk": [p.m if p.m is not None else "dynamic", p.n, p.k],
             "kernel": self.kernel.name,

@@ -89,8 +89,9 @@ def dense_epilogue_model(
     return bb.get()
 
 
-def bert_encoder_layer(batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: int = 4096,
-                       heads: int = 16, dtype: str = "float16") -> tvm.IRModule:
+def bert_encoder_layer(
+    batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: int = 4096, heads: int = 16, dtype: str = "float16"
+) -> tvm.IRModule:
     """One BERT-large encoder layer, as torch.export + from_exported_program would produce it.
 
     main(x: (batch, seq, hidden), *weights) -> (batch, seq, hidden); attention score matmuls are
@@ -98,8 +99,14 @@ def bert_encoder_layer(batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: 
     """
     head_dim = hidden // heads
     x = relax.Var("x", relax.TensorType([batch, seq, hidden], dtype))
-    names = [("q", hidden, hidden), ("k", hidden, hidden), ("v", hidden, hidden),
-             ("o", hidden, hidden), ("ffn1", ffn, hidden), ("ffn2", hidden, ffn)]
+    names = [
+        ("q", hidden, hidden),
+        ("k", hidden, hidden),
+        ("v", hidden, hidden),
+        ("o", hidden, hidden),
+        ("ffn1", ffn, hidden),
+        ("ffn2", hidden, ffn),
+    ]
     weights = {}
     for name, n, k in names:
         weights[f"{name}_w"] = relax.Var(f"{name}_w", relax.TensorType([n, k], dtype))
@@ -110,6 +117,7 @@ def bert_encoder_layer(batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: 
     bb = relax.BlockBuilder()
     with bb.function("main", [x, *weights.values()]):
         with bb.dataflow():
+
             def lin(inp, name):
                 return dense(bb, inp, weights[f"{name}_w"], weights[f"{name}_b"])
 
@@ -133,7 +141,9 @@ def bert_encoder_layer(batch: int = 8, seq: int = 128, hidden: int = 1024, ffn: 
     return bb.get()
 
 
-def random_weights(mod: tvm.IRModule, seed: int = 0, skip: tuple[str, ...] = ("x", "residual")) -> dict[str, np.ndarray]:
+def random_weights(
+    mod: tvm.IRModule, seed: int = 0, skip: tuple[str, ...] = ("x", "residual")
+) -> dict[str, np.ndarray]:
     """Random (never zero) weights for every parameter of main not in `skip`, scaled like an init."""
     rng = np.random.default_rng(seed)
     out = {}

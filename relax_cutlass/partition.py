@@ -29,7 +29,5 @@ class PartitionForCutlass:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relax.transform.ConvertToDataflow()(mod)
-        mod = relax.transform.FuseOpsByPattern(
-            fusion_patterns(), bind_constants=True, annotate_codegen=True
-        )(mod)
+        mod = relax.transform.FuseOpsByPattern(fusion_patterns(), bind_constants=True, annotate_codegen=True)(mod)
         return mod.with_attr("relax_cutlass.arch", self.arch)

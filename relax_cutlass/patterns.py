@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.relax.backend.patterns import make_residual_block_pattern
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from .kernel_spec import ACTIVATIONS, Epilogue
+from .kernel_spec import Epilogue
 
 CODEGEN = "relax_cutlass"
 SUPPORTED_INPUT_DTYPES = ("float16",)
@@ -63,8 +63,12 @@ class GemmPatternSpec:
     @property
     def size(self) -> int:
         """Operators covered: larger patterns are tried first so the longest fusion wins."""
-        return 1 + self.b_transposed + self.bias + (self.activation != "identity") * 2 + (
-            self.residual + self.residual_relu + self.cast
+        return (
+            1
+            + self.b_transposed
+            + self.bias
+            + (self.activation != "identity") * 2
+            + (self.residual + self.residual_relu + self.cast)
         )
 
 
@@ -102,9 +106,7 @@ def _gelu_erf_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     scaled_div = is_op("relax.divide")(x, c_inner)
     ann.update(gelu_scaled_div=scaled_div)
     scaled = scaled_mul | scaled_div
-    erf = is_op("relax.erf")(scaled) | is_op("relax.astype")(
-        is_op("relax.erf")(is_op("relax.astype")(scaled))
-    )
+    erf = is_op("relax.erf")(scaled) | is_op("relax.astype")(is_op("relax.erf")(is_op("relax.astype")(scaled)))
     one_plus = is_op("relax.add")(erf, c_one)
     mul = is_op("relax.multiply")
     return mul(mul(x, c_half), one_plus) | mul(mul(x, one_plus), c_half) | mul(x, mul(one_plus, c_half))
@@ -171,10 +173,12 @@ def _shape(expr: relax.Expr) -> list:
     return list(ty.shape.values) if hasattr(ty.shape, "values") else list(ty.shape)
 
 
-def matmul_problems(matmul: relax.Call, b_transposed: bool, rhs: relax.Expr | None = None) -> list[str]:
-    """Why this R.matmul cannot become a CUTLASS GEMM (empty when it can)."""
+def matmul_problems(matmul: relax.Call, rhs: relax.Expr, transpose: relax.Call | None = None) -> list[str]:
+    """Why this R.matmul cannot become a CUTLASS GEMM (empty when it can).
+
+    `rhs` is the weight as stored; `transpose` the permute_dims call between it and the matmul, if any.
+    """
     lhs = matmul.args[0]
-    rhs = rhs if rhs is not None else matmul.args[1]
     problems = []
     for role, e in (("lhs", lhs), ("rhs", rhs)):
         dtype = dtype_of(e)
@@ -193,8 +197,8 @@ def matmul_problems(matmul: relax.Call, b_transposed: bool, rhs: relax.Expr | No
         )
     if problems:
         return problems
-    if b_transposed:
-        axes = matmul.args[1].attrs.axes
+    if transpose is not None:
+        axes = transpose.attrs.axes
         if axes is not None and [int(a) for a in axes] != [1, 0]:
             problems.append(f"permute_dims axes {list(axes)} is not a 2-D transpose")
         n, k = (_static_int(d) for d in rshape)
@@ -216,7 +220,7 @@ def matmul_problems(matmul: relax.Call, b_transposed: bool, rhs: relax.Expr | No
 
 def _same_shape(a: list, b: list) -> bool:
     analyzer = tvm.sym.Analyzer()
-    return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def epilogue_problems(spec: GemmPatternSpec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
@@ -276,7 +280,7 @@ def _gelu_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
 
 
 def region_problems(spec: GemmPatternSpec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
-    problems = matmul_problems(ann["root"], spec.b_transposed, ann["rhs"])
+    problems = matmul_problems(ann["root"], ann["rhs"], ann.get("transpose"))
     return problems or epilogue_problems(spec, ann, out)
 
 
@@ -310,6 +314,5 @@ def _residual_independent(ann, ctx) -> bool:
 def fusion_patterns() -> list[relax.transform.FusionPattern]:
     """All relax_cutlass patterns, in priority order, for FuseOpsByPattern."""
     return [
-        relax.transform.FusionPattern(spec.name, *gemm_pattern(spec), _make_check(spec))
-        for spec in all_gemm_specs()
+        relax.transform.FusionPattern(spec.name, *gemm_pattern(spec), _make_check(spec)) for spec in all_gemm_specs()
     ]

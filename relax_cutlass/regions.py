@@ -60,7 +60,9 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
             )
         roles[next(i for i, p in enumerate(params) if expr.same_as(p))] = role
     if None in roles:
-        raise RegionError(f"{symbol}: parameters {[p.name for p, r in zip(params, roles) if r is None]} have no role")
+        raise RegionError(
+            f"{symbol}: parameters {[p.name for p, r in zip(params, roles, strict=True) if r is None]} have no role"
+        )
 
     root = ann["root"]
     rhs_shape = _shape(ann["rhs"])

@@ -22,8 +22,10 @@ class OffloadReport:
         return json.dumps({"offloaded": self.offloaded, "left_in_tvm": self.left_in_tvm}, indent=2)
 
     def __str__(self) -> str:
-        lines = [f"relax_cutlass offload report: {len(self.offloaded)} region(s) offloaded, "
-                 f"{len(self.left_in_tvm)} candidate(s) left in TVM"]
+        lines = [
+            f"relax_cutlass offload report: {len(self.offloaded)} region(s) offloaded, "
+            f"{len(self.left_in_tvm)} candidate(s) left in TVM"
+        ]
         for r in self.offloaded:
             m, n, k = r["mnk"]
             lines.append(
@@ -36,33 +38,44 @@ class OffloadReport:
         return "\n".join(lines)
 
 
+def _matmul_calls(func: relax.Function) -> list[relax.Call]:
+    calls: list[relax.Call] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.matmul":
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return calls
+
+
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
     rows = []
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
         var2val = get_var2val(func)
-        calls: list[relax.Call] = []
-        relax.analysis.post_order_visit(
-            func.body,
-            lambda e: calls.append(e) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
-            and e.op.name == "relax.matmul" else None,
-        )
-        for call in calls:
+        for call in _matmul_calls(func):
             rhs = call.args[1]
             producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
             transposed = (
-                isinstance(producer, relax.Call) and isinstance(producer.op, tvm.ir.Op)
+                isinstance(producer, relax.Call)
+                and isinstance(producer.op, tvm.ir.Op)
                 and producer.op.name == "relax.permute_dims"
             )
-            reasons = matmul_problems(call, transposed, producer.args[0] if transposed else rhs)
-            rows.append({
-                "function": gv.name_hint,
-                "op": "dense" if transposed else "matmul",
-                "shapes": [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args],
-                "reasons": reasons or ["no relax_cutlass pattern matched here (the matmul is not in a "
-                                       "dataflow block, or PartitionForCutlass has not run)"],
-            })
+            reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
+            rows.append(
+                {
+                    "function": gv.name_hint,
+                    "op": "dense" if transposed else "matmul",
+                    "shapes": [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args],
+                    "reasons": reasons
+                    or [
+                        "no relax_cutlass pattern matched here (the matmul is not in a "
+                        "dataflow block, or PartitionForCutlass has not run)"
+                    ],
+                }
+            )
     return rows
 
 

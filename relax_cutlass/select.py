@@ -21,6 +21,7 @@ import functools
 import math
 
 from .arch import SM_COUNT
+from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import Epilogue, GemmKernel, GemmProblem, TileConfig
 
 # Shared memory a CTA may use, per SM generation (bytes).
@@ -46,6 +47,7 @@ class _Collector:
 @functools.cache
 def candidate_tiles(accumulator: str) -> tuple[TileConfig, ...]:
     """Distinct SM80 16x8x16 fp16 tensor-op tiles cutlass_library generates for this accumulator."""
+    load_cutlass_library()
     from cutlass_library import generator
     from cutlass_library.gemm_operation import GemmOperation
     from cutlass_library.library import DataType, GemmKind
@@ -57,7 +59,12 @@ def candidate_tiles(accumulator: str) -> tuple[TileConfig, ...]:
     for op in collector.operations:
         td = op.tile_description
         mi = td.math_instruction
-        if not isinstance(op, GemmOperation) or op.gemm_kind != GemmKind.Universal or mi.element_a != DataType.f16 or mi.element_accumulator != acc:
+        if (
+            not isinstance(op, GemmOperation)
+            or op.gemm_kind != GemmKind.Universal
+            or mi.element_a != DataType.f16
+            or mi.element_accumulator != acc
+        ):
             continue
         tile = TileConfig(
             threadblock=tuple(td.threadblock_shape),

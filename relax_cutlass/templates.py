@@ -19,6 +19,7 @@ struct RelaxCutlassGemmArgs {
 KERNEL_TU = Template("""\
 // relax_cutlass generated kernel: $name
 #include <cstdint>
+#include <cstdio>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 $includes
@@ -26,6 +27,15 @@ $includes
 $gemm_args
 namespace {
 $instance
+
+// Formats "<kernel>: <step> failed: <CUTLASS status> (<CUDA error>)" into a per-thread buffer.
+const char* Fail(const char* step, cutlass::Status status) {
+  static thread_local char message[512];
+  cudaError_t cuda = cudaGetLastError();
+  std::snprintf(message, sizeof(message), "$name: %s failed: %s (CUDA: %s)", step,
+                cutlass::cutlassGetStatusString(status), cudaGetErrorString(cuda));
+  return message;
+}
 }  // namespace
 
 // Returns nullptr on success, else a message that names the failing step.
@@ -36,22 +46,21 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   $arguments
   Gemm op;
   cutlass::Status status = op.can_implement(arguments);
-  if (status != cutlass::Status::kSuccess) {
-    return "$name: CUTLASS cannot implement this problem (can_implement failed: unsupported "
-           "alignment or size)";
-  }
+  if (status != cutlass::Status::kSuccess) return Fail("can_implement (problem shape/alignment)", status);
   size_t workspace_size = Gemm::get_workspace_size(arguments);
   void* workspace = nullptr;
   if (workspace_size > 0 && cudaMallocAsync(&workspace, workspace_size, stream) != cudaSuccess) {
-    return "$name: could not allocate the CUTLASS workspace";
+    return Fail("workspace allocation", cutlass::Status::kErrorWorkspaceNull);
   }
   status = op.initialize(arguments, workspace, stream);
-  if (status == cutlass::Status::kSuccess) status = op.run(stream);
-  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-  if (status != cutlass::Status::kSuccess) {
-    return "$name: kernel launch failed (CUTLASS status not kSuccess)";
+  const char* step = "initialize";
+  if (status == cutlass::Status::kSuccess) {
+    status = op.run(stream);
+    step = "run";
   }
-  if (cudaGetLastError() != cudaSuccess) return "$name: CUDA error after kernel launch";
+  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+  if (status != cutlass::Status::kSuccess) return Fail(step, status);
+  if (cudaPeekAtLastError() != cudaSuccess) return Fail("kernel launch", cutlass::Status::kErrorInternal);
   return nullptr;
 }
 """)

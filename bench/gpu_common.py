@@ -1,0 +1,41 @@
+"""Shared by the artifact builder (here) and the GPU runner (TVM runtime only): numpy and stdlib only.
+
+Arrays are regenerated from their name on both sides, so weights never travel to the GPU host
+separately from the libraries that have them bound as constants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+
+def random_array(name: str, shape, dtype: str, seed: int = 0) -> np.ndarray:
+    """Deterministic, never-zero data for tensor `name`: uniform(-1, 1) scaled by 1/sqrt(fan_in)
+    for weights (so activations stay O(1) through deep stacks)."""
+    digest = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
+    rng = np.random.default_rng(digest)
+    shape = [int(s) for s in shape]
+    scale = 1.0
+    if name.endswith("_w") or name == "w":
+        scale = 1 / math.sqrt(shape[-1])
+    elif name.endswith("_b") or name == "b":
+        scale = 0.5
+    value = rng.uniform(-1, 1, size=shape) * scale
+    if name.endswith("_g"):
+        value = 1.0 + 0.1 * value
+    return value.astype(dtype)
+
+
+def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
+    got = got.astype("float64")
+    expected = expected.astype("float64")
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def shape_of(spec: list, dims: dict[str, int]) -> list[int]:
+    return [d if isinstance(d, int) else dims[d] for d in spec]

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one call on the lent GPU (built here first, see README "GPU suite"):
+#   here:  ../shared/gpu/make-bundle && python scripts/build_gpu_suite.py --arch sm_90a --pack
+#   there: bash scripts/gpu_suite.sh            (carry .gpu and build/gpu.tar.xz)
+cd "$(dirname "$0")/.."
+# enter.sh filters pip's output through grep, which exits 1 when pip is quiet: source it before
+# strict mode.
+source .gpu/enter.sh
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+out=${OUT:-build/gpu-results}
+if [ -f build/gpu.tar.xz ]; then tar -xJf build/gpu.tar.xz -C build; fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
+python3 scripts/run_gpu_suite.py build/gpu "$out" "$@"

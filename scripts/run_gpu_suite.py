@@ -1,0 +1,292 @@
+"""Run the GPU suite on a host with only the TVM runtime, numpy and torch (the lent GPU).
+
+Correctness: every case's relax_cutlass library against TVM's own CUDA build of the same model and
+against a float64 torch reference, on two fresh random input sets per shape. Benchmarks:
+relax_cutlass vs TVM's default build vs torch eager (cuBLAS) vs torch.compile, timed in one run.
+
+    python scripts/run_gpu_suite.py build/gpu OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import tvm  # noqa: E402
+from gpu_common import random_array, rel_error, shape_of  # noqa: E402
+from tvm.runtime.vm import VirtualMachine  # noqa: E402
+
+DEV = tvm.cuda(0)
+TOL_VS_TVM = 1e-2
+TOL_FP32_ACC = 2e-3
+TOL_FP16_ACC = 1e-2
+
+
+def load(path: Path) -> VirtualMachine:
+    return VirtualMachine(tvm.runtime.load_module(str(path)), DEV)
+
+
+def inputs_for(params: list[dict], dims: dict, seed: int) -> dict[str, np.ndarray]:
+    out = {}
+    for p in params:
+        is_weight = p["name"] not in ("x", "residual")
+        out[p["name"]] = random_array(p["name"], shape_of(p["shape"], dims), p["dtype"], 0 if is_weight else seed)
+    return out
+
+
+def run(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> np.ndarray:
+    args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+    return vm["main"](*args).numpy()
+
+
+ACT = {
+    "identity": lambda t: t,
+    "relu": torch.relu,
+    "gelu": lambda t: F.gelu(t),
+    "gelu_decomposed": lambda t: F.gelu(t),
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+}
+
+
+def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
+    """The model's math in float64 on the GPU."""
+    t = {k: torch.from_numpy(v.astype("float64")).cuda() for k, v in values.items()}
+    w = t["w"] if not spec.get("transposed", True) else t["w"].T
+    y = t["x"] @ w
+    if spec.get("bias", True):
+        y = y + t["b"]
+    y = ACT[spec.get("activation", "identity")](y)
+    if spec.get("residual"):
+        y = y + t["residual"]
+        if spec.get("residual_relu"):
+            y = torch.relu(y)
+    return y.cpu().numpy()
+
+
+def check_case(case: dict, build: Path) -> list[dict]:
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    spec = case.get("spec", {})
+    acc = spec.get("options", {}).get("accumulator", "float32")
+    rows = []
+    for dims in case["runs"]:
+        for seed in (1, 2):  # two input sets: stale or unwritten output cannot pass both
+            values = inputs_for(case["tvm_params"], dims, seed)
+            got = run(vm_c, case["cutlass_params"], values)
+            ref = run(vm_t, case["tvm_params"], values)
+            row = {
+                "case": case["name"],
+                "dims": dims,
+                "seed": seed,
+                "shape": list(got.shape),
+                "dtype": str(got.dtype),
+                "err_vs_tvm": rel_error(got, ref),
+            }
+            ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= TOL_VS_TVM
+            if "spec" in case:
+                row["err_vs_f64"] = rel_error(got, reference_f64(spec, values))
+                ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if acc == "float32" else TOL_FP16_ACC)
+            row["ok"] = bool(ok)
+            rows.append(row)
+    return rows
+
+
+def time_vm(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> float:
+    """Median ms over repeats (each the mean of `number` back-to-back calls), after warm-up."""
+    args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+    vm["main"](*args)
+    timer = vm.time_evaluator("main", DEV, number=20, repeat=15, min_repeat_ms=0)
+    return float(np.median(timer(*args).results)) * 1e3
+
+
+def time_torch(fn, repeat: int = 15, number: int = 20) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / number)
+    return statistics.median(samples)
+
+
+def torch_linear_fns(case: dict, values: dict[str, np.ndarray]):
+    t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}
+    x, w, b = t["x"], t["w"], t["b"]
+    if case["epilogue"] == "bias_gelu":
+
+        def eager():
+            return F.gelu(F.linear(x, w, b))
+    else:
+        r = t["residual"]
+
+        def eager():
+            return F.linear(x, w, b) + r
+
+    def matmul_only():
+        return x @ w.T
+
+    return eager, matmul_only
+
+
+def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
+    values = inputs_for(case["tvm_params"], {}, 1)
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
+    row = {k: case[k] for k in ("name", "epilogue", "m", "n", "k", "flops")}
+    row["kernel"] = case["offloaded"][0]["kernel"] if case["offloaded"] else None
+    row["err_vs_tvm"] = rel_error(got, ref)
+    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    eager, matmul_only = torch_linear_fns(case, values)
+    row["torch_eager_ms"] = time_torch(eager)
+    row["cublas_matmul_only_ms"] = time_torch(matmul_only)
+    if use_compile:
+        compiled = torch.compile(eager)
+        row["torch_compile_ms"] = time_torch(compiled)
+    row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
+    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
+    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    return row
+
+
+def torch_bert_layer(values: dict[str, np.ndarray], heads: int = 16):
+    t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}
+    x = t["x"]
+    bsz, seq, hidden = x.shape
+    hd = hidden // heads
+
+    def lin(inp, n):
+        return F.linear(inp, t[f"{n}_w"], t[f"{n}_b"])
+
+    def layer():
+        q, k, v = (lin(x, n).view(bsz, seq, heads, hd).transpose(1, 2) for n in ("q", "k", "v"))
+        probs = torch.softmax((q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)), dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(bsz, seq, hidden)
+        h = F.layer_norm(lin(ctx, "o") + x, (hidden,), t["ln1_g"], t["ln1_b"])
+        y = lin(F.gelu(lin(h, "ffn1")), "ffn2") + h
+        return F.layer_norm(y, (hidden,), t["ln2_g"], t["ln2_b"])
+
+    return layer
+
+
+def model_case(case: dict, build: Path, use_compile: bool) -> dict:
+    values = inputs_for(case["tvm_params"], {}, 1)
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
+    layer = torch_bert_layer(values)
+    row = {
+        "name": case["name"],
+        "offloaded_regions": len(case["offloaded"]),
+        "left_in_tvm": len(case["left_in_tvm"]),
+        "err_vs_tvm": rel_error(got, ref),
+        "err_vs_torch": rel_error(got, layer().float().cpu().numpy()),
+    }
+    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
+    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    row["torch_eager_ms"] = time_torch(layer, repeat=10, number=10)
+    if use_compile:
+        row["torch_compile_ms"] = time_torch(torch.compile(layer), repeat=10, number=10)
+    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
+    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    return row
+
+
+# (header, key, format) of the summary table printed last.
+COLUMNS = [
+    ("case", "name", "34s"),
+    ("cutlass ms", "relax_cutlass_ms", "10.4f"),
+    ("TFLOP/s", "relax_cutlass_tflops", "8.1f"),
+    ("tvm ms", "tvm_default_ms", "8.3f"),
+    ("eager ms", "torch_eager_ms", "8.4f"),
+    ("compile ms", "torch_compile_ms", "10.4f"),
+    ("cublas mm", "cublas_matmul_only_ms", "9.4f"),
+    ("x tvm", "speedup_vs_tvm", "6.1f"),
+    ("x eager", "speedup_vs_torch_eager", "7.2f"),
+]
+
+
+def print_summary(results: dict) -> None:
+    tests = results["tests"]
+    print(f"\n{results['device']}  arch {results['arch']}  torch {results['torch']}")
+    print(
+        f"correctness: {sum(r['ok'] for r in tests)}/{len(tests)} checks ok, "
+        f"max err vs TVM {max((r.get('err_vs_tvm', math.inf) for r in tests), default=0):.2e}, "
+        f"max err vs f64 {max((r.get('err_vs_f64', 0) for r in tests), default=0):.2e}"
+    )
+    print(" ".join(f"{h:>{f.split('.')[0].rstrip('sf')}}" for h, _, f in COLUMNS))
+    for row in results["bench"] + [r for r in results["model"] if "error" not in r]:
+        cells = []
+        for _, key, fmt in COLUMNS:
+            value = row.get(key)
+            width = fmt.split(".")[0].rstrip("sf")
+            cells.append(format(value, fmt) if value is not None else f"{'-':>{width}}")
+        print(" ".join(cells))
+
+
+def main() -> int:
+    build, out = Path(sys.argv[1]), Path(sys.argv[2])
+    use_compile = "--no-compile" not in sys.argv
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((build / "manifest.json").read_text())
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "arch": manifest["arch"],
+        "tests": [],
+        "bench": [],
+        "model": [],
+    }
+    t0 = time.time()
+    for case in manifest["tests"]:
+        try:
+            results["tests"] += check_case(case, build)
+        except Exception as e:  # report every case, never stop at the first failure
+            results["tests"].append({"case": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
+        ok = all(r["ok"] for r in results["tests"] if r["case"] == case["name"])
+        print(f"test {case['name']}: {'ok' if ok else 'FAIL'}", flush=True)
+    for case in manifest["bench"]:
+        try:
+            results["bench"].append(bench_case(case, build, use_compile))
+        except Exception as e:
+            error = {
+                "case": case["name"],
+                "kernel": case["offloaded"][0]["kernel"],
+                "error": f"{type(e).__name__}: {e}",
+            }
+            results.setdefault("bench_errors", []).append(error)
+        print(f"bench {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
+    for case in manifest["model"]:
+        try:
+            results["model"].append(model_case(case, build, use_compile))
+        except Exception as e:
+            results["model"].append({"name": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
+    (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
+
+    failed = [r for r in results["tests"] if not r["ok"]] + [r for r in results["model"] if not r["ok"]]
+    failed += results.get("bench_errors", [])
+    for r in failed:
+        print("FAILED:", json.dumps(r))
+    print_summary(results)
+    print("PASS" if not failed else f"FAIL ({len(failed)} failed)")
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

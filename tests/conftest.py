@@ -1,0 +1,16 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Tests share one object cache per session (RELAX_CUTLASS_CACHE_DIR wins if set, e.g. in CI
+    to persist nvcc outputs across runs)."""
+    if "RELAX_CUTLASS_CACHE_DIR" not in os.environ:
+        os.environ["RELAX_CUTLASS_CACHE_DIR"] = str(tmp_path_factory.mktemp("relax_cutlass_cache"))
+    yield

@@ -1,0 +1,81 @@
+"""Run a module offloaded by relax_cutlass on the CPU, each extern kernel served by its composite.
+
+The rewritten module calls `R.call_dps_packed(R.extern(symbol), ...)`. Here every symbol is
+registered as a global function that runs the region's original composite, compiled for llvm, so
+the rest of the rewrite (partition boundaries, lifted constants, argument order, output shapes)
+is checked against the untouched module without a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+import relax_cutlass
+from relax_cutlass.constants import composite_of, offloaded_functions
+
+CPU = tvm.target.Target("llvm")
+
+
+def build_cpu(mod: tvm.IRModule):
+    ex = tvm.compile(mod, CPU)
+    return relax.VirtualMachine(ex, tvm.cpu())
+
+
+def run_vm(vm, inputs: list[np.ndarray]) -> np.ndarray:
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    return out.numpy()
+
+
+def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
+    """Register each offloaded function's composite (llvm build) under its extern symbol."""
+    symbols = []
+    for _, func in offloaded_functions(partitioned):
+        symbol = str(func.attrs["global_symbol"])
+        composite = composite_of(func).without_attr("Composite")
+        vm = build_cpu(tvm.IRModule({"main": composite}))
+
+        def serve(*args, _vm=vm):
+            result = _vm["main"](*args[:-1])
+            args[-1].copyfrom(result)
+
+        tvm_ffi.register_global_func(symbol, serve, override=True)
+        symbols.append(symbol)
+    return symbols
+
+
+def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:
+    """-> (partitioned+lifted module, rewritten module) with no kernels compiled."""
+    partitioned = relax_cutlass.transform.LiftConstants()(relax_cutlass.transform.PartitionForCutlass()(mod))
+    rewritten = relax_cutlass.transform.CutlassCodegen(compile=False, **options)(partitioned)
+    return partitioned, rewritten
+
+
+def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e-2, **options):
+    """Offload `mod`, run both versions on CPU, assert they agree; returns (expected, got, rewritten)."""
+    expected = run_vm(build_cpu(mod), inputs)
+    partitioned, rewritten = offload_for_cpu(mod, **options)
+    serve_regions_on_cpu(partitioned)
+    got = run_vm(build_cpu(rewritten), inputs)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    err = rel_error(got, expected)
+    assert err <= rtol, f"relative error {err:.3e} > {rtol}"
+    return expected, got, rewritten
+
+
+def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
+    got, expected = got.astype("float64"), expected.astype("float64")
+    assert np.isfinite(got).all(), "non-finite values in the offloaded result"
+    return float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
+
+
+def random_inputs(mod: tvm.IRModule, seed: int = 0, **dims: int) -> list[np.ndarray]:
+    """Random (never zero-filled) inputs for main's parameters; symbolic dims taken from `dims`."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape = [int(d) if hasattr(d, "value") else dims[str(d)] for d in p.ty.shape.values]
+        arrays.append(rng.uniform(-1, 1, size=shape).astype(str(p.ty.dtype)))
+    return arrays
