@@ -48,6 +48,8 @@ def detect_arch() -> int:
 
 
 def nvcc_gencode(arch: int) -> list[str]:
-    """nvcc flags for one arch. SM80 kernels are compiled for the target's own SASS."""
-    suffix = "a" if arch in (90, 100) else ""
-    return [f"-gencode=arch=compute_{arch}{suffix},code=sm_{arch}{suffix}"]
+    """nvcc flags for one arch: the target's own SASS, plus PTX where the driver can JIT it for
+    newer GPUs (arch-specific 'a' targets such as sm_90a have no forward-compatible PTX)."""
+    if arch in (90, 100):
+        return [f"-gencode=arch=compute_{arch}a,code=sm_{arch}a"]
+    return [f"-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"]

@@ -103,8 +103,13 @@ def _operation(kernel: GemmKernel):
     return GemmOperation(GemmKind.Universal, 80, tile, desc_a, desc_b, desc_c, DataType.f32, functor, swizzle)
 
 
+# The device-level type only names the kernel; the kernel itself is re-declared as a struct local to
+# this translation unit. CUTLASS's GemmUniversalBase<Kernel> caches per-kernel device state (the
+# >48 KB shared-memory opt-in) in thread-local template statics: with a kernel type made only of
+# CUTLASS types those statics are shared by every library loaded in the process, and the second
+# library's kernel would launch without its shared-memory attribute.
 RESIDUAL_INSTANCE = Template("""\
-using ${name}_gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
+using ${name}_device = cutlass::gemm::device::GemmUniversalWithBroadcast<
     ${element_a}, cutlass::layout::RowMajor,
     ${element_b}, ${layout_b},
     ${element_c}, cutlass::layout::RowMajor,
@@ -117,6 +122,7 @@ using ${name}_gemm = cutlass::gemm::device::GemmUniversalWithBroadcast<
         ${activation}, cutlass::plus, ${post_activation}>,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<${swizzle}>,
     ${stages}, ${alignment}, ${alignment}, cutlass::arch::OpMultiplyAdd>;
+struct ${name}_kernel : ${name}_device::GemmKernel {};
 """)
 
 # D = act(A @ B + bias): bias is the C operand read with ldc = 0 (one row broadcast to all rows).
@@ -167,7 +173,8 @@ def emit_kernel(kernel: GemmKernel) -> Source:
     """The translation unit for one kernel configuration, exporting `<kernel.name>_run`."""
     if kernel.epilogue.residual:
         instance = _residual_instance(kernel)
-        operation_type, arguments = f"{kernel.name}_gemm", RESIDUAL_ARGUMENTS
+        operation_type = f"cutlass::gemm::device::GemmUniversalBase<{kernel.name}_kernel>"
+        arguments = RESIDUAL_ARGUMENTS
     else:
         load_cutlass_library()
         from cutlass_library.gemm_operation import EmitGemmUniversalInstance

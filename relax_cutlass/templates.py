@@ -25,6 +25,8 @@ KERNEL_TU = Template("""\
 $includes
 
 $gemm_args
+// Everything kernel-specific has internal linkage: CUTLASS keeps per-kernel state in template
+// statics, which must never be shared with another library holding the same kernel.
 namespace {
 $instance
 

@@ -41,6 +41,9 @@ TEST_CASES = [
     ("dense_bias_residual", dict(residual=True), {}),
     ("dense_bias_residual_relu", dict(residual=True, residual_relu=True), {}),
     ("dense_bias_gelu_residual", dict(activation="gelu", residual=True), {}),
+    # A second library holding exactly the kernel of dense_bias_residual: per-kernel CUTLASS state
+    # must not leak between libraries loaded in one process.
+    ("dense_bias_residual_second_library", dict(residual=True), {}),
     ("matmul_kn_bias_relu", dict(activation="relu", transposed=False), {}),
     ("dense_bias_cast_fp32", dict(out_cast="float32"), {}),
     ("dense_bias_gelu_f16acc", dict(activation="gelu"), dict(accumulator="float16")),

@@ -11,4 +11,9 @@ export PYTHONUNBUFFERED=1
 out=${OUT:-build/gpu-results}
 if [ -f build/gpu.tar.xz ]; then tar -xJf build/gpu.tar.xz -C build; fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
+if python3 -c "import pytest" 2>/dev/null; then
+  python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider || echo "GPU pytest suite FAILED"
+else
+  echo "pytest not installed here: run_gpu_suite.py performs the same checks"
+fi
 python3 scripts/run_gpu_suite.py build/gpu "$out" "$@"

@@ -1,0 +1,56 @@
+"""GPU tests: every supported epilogue against the reference Relax (TVM CUDA) build.
+
+Needs an NVIDIA GPU and the artifacts of `scripts/build_gpu_suite.py` (build/gpu); skipped
+otherwise. Imports only the TVM runtime, so it runs on a GPU host without the TVM compiler:
+`bash scripts/gpu_suite.sh` runs it, then the benchmarks.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "gpu"
+MANIFEST = BUILD / "manifest.json"
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu_available() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def _cases():
+    if not MANIFEST.exists():
+        return []
+    return json.loads(MANIFEST.read_text())["tests"]
+
+
+skip_reason = None
+if not _gpu_available():
+    skip_reason = "no NVIDIA GPU visible"
+elif not MANIFEST.exists():
+    skip_reason = "no GPU artifacts: run scripts/build_gpu_suite.py first"
+
+
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c["name"])
+def test_case_matches_tvm_build_and_float64(case):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_gpu_suite import check_case
+
+    rows = check_case(case, BUILD)
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad, bad
+
+
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+def test_manifest_covers_every_epilogue():
+    names = {c["name"] for c in _cases()}
+    for epilogue in ("relu", "gelu", "gelu_tanh", "gelu_decomposed", "silu", "sigmoid", "residual", "residual_relu"):
+        assert any(epilogue in n for n in names), epilogue
