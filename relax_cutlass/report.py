@@ -64,10 +64,11 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
                 and producer.op.name == "relax.permute_dims"
             )
             reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
+            rank = len(rhs.ty.shape.values) if getattr(rhs.ty, "shape", None) is not None else 0
             rows.append(
                 {
                     "function": gv.name_hint,
-                    "op": "dense" if transposed else "matmul",
+                    "op": "batched matmul" if rank > 2 else ("dense" if transposed else "matmul"),
                     "shapes": [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args],
                     "reasons": reasons
                     or [

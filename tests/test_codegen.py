@@ -67,6 +67,7 @@ def test_report_before_and_after_offload_agree():
     assert [r["kernel"] for r in before.offloaded] == [r["kernel"] for r in after.offloaded]
     assert len(after.left_in_tvm) == 2  # the two batched attention matmuls
     assert all("batched ND x ND" in r["reasons"][0] for r in after.left_in_tvm)
+    assert {r["op"] for r in after.left_in_tvm} == {"batched matmul"}
     text = str(after)
     assert "6 region(s) offloaded" in text and "bias+gelu" in text
 
