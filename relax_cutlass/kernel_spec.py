@@ -61,17 +61,18 @@ class Epilogue:
         if self.residual_activation != "identity" and not self.residual:
             raise ValueError("a post-residual activation needs a residual")
 
+    def parts(self) -> list[str]:
+        """The fused steps in order, e.g. ["bias", "gelu", "residual_add", "relu"]."""
+        steps = [
+            ("bias", self.bias),
+            (self.activation, self.activation != "identity"),
+            ("residual_add", self.residual),
+            (self.residual_activation, self.residual_activation != "identity"),
+        ]
+        return [name for name, present in steps if present]
+
     def describe(self) -> str:
-        parts = []
-        if self.bias:
-            parts.append("bias")
-        if self.activation != "identity":
-            parts.append(self.activation)
-        if self.residual:
-            parts.append("residual_add")
-        if self.residual_activation != "identity":
-            parts.append(self.residual_activation)
-        return "+".join(parts) or "none"
+        return "+".join(self.parts()) or "none"
 
 
 @dataclass(frozen=True)

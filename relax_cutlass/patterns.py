@@ -38,17 +38,7 @@ class GemmPatternSpec:
 
     @property
     def name(self) -> str:
-        parts = ["dense" if self.b_transposed else "matmul"]
-        if self.bias:
-            parts.append("bias")
-        if self.activation != "identity":
-            parts.append(self.activation)
-        if self.residual:
-            parts.append("residual_add")
-        if self.residual_relu:
-            parts.append("relu")
-        if self.cast:
-            parts.append("cast")
+        parts = ["dense" if self.b_transposed else "matmul", *self.epilogue.parts()] + ["cast"] * self.cast
         return f"{CODEGEN}." + "_".join(parts)
 
     @property

@@ -101,6 +101,45 @@ def check_case(case: dict, build: Path) -> list[dict]:
     return rows
 
 
+GLUE_CASE = "dense_nk_bias_gelu_unbound"  # weights unbound: the extern takes (x, w, b, out)
+
+
+def check_glue_errors(manifest: dict, build: Path) -> list[dict]:
+    """Call one region's exported function directly with bad arguments: each must raise an error
+    that names the problem (the VM's own shape checks would stop most of these earlier)."""
+    case = next(c for c in manifest["tests"] if c["name"] == GLUE_CASE)
+    region = case["offloaded"][0]
+    lib = tvm.runtime.load_module(str(build / f"{GLUE_CASE}.cutlass.so"))
+    fn = lib.get_function(region["symbol"], query_imports=True)
+    shapes = {role: shape_of(shape, {}) for role, shape in region["shapes"].items()}
+    m, n = shapes["lhs"][0], shapes["bias"][0]
+
+    def args(lhs_shape=None, lhs_dtype="float16", lhs_dev=DEV):
+        arrays = {r: random_array(r, s, "float16", 3) for r, s in shapes.items()}
+        arrays["lhs"] = random_array("lhs", lhs_shape or shapes["lhs"], lhs_dtype, 3)
+        out = tvm.runtime.tensor(np.zeros((m, n), "float16"), DEV)
+        devs = {"lhs": lhs_dev}
+        return [tvm.runtime.tensor(arrays[r], devs.get(r, DEV)) for r in region["shapes"]] + [out], arrays
+
+    rows = []
+    good, arrays = args()
+    fn(*good)
+    expected = np.asarray(reference_f64(case["spec"], {"x": arrays["lhs"], "w": arrays["rhs"], "b": arrays["bias"]}))
+    rows.append({"check": "valid call", "ok": rel_error(good[-1].numpy(), expected) <= TOL_FP32_ACC})
+    bad_calls = {
+        "wrong dtype": (dict(lhs_dtype="float32"), "wrong dtype"),
+        "wrong K": (dict(lhs_shape=[m, shapes["lhs"][1] + 8]), "lhs inner dim K"),
+        "host tensor": (dict(lhs_dev=tvm.cpu()), "must be on a CUDA device"),
+    }
+    for name, (kwargs, expected_message) in bad_calls.items():
+        try:
+            fn(*args(**kwargs)[0])
+            rows.append({"check": name, "ok": False, "error": "no error raised"})
+        except Exception as e:  # the FFI error type varies; the message is what users read
+            rows.append({"check": name, "ok": expected_message in str(e), "message": str(e)[:300]})
+    return rows
+
+
 def time_vm(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> float:
     """Median ms over repeats (each the mean of `number` back-to-back calls), after warm-up."""
     args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
@@ -272,6 +311,8 @@ def main() -> int:
             results["tests"].append({"case": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
         ok = all(r["ok"] for r in results["tests"] if r["case"] == case["name"])
         print(f"test {case['name']}: {'ok' if ok else 'FAIL'}", flush=True)
+    results["glue"] = check_glue_errors(manifest, build)
+    print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
     warm_up_gpu()
     for case in manifest["bench"]:
         try:
@@ -293,7 +334,7 @@ def main() -> int:
     (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
 
     failed = [r for r in results["tests"] if not r["ok"]] + [r for r in results["model"] if not r["ok"]]
-    failed += results.get("bench_errors", [])
+    failed += results.get("bench_errors", []) + [r for r in results["glue"] if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)

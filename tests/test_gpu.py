@@ -54,3 +54,12 @@ def test_manifest_covers_every_epilogue():
     names = {c["name"] for c in _cases()}
     for epilogue in ("relu", "gelu", "gelu_tanh", "gelu_decomposed", "silu", "sigmoid", "residual", "residual_relu"):
         assert any(epilogue in n for n in names), epilogue
+
+
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+def test_glue_rejects_bad_arguments_with_clear_errors():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_gpu_suite import check_glue_errors
+
+    rows = check_glue_errors(json.loads(MANIFEST.read_text()), BUILD)
+    assert rows and all(r["ok"] for r in rows), rows

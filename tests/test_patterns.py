@@ -14,6 +14,20 @@ from relax_cutlass.models import bind_weights, dense, dense_epilogue_model, rand
 from relax_cutlass.patterns import all_gemm_specs, spec_by_name
 
 
+def graph(params: dict[str, tuple[list[int], str]], body) -> tvm.IRModule:
+    """main(**params) = body(bb, *param_vars), built in one dataflow block."""
+    args = [relax.Var(name, relax.TensorType(shape, dtype)) for name, (shape, dtype) in params.items()]
+    bb = relax.BlockBuilder()
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *args))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+X, W, B = ([64, 16], "float16"), ([32, 16], "float16"), ([32], "float16")
+
+
 def composites(mod):
     return sorted(str(composite_of(f).attrs["Composite"]) for _, f in offloaded_functions(mod))
 
@@ -71,15 +85,7 @@ def _gelu_variant(bb, x, variant):
 
 
 def _model_with(act_fn):
-    x = relax.Var("x", relax.TensorType([64, 16], "float16"))
-    w = relax.Var("w", relax.TensorType([32, 16], "float16"))
-    b = relax.Var("b", relax.TensorType([32], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            out = bb.emit_output(act_fn(bb, dense(bb, x, w, b)))
-        bb.emit_func_output(out)
-    return bb.get()
+    return graph({"x": X, "w": W, "b": B}, lambda bb, x, w, b: act_fn(bb, dense(bb, x, w, b)))
 
 
 @pytest.mark.parametrize("divide", [False, True])
@@ -121,16 +127,10 @@ def test_illegal_regions_stay_in_tvm_with_a_reason(kwargs, reason):
 
 def test_symbolic_k_and_batched_rhs_stay_in_tvm():
     k = tvm.tirx.Var("k", "int64")
-    x = relax.Var("x", relax.TensorType([8, 64, k], "float16"))
-    w = relax.Var("w", relax.TensorType([k, 32], "float16"))
-    y = relax.Var("y", relax.TensorType([8, 32, 16], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, y]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.matmul(x, w))
-            out = bb.emit_output(bb.emit(relax.op.matmul(a, y)))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = graph(
+        {"x": ([8, 64, k], "float16"), "w": ([k, 32], "float16"), "y": ([8, 32, 16], "float16")},
+        lambda bb, x, w, y: bb.emit(relax.op.matmul(bb.emit(relax.op.matmul(x, w)), y)),
+    )
     assert composites(partition(mod)) == []
     reasons = _left_reasons(mod)
     assert any("must be static" in r for r in reasons)
@@ -139,45 +139,29 @@ def test_symbolic_k_and_batched_rhs_stay_in_tvm():
 
 def test_bias_dtype_mismatch_keeps_bias_out_of_the_kernel():
     """matmul(out fp32) + fp32 bias + cast fp16: the bias add cannot be fused, the matmul can."""
-    x = relax.Var("x", relax.TensorType([64, 16], "float16"))
-    w = relax.Var("w", relax.TensorType([16, 32], "float16"))
-    b = relax.Var("b", relax.TensorType([32], "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
-            out = bb.emit_output(bb.emit(astype(bb.emit(relax.op.add(y, b)), "float16")))
-        bb.emit_func_output(out)
-    names = composites(partition(bb.get()))
-    assert names == ["relax_cutlass.matmul_bias"]  # fp32 output, fp32 bias: legal on its own
+
+    def body(bb, x, w, b):
+        y = bb.emit(relax.op.matmul(x, w, out_dtype="float32"))
+        return bb.emit(astype(bb.emit(relax.op.add(y, b)), "float16"))
+
+    mod = graph({"x": X, "w": ([16, 32], "float16"), "b": ([32], "float32")}, body)
+    assert composites(partition(mod)) == ["relax_cutlass.matmul_bias"]  # fp32 out + fp32 bias is legal
 
 
 def test_broadcast_residual_is_not_fused():
-    x = relax.Var("x", relax.TensorType([64, 16], "float16"))
-    w = relax.Var("w", relax.TensorType([32, 16], "float16"))
-    b = relax.Var("b", relax.TensorType([32], "float16"))
-    r = relax.Var("r", relax.TensorType([1, 32], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b, r]):
-        with bb.dataflow():
-            y = dense(bb, x, w, b)
-            out = bb.emit_output(bb.emit(relax.op.add(bb.emit(nn.relu(y)), r)))
-        bb.emit_func_output(out)
-    assert composites(partition(bb.get())) == ["relax_cutlass.dense_bias_relu"]
+    def body(bb, x, w, b, r):
+        return bb.emit(relax.op.add(bb.emit(nn.relu(dense(bb, x, w, b))), r))
+
+    mod = graph({"x": X, "w": W, "b": B, "r": ([1, 32], "float16")}, body)
+    assert composites(partition(mod)) == ["relax_cutlass.dense_bias_relu"]
 
 
 def test_intermediate_used_outside_is_not_swallowed():
-    x = relax.Var("x", relax.TensorType([64, 16], "float16"))
-    w = relax.Var("w", relax.TensorType([32, 16], "float16"))
-    b = relax.Var("b", relax.TensorType([32], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w, b]):
-        with bb.dataflow():
-            y = dense(bb, x, w, b)
-            g = bb.emit(nn.gelu(y))
-            out = bb.emit_output(bb.emit(relax.op.add(g, y)))  # y leaks out of any gelu region
-        bb.emit_func_output(out)
-    mod = bb.get()
+    def body(bb, x, w, b):
+        y = dense(bb, x, w, b)
+        return bb.emit(relax.op.add(bb.emit(nn.gelu(y)), y))  # y leaks out of any gelu region
+
+    mod = graph({"x": X, "w": W, "b": B}, body)
     assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
     x_np = np.random.default_rng(0).uniform(-1, 1, (64, 16)).astype("float16")
     from harness import compare_on_cpu, random_inputs
