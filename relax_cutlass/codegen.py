@@ -36,13 +36,16 @@ class CodegenOptions:
     m_hint: int = DEFAULT_M_HINT  # M assumed by the heuristic when M is symbolic
     jobs: int | None = None  # parallel compiler processes (default: all cores)
     compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
+    family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a); "sm80": CUTLASS 2.x
 
     @staticmethod
     def create(arch="sm_80", **options) -> CodegenOptions:
-        known = {"accumulator", "m_hint", "jobs", "compile"}
+        known = {"accumulator", "m_hint", "jobs", "compile", "family"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
+        if options.get("family", "auto") not in ("auto", "sm80"):
+            raise ValueError(f"family={options['family']!r}: use 'auto' (native kernels) or 'sm80'")
         acc = options.get("accumulator", "float32")
         if acc not in ACCUMULATOR_DTYPES:
             raise ValueError(f"accumulator={acc!r}: use one of {ACCUMULATOR_DTYPES}")
@@ -60,6 +63,7 @@ class CodegenOptions:
             m_hint=int(values.get("m_hint", DEFAULT_M_HINT)),
             jobs=int(values["jobs"]) if "jobs" in values else None,
             compile=bool(values.get("compile", True)),
+            family=str(values.get("family", "auto")),
         )
 
 
@@ -69,7 +73,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion]:
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
         spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
-        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint)
+        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family)
         regions.append(make_region(func, symbol, kernel, roles, composite))
     return regions
 

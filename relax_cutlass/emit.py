@@ -15,6 +15,7 @@ from string import Template
 
 from .compile import Source
 from .cutlass_lib import load as load_cutlass_library
+from .emit_sm90 import sm90_kernel_parts
 from .kernel_spec import ACTIVATIONS, GemmKernel, GemmRegion
 from .templates import GEMM_ARGS, GLUE_FUNCTION, GLUE_TU, KERNEL_TU
 
@@ -169,29 +170,31 @@ def _residual_instance(kernel: GemmKernel) -> str:
     )  # fmt: skip
 
 
+def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
+    if kernel.epilogue.residual:
+        return {
+            "includes": INCLUDES,
+            "instance": _residual_instance(kernel),
+            "operation_type": f"cutlass::gemm::device::GemmUniversalBase<{kernel.name}_kernel>",
+            "arguments": RESIDUAL_ARGUMENTS,
+        }
+    load_cutlass_library()
+    from cutlass_library.gemm_operation import EmitGemmUniversalInstance
+
+    op = _operation(kernel)
+    prefix = "" if kernel.epilogue.activation == "identity" else _epilogue_alias(kernel.epilogue.activation)
+    return {
+        "includes": INCLUDES,
+        "instance": prefix + EmitGemmUniversalInstance().emit(op),
+        "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{op.procedural_name()}>",
+        "arguments": UNIVERSAL_ARGUMENTS,
+    }
+
+
 def emit_kernel(kernel: GemmKernel) -> Source:
     """The translation unit for one kernel configuration, exporting `<kernel.name>_run`."""
-    if kernel.epilogue.residual:
-        instance = _residual_instance(kernel)
-        operation_type = f"cutlass::gemm::device::GemmUniversalBase<{kernel.name}_kernel>"
-        arguments = RESIDUAL_ARGUMENTS
-    else:
-        load_cutlass_library()
-        from cutlass_library.gemm_operation import EmitGemmUniversalInstance
-
-        op = _operation(kernel)
-        prefix = "" if kernel.epilogue.activation == "identity" else _epilogue_alias(kernel.epilogue.activation)
-        instance = prefix + EmitGemmUniversalInstance().emit(op)
-        operation_type = f"cutlass::gemm::device::GemmUniversalAdapter<{op.procedural_name()}>"
-        arguments = UNIVERSAL_ARGUMENTS
-    text = KERNEL_TU.substitute(
-        name=kernel.name,
-        includes=INCLUDES,
-        gemm_args=GEMM_ARGS,
-        instance=instance,
-        operation_type=operation_type,
-        arguments=arguments,
-    )
+    parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
+    text = KERNEL_TU.substitute(name=kernel.name, gemm_args=GEMM_ARGS, **parts)
     return Source(kernel.name, text, "cuda")
 
 

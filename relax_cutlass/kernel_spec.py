@@ -102,19 +102,32 @@ class GemmProblem:
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One CUTLASS 2.x tensor-op configuration (a cutlass_library TileDescription, flattened)."""
+    """One kernel configuration (a cutlass_library TileDescription plus schedule, flattened).
+
+    SM80 (CUTLASS 2.x): threadblock, warps, stages, swizzle. SM90 (CUTLASS 3.x): threadblock is
+    the CTA tile, plus the cluster shape, the warp-specialized schedule ("cooperative" or
+    "pingpong") and the tile scheduler ("default" persistent or "streamk"); stages=0 lets the
+    collective builder fill the shared memory left by the epilogue.
+    """
 
     threadblock: tuple[int, int, int]
-    warps: tuple[int, int, int]
-    stages: int
+    warps: tuple[int, int, int] = (1, 1, 1)
+    stages: int = 0
     instruction: tuple[int, int, int] = (16, 8, 16)
-    swizzle: int = 8  # GemmIdentityThreadblockSwizzle<N>
+    swizzle: int = 8  # GemmIdentityThreadblockSwizzle<N> (SM80)
     split_k: int = 1
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    schedule: str = "multistage"  # SM80: "multistage"; SM90: "cooperative" | "pingpong"
+    scheduler: str = "default"  # SM90: "default" | "streamk"
 
     def describe(self) -> str:
         tb = "x".join(map(str, self.threadblock))
-        wp = "x".join(map(str, self.warps))
-        return f"tb{tb}_w{wp}_s{self.stages}_swz{self.swizzle}" + (f"_splitk{self.split_k}" if self.split_k > 1 else "")
+        if self.schedule != "multistage":
+            cluster = "x".join(map(str, self.cluster))
+            return f"tb{tb}_c{cluster}_{self.schedule}" + ("_streamk" if self.scheduler == "streamk" else "")
+        warps = "x".join(map(str, self.warps))
+        split = f"_splitk{self.split_k}" if self.split_k > 1 else ""
+        return f"tb{tb}_w{warps}_s{self.stages}_swz{self.swizzle}{split}"
 
 
 @dataclass(frozen=True)
@@ -124,8 +137,9 @@ class GemmKernel:
     problem: GemmProblem
     epilogue: Epilogue
     tile: TileConfig
-    arch: int = 80  # SM version of the CUTLASS kernel family (SM80 kernels also run on SM90)
+    arch: int = 80  # kernel family: 80 = CUTLASS 2.x tensor-op (runs on SM80+), 90 = CUTLASS 3.x wgmma
     selected_by: str = field(default="heuristic", compare=False)
+    note: str = field(default="", compare=False)  # e.g. why an SM90 target got an SM80 kernel
 
     @property
     def name(self) -> str:
@@ -166,4 +180,5 @@ class GemmRegion:
             "mnk": [p.m if p.m is not None else "dynamic", p.n, p.k],
             "kernel": self.kernel.name,
             "selected_by": self.kernel.selected_by,
+            "note": self.kernel.note,
         }

@@ -31,7 +31,7 @@ class OffloadReport:
             lines.append(
                 f"  [offloaded] {r['op']:6s} M={m} N={n} K={k} epilogue={r['epilogue']} "
                 f"{r['dtypes'].get('lhs')}->{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) "
-                f"kernel={r['kernel']} ({r['selected_by']})"
+                f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
             )
         for r in self.left_in_tvm:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")

@@ -33,6 +33,9 @@ class _Collector:
     """Stands in for cutlass_library's Manifest: keeps every operation the generator appends."""
 
     kernel_filter = "all"  # non-empty: the generator emits every tile, not only the first
+    compute_capabilities_baseline = [90]
+    compute_capabilities_feature_set = ["90a"]
+    selected_kernels: list = []
 
     def __init__(self):
         self.operations = []
@@ -40,8 +43,8 @@ class _Collector:
     def append(self, operation):
         self.operations.append(operation)
 
-    def __getattr__(self, name):  # other Manifest knobs the generator reads: treat as unset
-        return None
+    def get_instantiation_level(self, pruned_level=0, default_level=111, exhaustive_level=9992):
+        return default_level  # the generator's default set of cluster shapes and schedules
 
 
 @functools.cache
@@ -76,6 +79,39 @@ def candidate_tiles(accumulator: str) -> tuple[TileConfig, ...]:
     return tuple(tiles)
 
 
+SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecializedPingpong": "pingpong"}
+
+
+@functools.cache
+def candidate_tiles_sm90(accumulator: str) -> tuple[TileConfig, ...]:
+    """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
+    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler."""
+    load_cutlass_library()
+    from cutlass_library import generator
+    from cutlass_library.library import DataType, GemmKind
+
+    collector = _Collector()
+    generator.GenerateSM90_TensorOp_16b_WGMMA_gemm(collector, "13.0")
+    acc = {"float32": DataType.f32, "float16": DataType.f16}[accumulator]
+    tiles = {}
+    for op in collector.operations:
+        if getattr(op, "gemm_kind", None) != GemmKind.Universal3x or op.A.element != DataType.f16:
+            continue
+        schedule = SM90_SCHEDULES.get(op.kernel_schedule.name)
+        if schedule is None or op.accumulator_type() != acc:
+            continue
+        td = op.tile_description
+        tile = TileConfig(
+            threadblock=tuple(td.tile_shape),
+            instruction=tuple(td.math_instruction.instruction_shape),
+            cluster=tuple(td.cluster_shape),
+            schedule=schedule,
+            scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
+        )
+        tiles[tile] = None
+    return tuple(tiles)
+
+
 def _smem_bytes(tile: TileConfig) -> int:
     bm, bn, bk = tile.threadblock
     return tile.stages * (bm * bk + bk * bn) * 2
@@ -93,8 +129,30 @@ def estimate_cost(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int
     return tiles_on_busiest_sm * bm * bn / efficiency
 
 
-def choose_kernel(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int = DEFAULT_M_HINT) -> GemmKernel:
-    """Pick the heuristic-best legal tile for `problem`, instantiated with `epilogue`."""
+def sm90_fallback_reason(problem: GemmProblem) -> str | None:
+    """Why an SM90 target cannot use an SM90 (TMA + wgmma) kernel for `problem`, if it cannot."""
+    if problem.alignment < 8:
+        return f"K={problem.k} / N={problem.n} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
+    if not candidate_tiles_sm90(problem.element_accumulator):
+        return f"no SM90 {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
+    return None
+
+
+def choose_kernel(
+    problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int = DEFAULT_M_HINT, family: str = "auto"
+) -> GemmKernel:
+    """Pick the heuristic-best legal configuration for `problem`, instantiated with `epilogue`.
+
+    SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
+    (the reason is kept in the kernel's note, and shown by the offload report).
+    """
+    note = ""
+    if arch >= 90 and family == "auto":
+        note = sm90_fallback_reason(problem) or ""
+        if not note:
+            return _choose_sm90(problem, epilogue, arch, m_hint)
+    elif arch >= 90:
+        note = "SM80 kernel requested (family='sm80')"
     smem_limit = SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
     legal = [t for t in candidate_tiles(problem.element_accumulator) if _smem_bytes(t) <= smem_limit]
     if not legal:
@@ -105,4 +163,25 @@ def choose_kernel(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: i
         return (estimate_cost(problem, tile, arch, m_hint), -prefer_deep_k, -tile.stages)
 
     best = min(legal, key=rank)
-    return GemmKernel(problem=problem, epilogue=epilogue, tile=best, arch=80, selected_by="heuristic")
+    return GemmKernel(problem=problem, epilogue=epilogue, tile=best, arch=80, selected_by="heuristic", note=note)
+
+
+def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int) -> GemmKernel:
+    """SM90: the wave model over CTA tiles; then cooperative 2x1-cluster persistent kernels, the
+    configuration CUTLASS's own defaults favour for fp16; stream-K when the tiles would leave
+    more than half the SMs idle (it splits K across them)."""
+    m = problem.m or m_hint
+
+    def rank(tile: TileConfig):
+        bm, bn, _ = tile.threadblock
+        ctas = math.ceil(m / bm) * math.ceil(problem.n / bn)
+        underfilled = ctas < SM_COUNT.get(arch, 132) // 2
+        return (
+            estimate_cost(problem, tile, arch, m_hint),
+            (tile.scheduler == "streamk") != underfilled,
+            tile.schedule != "cooperative",
+            tile.cluster != (2, 1, 1),
+        )
+
+    best = min(candidate_tiles_sm90(problem.element_accumulator), key=rank)
+    return GemmKernel(problem=problem, epilogue=epilogue, tile=best, arch=90, selected_by="heuristic")

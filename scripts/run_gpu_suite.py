@@ -202,6 +202,11 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     row["kernel"] = case["offloaded"][0]["kernel"] if case["offloaded"] else None
     row["err_vs_tvm"] = rel_error(got, ref)
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    if "sm80" in case.get("families", []):
+        vm_80 = load(build / f"{case['name']}.cutlass_sm80.so")
+        row["err_sm80_vs_tvm"] = rel_error(run(vm_80, case["cutlass_params"], values), ref)
+        row["sm80_kernel"] = case["sm80_kernels"][0]
+        row["relax_cutlass_sm80_ms"] = time_vm(vm_80, case["cutlass_params"], values)
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     eager, matmul_only = torch_linear_fns(case, values)
     row["torch_eager_ms"] = time_torch(eager)
@@ -209,7 +214,10 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     if use_compile:
         compiled = torch.compile(eager)
         row["torch_compile_ms"] = time_torch(compiled)
+    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM and row.get("err_sm80_vs_tvm", 0) <= TOL_VS_TVM
     row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
+    row["cublas_tflops"] = case["flops"] / row["cublas_matmul_only_ms"] / 1e9
+    row["vs_cublas_matmul"] = row["cublas_matmul_only_ms"] / row["relax_cutlass_ms"]
     row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
     row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
     return row
@@ -260,15 +268,17 @@ def model_case(case: dict, build: Path, use_compile: bool) -> dict:
 
 # (header, key, format) of the summary table printed last.
 COLUMNS = [
-    ("case", "name", "34s"),
+    ("case", "name", "36s"),
     ("cutlass ms", "relax_cutlass_ms", "10.4f"),
     ("TFLOP/s", "relax_cutlass_tflops", "8.1f"),
+    ("sm80 ms", "relax_cutlass_sm80_ms", "8.4f"),
     ("tvm ms", "tvm_default_ms", "8.3f"),
     ("eager ms", "torch_eager_ms", "8.4f"),
     ("compile ms", "torch_compile_ms", "10.4f"),
     ("cublas mm", "cublas_matmul_only_ms", "9.4f"),
     ("x tvm", "speedup_vs_tvm", "6.1f"),
     ("x eager", "speedup_vs_torch_eager", "7.2f"),
+    ("x cublas", "vs_cublas_matmul", "8.2f"),
 ]
 
 
@@ -334,7 +344,11 @@ def main() -> int:
     (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
 
     failed = [r for r in results["tests"] if not r["ok"]] + [r for r in results["model"] if not r["ok"]]
-    failed += results.get("bench_errors", []) + [r for r in results["glue"] if not r["ok"]]
+    failed += (
+        results.get("bench_errors", [])
+        + [r for r in results["bench"] if not r["ok"]]
+        + [r for r in results["glue"] if not r["ok"]]
+    )
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)

@@ -1,0 +1,158 @@
+"""SM90 (Hopper) kernels: CUTLASS 3.x TMA + wgmma warp-specialized GEMMs with the epilogue as an
+epilogue visitor tree (EVT), emitted from the same `Epilogue` record as the SM80 kernels.
+
+    D = post(act(acc + bias) + C)        (each step present only if the epilogue has it)
+
+The EVT type and its nested argument initializer are generated from one node list, so they
+cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+
+from .kernel_spec import ACTIVATIONS, CUTLASS_ELEMENT, GemmKernel
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One EVT node: its C++ type and the C++ initializer of its arguments."""
+
+    type: str
+    args: str
+
+
+def _compute(op: str, out: str, child_nodes: list[_Node]) -> _Node:
+    compute = f"cutlass::epilogue::fusion::Sm90Compute<{op}, {out}, float, cutlass::FloatRoundStyle::round_to_nearest>"
+    return _Node(
+        type=f"cutlass::epilogue::fusion::Sm90EVT<{compute}, {', '.join(n.type for n in child_nodes)}>",
+        args="{" + ", ".join(n.args for n in child_nodes) + ", {}}",
+    )
+
+
+def epilogue_tree(kernel: GemmKernel) -> _Node:
+    """The EVT computing `kernel.epilogue` with fp32 compute and the output element type last."""
+    p, epi = kernel.problem, kernel.epilogue
+    out = CUTLASS_ELEMENT[p.element_out]
+    node = _Node("cutlass::epilogue::fusion::Sm90AccFetch", "{}")
+    if epi.bias:
+        bias = (
+            f"cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, {out}, float, "
+            f"cute::Stride<cute::_0, cute::_1, int64_t>, {128 // _bits(p.element_out)}>"
+        )
+        node = _compute(
+            "cutlass::plus", "float", [node, _Node(bias, f"{{static_cast<{out} const*>(p->bias), {out}(0), {{}}}}")]
+        )
+    if epi.activation != "identity":
+        node = _compute(ACTIVATIONS[epi.activation].functor, "float", [node])
+    if epi.residual:
+        node = _compute(
+            "cutlass::plus", "float", [node, _Node(f"cutlass::epilogue::fusion::Sm90SrcFetch<{out}>", "{}")]
+        )
+    # The root converts to the output type (and applies the post-residual activation, if any).
+    return _compute(ACTIVATIONS[epi.residual_activation].functor, out, [node])
+
+
+def _bits(dtype: str) -> int:
+    return {"float16": 16, "bfloat16": 16, "float32": 32}[dtype]
+
+
+SM90_INSTANCE = Template("""\
+using TileShape = cute::Shape<cute::_${tm}, cute::_${tn}, cute::_${tk}>;
+using ClusterShape = cute::Shape<cute::_${cm}, cute::_${cn}, cute::_1>;
+using ElementC = ${element_c};
+using EpilogueTree = ${tree_type};
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto, ${element_acc}, float,
+    ElementC, cutlass::layout::RowMajor, ${align_c},
+    ${element_d}, cutlass::layout::RowMajor, ${align_d},
+    ${epilogue_schedule}, EpilogueTree>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    ${element_a}, cutlass::layout::RowMajor, ${align},
+    ${element_b}, ${layout_b}, ${align},
+    ${element_acc}, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    ${kernel_schedule}>::CollectiveOp;
+
+// A struct local to this translation unit (see emit.py: CUTLASS keeps per-kernel state in
+// template statics).
+struct ${name}_kernel : cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, ${tile_scheduler}> {};
+""")
+
+SM90_ARGUMENTS = Template("""\
+using StrideA = typename Gemm::GemmKernel::StrideA;
+  using StrideB = typename Gemm::GemmKernel::StrideB;
+  using StrideC = typename Gemm::GemmKernel::StrideC;
+  using StrideD = typename Gemm::GemmKernel::StrideD;
+  int m = static_cast<int>(p->m), n = static_cast<int>(p->n), k = static_cast<int>(p->k);
+  typename Gemm::Arguments arguments{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {m, n, k, 1},
+      {static_cast<${element_a} const*>(p->a), cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, k, 1)),
+       static_cast<${element_b} const*>(p->b), cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n, k, 1))},
+      {${tree_args},
+       static_cast<ElementC const*>(${c_ptr}), cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m, n, 1)),
+       static_cast<${element_d}*>(p->d), cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m, n, 1))}};""")
+
+SM90_INCLUDES = """\
+#include "cutlass/numeric_types.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/util/packed_stride.hpp"
+"""
+
+# schedule -> (kernel schedule, epilogue schedule)
+SCHEDULES = {
+    "cooperative": (
+        "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
+        "cutlass::epilogue::TmaWarpSpecializedCooperative",
+    ),
+    "pingpong": ("cutlass::gemm::KernelTmaWarpSpecializedPingpong", "cutlass::epilogue::TmaWarpSpecialized"),
+}
+TILE_SCHEDULERS = {"default": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler"}
+
+
+def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
+    """includes / instance / operation_type / arguments for templates.KERNEL_TU."""
+    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
+    tree = epilogue_tree(kernel)
+    out = CUTLASS_ELEMENT[p.element_out]
+    kernel_schedule, epilogue_schedule = SCHEDULES[t.schedule]
+    out_alignment = 128 // _bits(p.element_out)
+    instance = SM90_INSTANCE.substitute(
+        tm=t.threadblock[0], tn=t.threadblock[1], tk=t.threadblock[2],
+        cm=t.cluster[0], cn=t.cluster[1],
+        element_c=out if epi.residual else "void",
+        tree_type=tree.type,
+        element_acc=CUTLASS_ELEMENT[p.element_accumulator],
+        align_c=out_alignment, element_d=out, align_d=out_alignment,
+        epilogue_schedule=epilogue_schedule,
+        element_a=CUTLASS_ELEMENT[p.element_a], element_b=CUTLASS_ELEMENT[p.element_b],
+        layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
+        align=p.alignment, kernel_schedule=kernel_schedule, name=kernel.name,
+        tile_scheduler=TILE_SCHEDULERS[t.scheduler],
+    )  # fmt: skip
+    arguments = SM90_ARGUMENTS.substitute(
+        element_a=CUTLASS_ELEMENT[p.element_a],
+        element_b=CUTLASS_ELEMENT[p.element_b],
+        element_d=out,
+        tree_args=tree.args,
+        c_ptr="p->residual" if epi.residual else "nullptr",
+    )
+    return {
+        "includes": SM90_INCLUDES,
+        "instance": instance,
+        "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
+        "arguments": arguments,
+    }

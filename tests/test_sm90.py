@@ -1,0 +1,87 @@
+"""SM90 (Hopper) kernel path: candidates, choice, fallback, emitted CUTLASS 3.x source."""
+
+import pytest
+
+import relax_cutlass
+from relax_cutlass.codegen import CodegenOptions, plan_regions
+from relax_cutlass.constants import offloaded_functions
+from relax_cutlass.emit import emit_kernel
+from relax_cutlass.emit_sm90 import epilogue_tree
+from relax_cutlass.kernel_spec import ACTIVATIONS, Epilogue, GemmKernel, GemmProblem, TileConfig
+from relax_cutlass.models import dense_epilogue_model
+from relax_cutlass.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.transform import LiftConstants, PartitionForCutlass
+
+
+def region(mod, arch="sm_90a", **options):
+    part = LiftConstants()(PartitionForCutlass(arch)(mod))
+    (r,) = plan_regions([f for _, f in offloaded_functions(part)], CodegenOptions.create(arch, **options))
+    return r
+
+
+def test_candidates_come_from_cutlass_library_sm90_generator():
+    tiles = candidate_tiles_sm90("float32")
+    assert {t.schedule for t in tiles} == {"cooperative", "pingpong"}
+    assert {t.scheduler for t in tiles} == {"default", "streamk"}
+    assert {t.cluster for t in tiles} >= {(2, 1, 1), (1, 2, 1)}
+    assert (128, 256, 64) in {t.threadblock for t in tiles}
+
+
+def test_large_problems_get_full_tiles_and_small_ones_stream_k():
+    big = choose_kernel(GemmProblem(8192, 8192, 8192, True), Epilogue(), 90)
+    small = choose_kernel(GemmProblem(1024, 1024, 4096, True), Epilogue(), 90)
+    assert big.arch == 90 and big.tile.threadblock[0] * big.tile.threadblock[1] >= 128 * 256
+    assert small.arch == 90 and small.tile.scheduler == "streamk"
+
+
+def test_sm90_target_uses_sm90_kernels():
+    r = region(dense_epilogue_model(512, 256, 128, activation="gelu"))
+    assert r.kernel.arch == 90 and r.kernel.name.startswith("sm90_")
+    text = emit_kernel(r.kernel).text
+    assert "cutlass::arch::Sm90" in text and "CollectiveBuilder" in text
+    assert "KernelTmaWarpSpecialized" in text
+    assert "Sm90RowBroadcast" in text and ACTIVATIONS["gelu"].functor in text
+    assert "using ElementC = void;" in text  # no residual: the epilogue reads no source
+
+
+def test_unaligned_problems_fall_back_to_sm80_and_say_why():
+    mod = dense_epilogue_model(512, 130, 66, activation="relu")
+    r = region(mod)
+    assert r.kernel.arch == 80 and "TMA" in r.kernel.note
+    report = str(relax_cutlass.offload_report(relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)))
+    assert "not multiples of 8" in report
+
+
+def test_family_sm80_forces_cutlass2_kernels():
+    r = region(dense_epilogue_model(512, 256, 128), family="sm80")
+    assert r.kernel.arch == 80 and "family='sm80'" in r.kernel.note
+    with pytest.raises(ValueError, match="family"):
+        CodegenOptions.create("sm_90a", family="sm100")
+
+
+@pytest.mark.parametrize(
+    "epilogue",
+    [
+        Epilogue(),
+        Epilogue(bias=True),
+        Epilogue(bias=True, activation="silu"),
+        Epilogue(bias=True, activation="gelu", residual=True, residual_activation="relu"),
+        Epilogue(residual=True),
+    ],
+    ids=lambda e: e.describe(),
+)
+def test_epilogue_tree_type_and_arguments_agree(epilogue):
+    """One EVT node per step; the argument initializer nests exactly like the type."""
+    kernel = GemmKernel(GemmProblem(None, 256, 128, True), epilogue, TileConfig((128, 128, 64)), arch=90)
+    tree = epilogue_tree(kernel)
+    # One node per step; the root converts to the output type and applies the post-residual
+    # activation, so it is an extra node only when there is none.
+    steps = len(epilogue.parts()) + (epilogue.residual_activation == "identity")
+    assert tree.type.count("Sm90EVT<") == steps
+    assert tree.args.count("{") == tree.args.count("}")
+    assert ("Sm90SrcFetch" in tree.type) == epilogue.residual
+    assert ("p->bias" in tree.args) == epilogue.bias
+    assert tree.type.startswith(
+        f"cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<"
+        f"{ACTIVATIONS[epilogue.residual_activation].functor}, cutlass::half_t"
+    )
