@@ -75,29 +75,35 @@ def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def check_case(case: dict, build: Path) -> list[dict]:
-    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    """Each kernel family's library against TVM's build and float64, on two input sets per shape."""
+    vm_t = load(build / f"{case['name']}.tvm.so")
     spec = case.get("spec", {})
     acc = spec.get("options", {}).get("accumulator", "float32")
     rows = []
-    for dims in case["runs"]:
-        for seed in (1, 2):  # two input sets: stale or unwritten output cannot pass both
-            values = inputs_for(case["tvm_params"], dims, seed)
-            got = run(vm_c, case["cutlass_params"], values)
-            ref = run(vm_t, case["tvm_params"], values)
-            row = {
-                "case": case["name"],
-                "dims": dims,
-                "seed": seed,
-                "shape": list(got.shape),
-                "dtype": str(got.dtype),
-                "err_vs_tvm": rel_error(got, ref),
-            }
-            ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= TOL_VS_TVM
-            if "spec" in case:
-                row["err_vs_f64"] = rel_error(got, reference_f64(spec, values))
-                ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if acc == "float32" else TOL_FP16_ACC)
-            row["ok"] = bool(ok)
-            rows.append(row)
+    for family in case.get("families", ["auto"]):
+        suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
+        kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
+        vm_c = load(build / f"{case['name']}.{suffix}.so")
+        for dims in case["runs"]:
+            for seed in (1, 2):  # two input sets: stale or unwritten output cannot pass both
+                values = inputs_for(case["tvm_params"], dims, seed)
+                got = run(vm_c, case["cutlass_params"], values)
+                ref = run(vm_t, case["tvm_params"], values)
+                row = {
+                    "case": case["name"],
+                    "kernel": kernel,
+                    "dims": dims,
+                    "seed": seed,
+                    "shape": list(got.shape),
+                    "dtype": str(got.dtype),
+                    "err_vs_tvm": rel_error(got, ref),
+                }
+                ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= TOL_VS_TVM
+                if "spec" in case:
+                    row["err_vs_f64"] = rel_error(got, reference_f64(spec, values))
+                    ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if acc == "float32" else TOL_FP16_ACC)
+                row["ok"] = bool(ok)
+                rows.append(row)
     return rows
 
 
@@ -214,7 +220,13 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     if use_compile:
         compiled = torch.compile(eager)
         row["torch_compile_ms"] = time_torch(compiled)
-    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM and row.get("err_sm80_vs_tvm", 0) <= TOL_VS_TVM
+    # Judged against torch (cuBLAS, fp32 accumulation). TVM's default build accumulates an fp16
+    # matmul in fp16, which alone is ~1e-2 off at K=8192; its error is kept for information.
+    torch_out = eager().float().cpu().numpy()
+    row["err_vs_torch"] = rel_error(got, torch_out)
+    if "sm80" in case.get("families", []):
+        row["err_sm80_vs_torch"] = rel_error(run(vm_80, case["cutlass_params"], values), torch_out)
+    row["ok"] = row["err_vs_torch"] <= TOL_VS_TVM and row.get("err_sm80_vs_torch", 0) <= TOL_VS_TVM
     row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
     row["cublas_tflops"] = case["flops"] / row["cublas_matmul_only_ms"] / 1e9
     row["vs_cublas_matmul"] = row["cublas_matmul_only_ms"] / row["relax_cutlass_ms"]
