@@ -47,9 +47,13 @@ def detect_arch() -> int:
     return int(major) * 10 + int(minor)
 
 
+# Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg), which run on that SM only.
+ARCH_SPECIFIC = (90, 100)
+
+
 def nvcc_gencode(arch: int) -> list[str]:
     """nvcc flags for one arch: the target's own SASS, plus PTX where the driver can JIT it for
     newer GPUs (arch-specific 'a' targets such as sm_90a have no forward-compatible PTX)."""
-    if arch in (90, 100):
+    if arch in ARCH_SPECIFIC:
         return [f"-gencode=arch=compute_{arch}a,code=sm_{arch}a"]
     return [f"-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"]

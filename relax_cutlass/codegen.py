@@ -37,10 +37,11 @@ class CodegenOptions:
     jobs: int | None = None  # parallel compiler processes (default: all cores)
     compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
     family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a); "sm80": CUTLASS 2.x
+    tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
 
     @staticmethod
     def create(arch="sm_80", **options) -> CodegenOptions:
-        known = {"accumulator", "m_hint", "jobs", "compile", "family"}
+        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -64,6 +65,7 @@ class CodegenOptions:
             jobs=int(values["jobs"]) if "jobs" in values else None,
             compile=bool(values.get("compile", True)),
             family=str(values.get("family", "auto")),
+            tile=str(values.get("tile", "")),
         )
 
 
@@ -73,7 +75,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion]:
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
         spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
-        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family)
+        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile)
         regions.append(make_region(func, symbol, kernel, roles, composite))
     return regions
 

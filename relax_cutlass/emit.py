@@ -13,6 +13,7 @@ import enum
 import functools
 from string import Template
 
+from .arch import ARCH_SPECIFIC
 from .compile import Source
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
@@ -192,9 +193,21 @@ def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
 
 
 def emit_kernel(kernel: GemmKernel) -> Source:
-    """The translation unit for one kernel configuration, exporting `<kernel.name>_run`."""
+    """The translation unit for one kernel configuration, exporting `<kernel.name>_run`.
+
+    The object runs on exactly `kernel.target` for arch-specific targets (sm_90a), else on it and
+    newer GPUs (SASS + PTX); `_run` checks that before launching.
+    """
     parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
-    text = KERNEL_TU.substitute(name=kernel.name, gemm_args=GEMM_ARGS, **parts)
+    exact = kernel.target in ARCH_SPECIFIC
+    text = KERNEL_TU.substitute(
+        name=kernel.name,
+        gemm_args=GEMM_ARGS,
+        arch=kernel.target,
+        arch_exact=str(exact).lower(),
+        arch_name=f"{kernel.target}{'a' if exact else ''}",
+        **parts,
+    )
     return Source(kernel.name, text, "cuda")
 
 

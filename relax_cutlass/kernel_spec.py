@@ -138,6 +138,7 @@ class GemmKernel:
     epilogue: Epilogue
     tile: TileConfig
     arch: int = 80  # kernel family: 80 = CUTLASS 2.x tensor-op (runs on SM80+), 90 = CUTLASS 3.x wgmma
+    target: int = 80  # the SM the object is compiled for (sm_90a runs the SM80 family too)
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)  # e.g. why an SM90 target got an SM80 kernel
 

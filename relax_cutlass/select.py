@@ -139,17 +139,25 @@ def sm90_fallback_reason(problem: GemmProblem) -> str | None:
 
 
 def choose_kernel(
-    problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int = DEFAULT_M_HINT, family: str = "auto"
+    problem: GemmProblem,
+    epilogue: Epilogue,
+    arch: int,
+    m_hint: int = DEFAULT_M_HINT,
+    family: str = "auto",
+    tile: str = "",
 ) -> GemmKernel:
     """Pick the heuristic-best legal configuration for `problem`, instantiated with `epilogue`.
 
     SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
-    (the reason is kept in the kernel's note, and shown by the offload report).
+    (the reason is kept in the kernel's note, and shown by the offload report). `tile` pins a
+    configuration by its `TileConfig.describe()` name (for sweeps and profiling).
     """
     note = ""
     if arch >= 90 and family == "auto":
         note = sm90_fallback_reason(problem) or ""
         if not note:
+            if tile:
+                return _pinned(problem, epilogue, arch, 90, candidate_tiles_sm90(problem.element_accumulator), tile)
             return _choose_sm90(problem, epilogue, arch, m_hint)
     elif arch >= 90:
         note = "SM80 kernel requested (family='sm80')"
@@ -157,13 +165,23 @@ def choose_kernel(
     legal = [t for t in candidate_tiles(problem.element_accumulator) if _smem_bytes(t) <= smem_limit]
     if not legal:
         raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
+    if tile:
+        return _pinned(problem, epilogue, arch, 80, legal, tile, note)
 
     def rank(tile: TileConfig):
         prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
         return (estimate_cost(problem, tile, arch, m_hint), -prefer_deep_k, -tile.stages)
 
     best = min(legal, key=rank)
-    return GemmKernel(problem=problem, epilogue=epilogue, tile=best, arch=80, selected_by="heuristic", note=note)
+    return GemmKernel(problem, epilogue, best, arch=80, target=arch, selected_by="heuristic", note=note)
+
+
+def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = "") -> GemmKernel:
+    for candidate in candidates:
+        if candidate.describe() == tile:
+            return GemmKernel(problem, epilogue, candidate, arch=family, target=arch, selected_by="pinned", note=note)
+    names = sorted(c.describe() for c in candidates)
+    raise ValueError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}; candidates: {names}")
 
 
 def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int) -> GemmKernel:
@@ -184,4 +202,4 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
         )
 
     best = min(candidate_tiles_sm90(problem.element_accumulator), key=rank)
-    return GemmKernel(problem=problem, epilogue=epilogue, tile=best, arch=90, selected_by="heuristic")
+    return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")

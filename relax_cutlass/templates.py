@@ -30,6 +30,25 @@ $gemm_args
 namespace {
 $instance
 
+// Fails clearly, before any launch, when the current GPU cannot run this object's machine code
+// (e.g. an sm_90a library on an A100): otherwise CUTLASS reports only a generic launch error.
+const char* CheckDevice() {
+  static thread_local char message[512];
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return "$name: no usable CUDA device";
+  }
+  const int cc = major * 10 + minor;
+  const bool ok = $arch_exact ? cc == $arch : cc >= $arch;
+  if (ok) return nullptr;
+  std::snprintf(message, sizeof(message),
+                "$name: this library was built for sm_$arch_name, but cuda:%d is sm_%d%d; rebuild with "
+                "arch='auto' on this machine (or arch='sm_%d%d')", device, major, minor, major, minor);
+  return message;
+}
+
 // Formats "<kernel>: <step> failed: <CUTLASS status> (<CUDA error>)" into a per-thread buffer.
 const char* Fail(const char* step, cutlass::Status status) {
   static thread_local char message[512];
@@ -44,6 +63,7 @@ const char* Fail(const char* step, cutlass::Status status) {
 extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     const RelaxCutlassGemmArgs* p, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (const char* error = CheckDevice()) return error;
   using Gemm = $operation_type;
   $arguments
   Gemm op;

@@ -76,7 +76,7 @@ def test_report_before_and_after_offload_agree():
     "kwargs,error,match",
     [
         (dict(accumulator="float64"), ValueError, "accumulator"),
-        (dict(tile="big"), TypeError, "unknown relax_cutlass option"),
+        (dict(tiles="big"), TypeError, "unknown relax_cutlass option"),
     ],
 )
 def test_bad_options_are_named(kwargs, error, match):

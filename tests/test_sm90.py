@@ -85,3 +85,17 @@ def test_epilogue_tree_type_and_arguments_agree(epilogue):
         f"cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<"
         f"{ACTIVATIONS[epilogue.residual_activation].functor}, cutlass::half_t"
     )
+
+
+def test_tile_can_be_pinned_and_bad_names_list_the_candidates():
+    r = region(dense_epilogue_model(512, 256, 128), tile="tb128x256x64_c1x2x1_pingpong")
+    assert r.kernel.selected_by == "pinned" and r.kernel.tile.schedule == "pingpong"
+    with pytest.raises(ValueError, match="candidates"):
+        region(dense_epilogue_model(512, 256, 128), tile="tb1x1x1")
+
+
+def test_kernel_checks_the_device_before_launching():
+    text = emit_kernel(region(dense_epilogue_model(512, 256, 128)).kernel).text
+    assert "CheckDevice()" in text and "built for sm_90a" in text and "cc == 90" in text
+    text80 = emit_kernel(region(dense_epilogue_model(512, 256, 128), arch="sm_80").kernel).text
+    assert "cc >= 80" in text80
