@@ -11,6 +11,11 @@ import math
 
 import numpy as np
 
+try:  # registers numpy's "bfloat16" dtype (ships with TVM and JAX)
+    import ml_dtypes  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
 
 def random_array(name: str, shape, dtype: str, seed: int = 0) -> np.ndarray:
     """Deterministic, never-zero data for tensor `name`: uniform(-1, 1) scaled by 1/sqrt(fan_in)

@@ -149,7 +149,8 @@ class GemmKernel:
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
         epi = self.epilogue.describe().replace("+", "_")
         out = {"float16": "f16", "float32": "f32", "bfloat16": "bf16"}[p.element_out]
-        return f"sm{self.arch}_gemm_{layout}_{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
+        inputs = "" if p.element_a == "float16" else "bf16in_"  # fp16 inputs are the unmarked default
+        return f"sm{self.arch}_gemm_{layout}_{inputs}{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
 
 
 @dataclass(frozen=True)

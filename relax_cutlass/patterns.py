@@ -19,8 +19,8 @@ from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 from .kernel_spec import Epilogue
 
 CODEGEN = "relax_cutlass"
-SUPPORTED_INPUT_DTYPES = ("float16",)
-SUPPORTED_OUTPUT_DTYPES = ("float16", "float32")
+SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
+SUPPORTED_OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
 ACCUMULATOR_DTYPES = ("float16", "float32")
 FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 

@@ -71,7 +71,8 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     m = 1
     for d in lhs_shape[:-1]:
         m = m * d if isinstance(d, int) and isinstance(m, int) else None
-    acc = "float32" if dtype_of(root) == "float32" else accumulator
+    # fp32 outputs and bf16 inputs always accumulate in fp32 (tensor cores have no bf16 accumulator).
+    acc = "float32" if dtype_of(root) == "float32" or dtype_of(ann["lhs"]) == "bfloat16" else accumulator
     problem = GemmProblem(
         m=m,
         n=int(n),

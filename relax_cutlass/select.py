@@ -48,8 +48,8 @@ class _Collector:
 
 
 @functools.cache
-def candidate_tiles(accumulator: str) -> tuple[TileConfig, ...]:
-    """Distinct SM80 16x8x16 fp16 tensor-op tiles cutlass_library generates for this accumulator."""
+def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
     load_cutlass_library()
     from cutlass_library import generator
     from cutlass_library.gemm_operation import GemmOperation
@@ -65,7 +65,7 @@ def candidate_tiles(accumulator: str) -> tuple[TileConfig, ...]:
         if (
             not isinstance(op, GemmOperation)
             or op.gemm_kind != GemmKind.Universal
-            or mi.element_a != DataType.f16
+            or mi.element_a != {"float16": DataType.f16, "bfloat16": DataType.bf16}[element]
             or mi.element_accumulator != acc
         ):
             continue
@@ -83,7 +83,7 @@ SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecia
 
 
 @functools.cache
-def candidate_tiles_sm90(accumulator: str) -> tuple[TileConfig, ...]:
+def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
     CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler."""
     load_cutlass_library()
@@ -95,7 +95,8 @@ def candidate_tiles_sm90(accumulator: str) -> tuple[TileConfig, ...]:
     acc = {"float32": DataType.f32, "float16": DataType.f16}[accumulator]
     tiles = {}
     for op in collector.operations:
-        if getattr(op, "gemm_kind", None) != GemmKind.Universal3x or op.A.element != DataType.f16:
+        wanted = {"float16": DataType.f16, "bfloat16": DataType.bf16}[element]
+        if getattr(op, "gemm_kind", None) != GemmKind.Universal3x or op.A.element != wanted:
             continue
         schedule = SM90_SCHEDULES.get(op.kernel_schedule.name)
         if schedule is None or op.accumulator_type() != acc:
@@ -133,7 +134,7 @@ def sm90_fallback_reason(problem: GemmProblem) -> str | None:
     """Why an SM90 target cannot use an SM90 (TMA + wgmma) kernel for `problem`, if it cannot."""
     if problem.alignment < 8:
         return f"K={problem.k} / N={problem.n} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
-    if not candidate_tiles_sm90(problem.element_accumulator):
+    if not candidate_tiles_sm90(problem.element_accumulator, problem.element_a):
         return f"no SM90 {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
     return None
 
@@ -157,12 +158,19 @@ def choose_kernel(
         note = sm90_fallback_reason(problem) or ""
         if not note:
             if tile:
-                return _pinned(problem, epilogue, arch, 90, candidate_tiles_sm90(problem.element_accumulator), tile)
+                return _pinned(
+                    problem,
+                    epilogue,
+                    arch,
+                    90,
+                    candidate_tiles_sm90(problem.element_accumulator, problem.element_a),
+                    tile,
+                )
             return _choose_sm90(problem, epilogue, arch, m_hint)
     elif arch >= 90:
         note = "SM80 kernel requested (family='sm80')"
     smem_limit = SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
-    legal = [t for t in candidate_tiles(problem.element_accumulator) if _smem_bytes(t) <= smem_limit]
+    legal = [t for t in candidate_tiles(problem.element_accumulator, problem.element_a) if _smem_bytes(t) <= smem_limit]
     if not legal:
         raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
     if tile:
@@ -201,5 +209,5 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
             tile.cluster != (2, 1, 1),
         )
 
-    best = min(candidate_tiles_sm90(problem.element_accumulator), key=rank)
+    best = min(candidate_tiles_sm90(problem.element_accumulator, problem.element_a), key=rank)
     return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")

@@ -51,6 +51,14 @@ TEST_CASES = [
     ("dense_bias_relu_align2", dict(activation="relu", n=130, k=66), {}),
     ("dense_bias_gelu_symbolic_m", dict(activation="gelu", m="m"), {}),
     ("dense_bias_silu_batched3d", dict(activation="silu", m=50, batch=(4,)), {}),
+    ("dense_bias_gelu_bf16", dict(activation="gelu", dtype="bfloat16"), {}),
+    (
+        "dense_bias_residual_relu_bf16_unbound",
+        dict(residual=True, residual_relu=True, dtype="bfloat16", bind=False),
+        {},
+    ),
+    # K not a multiple of the 64-deep K tile, N not a multiple of the N tile.
+    ("dense_bias_gelu_k328_n264", dict(activation="gelu", k=328, n=264), {}),
     # Weights left as parameters: B stays an (N, K) "dense" weight (column-major B kernels).
     ("dense_nk_bias_gelu_unbound", dict(activation="gelu", bind=False), {}),
     ("dense_nk_bias_residual_relu_unbound", dict(residual=True, residual_relu=True, bind=False), {}),
@@ -61,7 +69,18 @@ SYMBOLIC_RUNS = [{"m": 1}, {"m": 777}, {"m": 4096}]
 BENCH_M = (1024, 4096, 8192)
 BENCH_KN = ((1024, 4096), (4096, 1024))
 BENCH_EXTRA = ((8192, 8192, 8192),)  # (M, K, N): the peak-throughput shape
-FAMILIES = ("auto", "sm80")  # native kernels for the target (SM90 on sm_90a), and CUTLASS 2.x
+FAMILIES = ("auto", "sm80")
+# SM90 configurations timed side by side (dense + bias + gelu, symbolic M) to calibrate the heuristic.
+SWEEP_TILES = [
+    f"tb{tile}_c{cluster}_{schedule}"
+    for schedule, tiles in (
+        ("cooperative", ("128x128x64", "128x256x64", "256x128x64")),
+        ("pingpong", ("64x256x64", "128x128x64", "128x256x64")),
+    )
+    for tile in tiles
+    for cluster in ("2x1x1", "1x2x1")
+] + ["tb128x128x64_c2x1x1_cooperative_streamk", "tb128x256x64_c2x1x1_cooperative_streamk"]
+SWEEP_KN = ((1024, 4096), (4096, 1024), (8192, 8192))  # native kernels for the target (SM90 on sm_90a), and CUTLASS 2.x
 BENCH_EPILOGUES = {"bias_gelu": dict(activation="gelu"), "bias_residual": dict(residual=True)}
 
 
@@ -85,7 +104,14 @@ def bind(mod: tvm.IRModule, names: set[str], seed: int = 0) -> tvm.IRModule:
 
 
 def build_pair(
-    name: str, mod: tvm.IRModule, out: Path, arch: str, bind_weights: bool, options: dict, families=("auto",)
+    name: str,
+    mod: tvm.IRModule,
+    out: Path,
+    arch: str,
+    bind_weights: bool,
+    options: dict,
+    families=("auto",),
+    with_reference: bool = True,
 ) -> dict:
     """relax_cutlass builds (one per kernel family: `<name>.cutlass.so`, `<name>.cutlass_sm80.so`)
     and TVM's default build (`<name>.tvm.so`)."""
@@ -104,7 +130,8 @@ def build_pair(
             sm80_kernels = [r["kernel"] for r in relax_cutlass.offload_report(offloaded).offloaded]
     offloaded, t_offload = native
     t0 = time.time()
-    tvm.compile(mod, target(arch)).export_library(str(out / f"{name}.tvm.so"))
+    if with_reference:
+        tvm.compile(mod, target(arch)).export_library(str(out / f"{name}.tvm.so"))
     t_ref = time.time() - t0
     print(
         f"  {name}: offload+nvcc {t_offload:.1f}s, tvm default build {t_ref:.1f}s, "
@@ -150,7 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
-    ap.add_argument("--only", choices=["tests", "bench", "model"], action="append")
+    ap.add_argument("--only", choices=["tests", "bench", "model", "sweep"], action="append")
     ap.add_argument(
         "--pack",
         action="store_true",
@@ -160,13 +187,14 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    only = set(args.only or ["tests", "bench", "model"])
+    sections = ("tests", "bench", "model", "sweep")
+    only = set(args.only or sections)
     manifest_path = out / "manifest.json"
-    manifest = {"arch": args.arch, "tests": [], "bench": [], "model": []}
+    manifest = {"arch": args.arch} | {k: [] for k in sections}
     if manifest_path.exists():  # rebuild only the sections asked for
         previous = json.loads(manifest_path.read_text())
         if previous.get("arch") == args.arch:
-            manifest |= {k: previous.get(k, []) for k in ("tests", "bench", "model") if k not in only}
+            manifest |= {k: previous.get(k, []) for k in sections if k not in only}
 
     jobs = []
     if "tests" in only:
@@ -185,6 +213,9 @@ def main() -> None:
         ]
     if "model" in only:
         jobs.append((bert_encoder_layer(), True, {}, ("auto",)))
+    sweep_models = {(k, n): dense_epilogue_model("m", n, k, activation="gelu") for k, n in SWEEP_KN}
+    if "sweep" in only:
+        jobs += [(sweep_models[SWEEP_KN[0]], False, {"tile": tile}, ("auto",)) for tile in SWEEP_TILES]
     prewarm(jobs, args.arch)
 
     if "tests" in only:
@@ -215,6 +246,15 @@ def main() -> None:
         entry = build_pair("bert_large_layer", mod, out, args.arch, True, {})
         entry["runs"] = [{}]
         manifest["model"].append(entry)
+
+    if "sweep" in only:
+        print("sweep cases:", flush=True)
+        for (k, n), mod in sweep_models.items():
+            for tile in SWEEP_TILES:
+                name = f"sweep_k{k}_n{n}_{tile}"
+                entry = build_pair(name, mod, out, args.arch, False, {"tile": tile}, with_reference=False)
+                entry.update(k=k, n=n, tile=tile)
+                manifest["sweep"].append(entry)
 
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"wrote {manifest_path}")

@@ -61,7 +61,7 @@ ACT = {
 
 def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
     """The model's math in float64 on the GPU."""
-    t = {k: torch.from_numpy(v.astype("float64")).cuda() for k, v in values.items()}
+    t = {k: torch.from_numpy(np.asarray(v, dtype="float64")).cuda() for k, v in values.items()}
     w = t["w"] if not spec.get("transposed", True) else t["w"].T
     y = t["x"] @ w
     if spec.get("bias", True):
@@ -101,7 +101,9 @@ def check_case(case: dict, build: Path) -> list[dict]:
                 ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= TOL_VS_TVM
                 if "spec" in case:
                     row["err_vs_f64"] = rel_error(got, reference_f64(spec, values))
-                    ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if acc == "float32" else TOL_FP16_ACC)
+                    # bf16 keeps 8 mantissa bits: its output rounding alone is ~3e-3.
+                    precise = acc == "float32" and spec.get("dtype", "float16") == "float16"
+                    ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if precise else TOL_FP16_ACC)
                 row["ok"] = bool(ok)
                 rows.append(row)
     return rows
@@ -235,6 +237,37 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
+SWEEP_M = (1024, 4096, 8192)
+
+
+def sweep(manifest: dict, build: Path) -> list[dict]:
+    """Time every pinned SM90 configuration at each M, with cuBLAS's plain matmul alongside."""
+    rows = []
+    for case in manifest.get("sweep", []):
+        vm = load(build / f"{case['name']}.cutlass.so")
+        for m in SWEEP_M:
+            values = inputs_for(case["cutlass_params"], {"m": m}, 1)
+            ms = time_vm(vm, case["cutlass_params"], values)
+            rows.append(
+                {
+                    "k": case["k"],
+                    "n": case["n"],
+                    "m": m,
+                    "tile": case["tile"],
+                    "ms": ms,
+                    "tflops": 2 * m * case["n"] * case["k"] / ms / 1e9,
+                }
+            )
+    for k, n, m in sorted({(r["k"], r["n"], r["m"]) for r in rows}):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        ms = time_torch(lambda x=x, w=w: x @ w.T)
+        rows.append(
+            {"k": k, "n": n, "m": m, "tile": "cublas_matmul_only", "ms": ms, "tflops": 2 * m * n * k / ms / 1e9}
+        )
+    return rows
+
+
 def torch_bert_layer(values: dict[str, np.ndarray], heads: int = 16):
     t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}
     x = t["x"]
@@ -348,6 +381,15 @@ def main() -> int:
             results.setdefault("bench_errors", []).append(error)
         (out / "gpu_results.json").write_text(json.dumps(results, indent=1))  # partial, survives a timeout
         print(f"bench {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
+    if manifest.get("sweep"):
+        results["sweep"] = sweep(manifest, build)
+        (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
+        for key in sorted({(r["k"], r["n"], r["m"]) for r in results["sweep"]}):
+            rows = sorted((r for r in results["sweep"] if (r["k"], r["n"], r["m"]) == key), key=lambda r: r["ms"])
+            print(
+                f"sweep k={key[0]} n={key[1]} m={key[2]}: "
+                + ", ".join(f"{r['tile']} {r['tflops']:.0f}" for r in rows[:4])
+            )
     for case in manifest["model"]:
         try:
             results["model"].append(model_case(case, build, use_compile))

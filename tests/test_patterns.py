@@ -110,7 +110,7 @@ def _left_reasons(mod):
 @pytest.mark.parametrize(
     "kwargs,reason",
     [
-        (dict(dtype="float32"), "only float16 inputs"),
+        (dict(dtype="float32"), "only float16/bfloat16 inputs"),
         (dict(n=33), "must both be even"),
         (dict(k=15), "must both be even"),
     ],
@@ -123,6 +123,15 @@ def test_illegal_regions_stay_in_tvm_with_a_reason(kwargs, reason):
     assert composites(partition(mod)) == []
     reasons = _left_reasons(mod)
     assert reasons and any(reason in r for r in reasons), reasons
+
+
+def test_bfloat16_matmul_after_a_cast_is_offloaded():
+    """Relax rejects mixed-dtype matmuls itself; a cast before the matmul stays outside the region."""
+    mod = graph(
+        {"x": ([64, 16], "float16"), "w": ([16, 32], "bfloat16")},
+        lambda bb, x, w: bb.emit(relax.op.matmul(bb.emit(astype(x, "bfloat16")), w)),
+    )
+    assert composites(partition(mod)) == ["relax_cutlass.matmul"]
 
 
 def test_symbolic_k_and_batched_rhs_stay_in_tvm():

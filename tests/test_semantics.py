@@ -68,3 +68,13 @@ def test_random_gemm_epilogues(epilogue, m, n, k, bind):
         assert row["mnk"][1] % 2 == 0 and row["mnk"][2] % 2 == 0
     if not legal:
         assert any("even" in r for row in report.left_in_tvm for r in row["reasons"])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_bfloat16_regions_match(residual):
+    mod = dense_epilogue_model("m", 32, 16, activation="gelu", residual=residual, dtype="bfloat16")
+    mod = bind_weights(mod, random_weights(mod))
+    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod, m=9), rtol=2e-2)
+    (row,) = relax_cutlass.offload_report(rewritten).offloaded
+    assert row["dtypes"]["lhs"] == "bfloat16" and row["dtypes"]["accumulator"] == "float32"
+    assert "bf16in" in row["kernel"]
