@@ -98,7 +98,10 @@ def check_case(case: dict, build: Path) -> list[dict]:
                     "dtype": str(got.dtype),
                     "err_vs_tvm": rel_error(got, ref),
                 }
-                ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= TOL_VS_TVM
+                # TVM's default build accumulates a bf16 matmul in bf16: it is itself ~2e-2 from float64
+                # there, so bf16 is held to float64 (below) and to TVM only within 3e-2.
+                tol_tvm = TOL_VS_TVM if spec.get("dtype", "float16") == "float16" else 3e-2
+                ok = got.shape == ref.shape and got.dtype == ref.dtype and row["err_vs_tvm"] <= tol_tvm
                 if "spec" in case:
                     row["err_vs_f64"] = rel_error(got, reference_f64(spec, values))
                     # bf16 keeps 8 mantissa bits: its output rounding alone is ~3e-3.
