@@ -48,34 +48,42 @@ class _Collector:
 
 
 @functools.cache
-def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
-    """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
+def _generated(generator_name: str) -> tuple:
+    """Every operation one cutlass_library generator function emits (run once per process)."""
     load_cutlass_library()
     from cutlass_library import generator
-    from cutlass_library.gemm_operation import GemmOperation
-    from cutlass_library.library import DataType, GemmKind
 
     collector = _Collector()
-    generator.GenerateSM80_TensorOp_16816(collector, "13.0")
-    acc = {"float32": DataType.f32, "float16": DataType.f16}[accumulator]
-    tiles = {}
-    for op in collector.operations:
-        td = op.tile_description
-        mi = td.math_instruction
+    getattr(generator, generator_name)(collector, "13.0")
+    return tuple(collector.operations)
+
+
+def _gemms(generator_name: str, kind: str, element: str, accumulator: str):
+    """The GEMM operations of `kind` ("Universal" / "Universal3x") for these input/accumulator types."""
+    from cutlass_library.library import DataType, GemmKind
+
+    types = {"float16": DataType.f16, "bfloat16": DataType.bf16, "float32": DataType.f32}
+    for op in _generated(generator_name):
         if (
-            not isinstance(op, GemmOperation)
-            or op.gemm_kind != GemmKind.Universal
-            or mi.element_a != {"float16": DataType.f16, "bfloat16": DataType.bf16}[element]
-            or mi.element_accumulator != acc
+            getattr(op, "gemm_kind", None) == getattr(GemmKind, kind)
+            and op.A.element == types[element]
+            and op.accumulator_type() == types[accumulator]
         ):
-            continue
-        tile = TileConfig(
-            threadblock=tuple(td.threadblock_shape),
-            warps=tuple(td.warp_count),
-            stages=td.stages,
-            instruction=tuple(mi.instruction_shape),
-        )
-        tiles[tile] = None
+            yield op
+
+
+@functools.cache
+def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
+    tiles = {
+        TileConfig(
+            threadblock=tuple(op.tile_description.threadblock_shape),
+            warps=tuple(op.tile_description.warp_count),
+            stages=op.tile_description.stages,
+            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
+        ): None
+        for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)
+    }
     return tuple(tiles)
 
 
@@ -86,30 +94,17 @@ SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecia
 def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
     CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler."""
-    load_cutlass_library()
-    from cutlass_library import generator
-    from cutlass_library.library import DataType, GemmKind
-
-    collector = _Collector()
-    generator.GenerateSM90_TensorOp_16b_WGMMA_gemm(collector, "13.0")
-    acc = {"float32": DataType.f32, "float16": DataType.f16}[accumulator]
-    tiles = {}
-    for op in collector.operations:
-        wanted = {"float16": DataType.f16, "bfloat16": DataType.bf16}[element]
-        if getattr(op, "gemm_kind", None) != GemmKind.Universal3x or op.A.element != wanted:
-            continue
-        schedule = SM90_SCHEDULES.get(op.kernel_schedule.name)
-        if schedule is None or op.accumulator_type() != acc:
-            continue
-        td = op.tile_description
-        tile = TileConfig(
-            threadblock=tuple(td.tile_shape),
-            instruction=tuple(td.math_instruction.instruction_shape),
-            cluster=tuple(td.cluster_shape),
-            schedule=schedule,
+    tiles = {
+        TileConfig(
+            threadblock=tuple(op.tile_description.tile_shape),
+            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
+            cluster=tuple(op.tile_description.cluster_shape),
+            schedule=SM90_SCHEDULES[op.kernel_schedule.name],
             scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
-        )
-        tiles[tile] = None
+        ): None
+        for op in _gemms("GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator)
+        if op.kernel_schedule.name in SM90_SCHEDULES
+    }
     return tuple(tiles)
 
 
