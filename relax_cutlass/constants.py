@@ -40,10 +40,6 @@ class _ConstantsToParams(PyExprMutator):
         self.lifted.append((var, const))
         return var
 
-    def visit_function_(self, func):
-        # Inner composites are handled separately by _lift_function; don't descend into them here.
-        return func
-
 
 def _lift_function(func: relax.Function) -> tuple[relax.Function, list[relax.Expr]]:
     """func(params) -> func'(params + lifted), and the constants the caller must now pass."""

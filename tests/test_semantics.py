@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import relax_cutlass
 from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
-from relax_cutlass.patterns import FUSED_ACTIVATIONS, region_problems  # noqa: F401
+from relax_cutlass.patterns import FUSED_ACTIVATIONS
 
 
 @pytest.mark.parametrize("activation", ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed"])
