@@ -84,7 +84,7 @@ def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileCon
         ): None
         for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)
     }
-    return tuple(tiles)
+    return _stable(tiles)
 
 
 SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecializedPingpong": "pingpong"}
@@ -105,7 +105,13 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
         for op in _gemms("GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator)
         if op.kernel_schedule.name in SM90_SCHEDULES
     }
-    return tuple(tiles)
+    return _stable(tiles)
+
+
+def _stable(tiles) -> tuple[TileConfig, ...]:
+    """Candidates in an order that is the same in every process: cutlass_library's generators
+    iterate hash-ordered sets, so their own order changes with PYTHONHASHSEED."""
+    return tuple(sorted(tiles, key=lambda t: (t.threadblock, t.warps, t.stages, t.cluster, t.schedule, t.scheduler)))
 
 
 def _smem_bytes(tile: TileConfig) -> int:
@@ -173,7 +179,14 @@ def choose_kernel(
 
     def rank(tile: TileConfig):
         prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
-        return (estimate_cost(problem, tile, arch, m_hint), -prefer_deep_k, -tile.stages)
+        # Remaining ties (e.g. 256x128 vs 128x256) go to the taller tile, as in cutlass_library's list.
+        return (
+            estimate_cost(problem, tile, arch, m_hint),
+            -prefer_deep_k,
+            -tile.stages,
+            -tile.threadblock[0],
+            tile.describe(),
+        )
 
     best = min(legal, key=rank)
     return GemmKernel(problem, epilogue, best, arch=80, target=arch, selected_by="heuristic", note=note)
@@ -213,7 +226,12 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
             return GemmKernel(problem, epilogue, pingpong[0], arch=90, target=arch, selected_by="heuristic")
 
     def rank(tile: TileConfig):
-        return (estimate_cost(problem, tile, arch, m_hint), (tile.threadblock, tile.cluster) != SM90_COOPERATIVE_TIE)
+        return (
+            estimate_cost(problem, tile, arch, m_hint),
+            (tile.threadblock, tile.cluster) != SM90_COOPERATIVE_TIE,
+            tile.cluster != (2, 1, 1),
+            tile.describe(),
+        )
 
     best = min((t for t in candidates if t.schedule == "cooperative"), key=rank)
     return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")
