@@ -22,3 +22,9 @@ def load():
     finally:
         sys.argv = saved
     return cutlass_library
+
+
+def data_type(dtype: str):
+    """The cutlass_library DataType of a Relax dtype string ("float16" -> DataType.f16)."""
+    library = load().library
+    return {"float16": library.DataType.f16, "bfloat16": library.DataType.bf16, "float32": library.DataType.f32}[dtype]

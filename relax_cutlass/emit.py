@@ -15,9 +15,10 @@ from string import Template
 
 from .arch import ARCH_SPECIFIC
 from .compile import Source
+from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
-from .kernel_spec import ACTIVATIONS, GemmKernel, GemmRegion
+from .kernel_spec import ACTIVATIONS, DTYPE_BITS, GemmKernel, GemmRegion
 from .templates import GEMM_ARGS, GLUE_FUNCTION, GLUE_TU, KERNEL_TU
 
 INCLUDES = """\
@@ -32,14 +33,8 @@ INCLUDES = """\
 """
 
 
-class _Activation(enum.Enum):
-    """Epilogue functors beyond cutlass_library's LinearCombination/Clamp, one per activation."""
-
-    relu = "relu"
-    gelu = "gelu"
-    gelu_tanh = "gelu_tanh"
-    silu = "silu"
-    sigmoid = "sigmoid"
+# Epilogue functors beyond cutlass_library's LinearCombination/Clamp, one per fused activation.
+_Activation = enum.Enum("_Activation", {name: name for name in ACTIVATIONS if name != "identity"})
 
 
 @functools.cache
@@ -70,7 +65,6 @@ def _operation(kernel: GemmKernel):
     load_cutlass_library()
     from cutlass_library.gemm_operation import GemmOperation
     from cutlass_library.library import (
-        DataType,
         EpilogueFunctor,
         GemmKind,
         LayoutType,
@@ -84,25 +78,24 @@ def _operation(kernel: GemmKernel):
 
     _register_epilogues()
     p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
-    dt = {"float16": DataType.f16, "float32": DataType.f32, "bfloat16": DataType.bf16}
     mi = MathInstruction(
         list(t.instruction),
-        dt[p.element_a],
-        dt[p.element_b],
-        dt[p.element_accumulator],
+        data_type(p.element_a),
+        data_type(p.element_b),
+        data_type(p.element_accumulator),
         OpcodeClass.TensorOp,
         MathOperation.multiply_add,
     )
     tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
     # Transposed description: operand A of the description is our B, and vice versa.
     desc_a = TensorDescription(
-        dt[p.element_b], LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment
+        data_type(p.element_b), LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment
     )
-    desc_b = TensorDescription(dt[p.element_a], LayoutType.ColumnMajor, p.alignment)
-    desc_c = TensorDescription(dt[p.element_out], LayoutType.ColumnMajor, p.alignment)
+    desc_b = TensorDescription(data_type(p.element_a), LayoutType.ColumnMajor, p.alignment)
+    desc_c = TensorDescription(data_type(p.element_out), LayoutType.ColumnMajor, p.alignment)
     functor = EpilogueFunctor.LinearCombination if epi.activation == "identity" else _Activation(epi.activation)
     swizzle = getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
-    return GemmOperation(GemmKind.Universal, 80, tile, desc_a, desc_b, desc_c, DataType.f32, functor, swizzle)
+    return GemmOperation(GemmKind.Universal, 80, tile, desc_a, desc_b, desc_c, data_type("float32"), functor, swizzle)
 
 
 # The device-level type only names the kernel; the kernel itself is re-declared as a struct local to
@@ -211,7 +204,7 @@ def emit_kernel(kernel: GemmKernel) -> Source:
     return Source(kernel.name, text, "cuda")
 
 
-_DLPACK_DTYPE = {"float16": ("kDLFloat", 16), "float32": ("kDLFloat", 32), "bfloat16": ("kDLBfloat", 16)}
+_DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBfloat"}
 
 
 def _glue_function(region: GemmRegion) -> str:
@@ -220,7 +213,7 @@ def _glue_function(region: GemmRegion) -> str:
     params = ", ".join(f"TensorView {role}" for role in roles) + ", TensorView out"
     checks = []
     for role, dtype in [*zip(roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
-        code, bits = _DLPACK_DTYPE[dtype]
+        code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
         align_bytes = max(1, p.alignment * bits // 8) if role in ("lhs", "rhs", "out", "residual") else bits // 8
         checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
     extra = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from .kernel_spec import ACTIVATIONS, CUTLASS_ELEMENT, GemmKernel
+from .kernel_spec import ACTIVATIONS, CUTLASS_ELEMENT, DTYPE_BITS, GemmKernel
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
     if epi.bias:
         bias = (
             f"cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, {out}, float, "
-            f"cute::Stride<cute::_0, cute::_1, int64_t>, {128 // _bits(p.element_out)}>"
+            f"cute::Stride<cute::_0, cute::_1, int64_t>, {128 // DTYPE_BITS[p.element_out]}>"
         )
         node = _compute(
             "cutlass::plus", "float", [node, _Node(bias, f"{{static_cast<{out} const*>(p->bias), {out}(0), {{}}}}")]
@@ -52,10 +52,6 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
         )
     # The root converts to the output type (and applies the post-residual activation, if any).
     return _compute(ACTIVATIONS[epi.residual_activation].functor, out, [node])
-
-
-def _bits(dtype: str) -> int:
-    return {"float16": 16, "bfloat16": 16, "float32": 32}[dtype]
 
 
 SM90_INSTANCE = Template("""\
@@ -129,7 +125,7 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
     tree = epilogue_tree(kernel)
     out = CUTLASS_ELEMENT[p.element_out]
     kernel_schedule, epilogue_schedule = SCHEDULES[t.schedule]
-    out_alignment = 128 // _bits(p.element_out)
+    out_alignment = 128 // DTYPE_BITS[p.element_out]
     instance = SM90_INSTANCE.substitute(
         tm=t.threadblock[0], tn=t.threadblock[1], tk=t.threadblock[2],
         cm=t.cluster[0], cn=t.cluster[1],

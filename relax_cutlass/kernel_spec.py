@@ -14,6 +14,7 @@ CUTLASS_ELEMENT = {
     "bfloat16": "cutlass::bfloat16_t",
     "float32": "float",
 }
+DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
 
 
 @dataclass(frozen=True)

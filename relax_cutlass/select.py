@@ -1,7 +1,8 @@
-"""Kernel choice: enumerate candidate tiles from cutlass_library, pick one by a documented heuristic.
+"""Kernel choice: enumerate candidate configurations from cutlass_library, pick one by a documented heuristic.
 
-Candidates are exactly the SM80 fp16 tensor-op tile descriptions that cutlass_library's own
-generator (`GenerateSM80_TensorOp_16816`) emits, so every kernel we build is one CUTLASS ships and
+Candidates are exactly the configurations cutlass_library's own generators emit for the input and
+accumulator types (`GenerateSM80_TensorOp_16816` for CUTLASS 2.x kernels,
+`GenerateSM90_TensorOp_16b_WGMMA_gemm` for SM90), so every kernel we build is one CUTLASS ships and
 tests. The heuristic (until profiling lands, see docs/kernel-selection.md) models run time as
 
     waves(tile) * tile_work / efficiency(tile)
@@ -12,7 +13,8 @@ tests. The heuristic (until profiling lands, see docs/kernel-selection.md) model
   * efficiency = min(1, reuse / 85) with reuse = bm*bn/(bm+bn), the arithmetic intensity of a
     CTA main loop in elements: 128x256 / 256x128 tiles feed the tensor cores at full rate,
     smaller tiles are bandwidth-bound in proportion;
-  * ties go to the larger K tile for K >= 1024 (fewer main-loop iterations), then more stages.
+  * SM80 ties go to the larger K tile for K >= 1024 (fewer main-loop iterations), then more
+    stages, then the taller tile; SM90 uses the measured rule in `_choose_sm90`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import math
 
 from .arch import SM_COUNT
+from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import Epilogue, GemmKernel, GemmProblem, TileConfig
 
@@ -60,14 +63,13 @@ def _generated(generator_name: str) -> tuple:
 
 def _gemms(generator_name: str, kind: str, element: str, accumulator: str):
     """The GEMM operations of `kind` ("Universal" / "Universal3x") for these input/accumulator types."""
-    from cutlass_library.library import DataType, GemmKind
+    from cutlass_library.library import GemmKind
 
-    types = {"float16": DataType.f16, "bfloat16": DataType.bf16, "float32": DataType.f32}
     for op in _generated(generator_name):
         if (
             getattr(op, "gemm_kind", None) == getattr(GemmKind, kind)
-            and op.A.element == types[element]
-            and op.accumulator_type() == types[accumulator]
+            and op.A.element == data_type(element)
+            and op.accumulator_type() == data_type(accumulator)
         ):
             yield op
 
