@@ -39,6 +39,8 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True),
         Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True),
         Activation("sigmoid", "cutlass::epilogue::thread::Sigmoid", is_heavy=True),
+        # x * relu6(x + 3) / 6, as PyTorch's Hardswish (frontends decompose it; see patterns).
+        Activation("hardswish", "cutlass::epilogue::thread::HardSwish", is_heavy=True),
     )
 }
 
@@ -155,6 +157,83 @@ class GemmKernel:
 
 
 @dataclass(frozen=True)
+class Conv2dProblem:
+    """An NHWC x OHWI -> NHWC forward convolution (groups == 1); the batch N may be unknown.
+
+    CUTLASS runs it as an implicit GEMM of M = N*P*Q, N = K, K = C*R*S. Padding is the top/left
+    padding: with the output size P, Q given explicitly, reads past the bottom/right edge are
+    zero-filled, so asymmetric padding needs no extra state.
+    """
+
+    n: int | None
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    p: int
+    q: int
+    pad: tuple[int, int] = (0, 0)
+    stride: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    element: str = "float16"  # activations, filters and output
+    element_accumulator: str = "float32"
+
+    @property
+    def alignment(self) -> int:
+        """Widest vector access (in elements) legal for activations (C) and output (K)."""
+        for width in (8, 4, 2):
+            if self.c % width == 0 and self.k % width == 0:
+                return width
+        return 1
+
+    def implicit_gemm(self, n_hint: int = 1) -> GemmProblem:
+        """The GEMM this convolution runs as (row-major activations x (K, CRS) filter)."""
+        batch = self.n if self.n is not None else n_hint
+        return GemmProblem(
+            m=batch * self.p * self.q,
+            n=self.k,
+            k=self.c * self.r * self.s,
+            b_transposed=True,
+            element_a=self.element,
+            element_b=self.element,
+            element_out=self.element,
+            element_accumulator=self.element_accumulator,
+        )
+
+    def flops(self, n: int | None = None) -> int:
+        return self.implicit_gemm(n or self.n or 1).flops()
+
+
+@dataclass(frozen=True)
+class Conv2dKernel:
+    """One conv2d fprop kernel to instantiate. Like a GEMM kernel, it is shape-agnostic: only the
+    dtypes, alignment, epilogue, tile and iterator are compiled in; the problem size (and the
+    split-K slice count) arrive at run time."""
+
+    problem: Conv2dProblem
+    epilogue: Epilogue
+    tile: TileConfig
+    iterator: str = "optimized"  # cutlass::conv::IteratorAlgorithm: "optimized" | "analytic"
+    arch: int = 80
+    target: int = 80
+    selected_by: str = field(default="heuristic", compare=False)
+    note: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        p = self.problem
+        acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
+        element = {"float16": "f16", "bfloat16": "bf16"}[p.element]
+        epi = self.epilogue.describe().replace("+", "_")
+        return (
+            f"sm{self.arch}_conv2d_fprop_nhwc_{element}_{acc}_a{p.alignment}_{self.iterator}_"
+            f"{self.tile.describe()}_{epi}"
+        )
+
+
+@dataclass(frozen=True)
 class GemmRegion:
     """One offloaded function: its external symbol, kernel, and the role of each runtime argument."""
 
@@ -181,6 +260,47 @@ class GemmRegion:
             "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
             | {"out": self.out_dtype, "accumulator": p.element_accumulator},
             "mnk": [p.m if p.m is not None else "dynamic", p.n, p.k],
+            "kernel": self.kernel.name,
+            "selected_by": self.kernel.selected_by,
+            "note": self.kernel.note,
+        }
+
+
+@dataclass(frozen=True)
+class Conv2dRegion:
+    """One offloaded conv2d function: symbol, kernel, parameter roles and the run-time split-K."""
+
+    symbol: str
+    kernel: Conv2dKernel
+    # Role of each function parameter, in order: "data", "weight", "bias" or "residual".
+    arg_roles: tuple[str, ...]
+    arg_shapes: tuple[tuple[int | str, ...], ...]
+    arg_dtypes: tuple[str, ...]
+    out_shape: tuple[int | str, ...]
+    out_dtype: str
+    composite: str
+    split_k: int = 1  # serial split-K slices (1: none), chosen for this region's shape
+
+    def report_row(self) -> dict:
+        p = self.kernel.problem
+        gemm = p.implicit_gemm()
+        return {
+            "symbol": self.symbol,
+            "op": "conv2d",
+            "composite": self.composite,
+            "epilogue": self.kernel.epilogue.describe(),
+            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
+            "out_shape": list(self.out_shape),
+            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
+            | {"out": self.out_dtype, "accumulator": p.element_accumulator},
+            "mnk": [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k],
+            "conv": {
+                "kernel_size": [p.r, p.s],
+                "stride": list(p.stride),
+                "padding": list(p.pad),
+                "dilation": list(p.dilation),
+                "split_k": self.split_k,
+            },
             "kernel": self.kernel.name,
             "selected_by": self.kernel.selected_by,
             "note": self.kernel.note,

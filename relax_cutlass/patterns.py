@@ -22,7 +22,9 @@ CODEGEN = "relax_cutlass"
 SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
 SUPPORTED_OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
 ACCUMULATOR_DTYPES = ("float16", "float32")
-FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
+# conv2d: NHWC activations x OHWI filters (what ConvertToNHWC produces).
+CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,50 @@ def all_gemm_specs() -> list[GemmPatternSpec]:
     return sorted(specs, key=lambda s: -s.size)
 
 
+@dataclass(frozen=True)
+class Conv2dPatternSpec:
+    """The shape of one conv2d composite: conv2d root, then bias, activation, residual add(+relu)."""
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: bool = False
+    residual_relu: bool = False
+    cast: bool = False  # never set: conv outputs keep the input dtype (see conv2d_problems)
+
+    @property
+    def name(self) -> str:
+        return f"{CODEGEN}." + "_".join(["conv2d", *self.epilogue.parts()])
+
+    @property
+    def epilogue(self) -> Epilogue:
+        return Epilogue(
+            bias=self.bias,
+            activation=self.activation,
+            residual=self.residual,
+            residual_activation="relu" if self.residual_relu else "identity",
+        )
+
+    @property
+    def size(self) -> int:
+        return 1 + self.bias + (self.activation != "identity") * 2 + self.residual + self.residual_relu
+
+
+def all_conv2d_specs() -> list[Conv2dPatternSpec]:
+    specs = [
+        Conv2dPatternSpec(bias, act, res, res_relu)
+        for bias, act, res, res_relu in itertools.product(
+            (True, False), ("identity", *FUSED_ACTIVATIONS), (True, False), (True, False)
+        )
+        if res or not res_relu
+    ]
+    return sorted(specs, key=lambda s: -s.size)
+
+
+def all_specs() -> list[GemmPatternSpec | Conv2dPatternSpec]:
+    """Every pattern, largest first (a stable sort keeps GEMM before conv2d at equal size)."""
+    return sorted([*all_gemm_specs(), *all_conv2d_specs()], key=lambda s: -s.size)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pattern construction
 # ---------------------------------------------------------------------------------------------
@@ -102,6 +148,19 @@ def _gelu_erf_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     return mul(mul(x, c_half), one_plus) | mul(mul(x, one_plus), c_half) | mul(x, mul(one_plus, c_half))
 
 
+def _hardswish_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
+    """x * clip(x + 3, 0, 6) / 6, as the PyTorch frontend writes Hardswish (Relax has no op); the
+    clip may also be the minimum(maximum(., 0), 6) that ConvertToNHWC turns it into."""
+    c_three, c_six, c_low, c_high = is_const(), is_const(), is_const(), is_const()
+    shifted = is_op("relax.add")(x, c_three)
+    clip = is_op("relax.clip")(shifted, wildcard(), wildcard())
+    ann.update(hardswish_three=c_three, hardswish_six=c_six, hardswish_clip=clip)
+    ann.update(hardswish_low=c_low, hardswish_high=c_high)
+    clamped = clip | is_op("relax.minimum")(is_op("relax.maximum")(shifted, c_low), c_high)
+    mul, div = is_op("relax.multiply"), is_op("relax.divide")
+    return mul(x, div(clamped, c_six)) | mul(div(clamped, c_six), x) | div(mul(x, clamped), c_six)
+
+
 def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     builders = {
         "relu": lambda: is_op("relax.nn.relu")(x),
@@ -109,8 +168,28 @@ def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern
         "gelu_tanh": lambda: is_op("relax.nn.gelu_tanh")(x),
         "silu": lambda: is_op("relax.nn.silu")(x) | is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)),
         "sigmoid": lambda: is_op("relax.sigmoid")(x),
+        "hardswish": lambda: _hardswish_decomposed(x, ann),
     }
     return builders[name]()
+
+
+def _epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPattern:
+    """root -> [+ bias] -> [activation] -> [+ residual [-> relu]] -> [cast], shared by every op kind.
+
+    The bias add is matched in either operand order (frontends emit both)."""
+    if spec.bias:
+        ann["bias"] = bias = wildcard()
+        out = ann["bias_add"] = is_op("relax.add")(out, bias) | is_op("relax.add")(bias, out)
+    if spec.activation != "identity":
+        out = _activation(spec.activation, out, ann)
+    if spec.residual:
+        out, ann_res = make_residual_block_pattern(
+            (out, ann), binary_op="relax.add", activation="relax.nn.relu" if spec.residual_relu else None
+        )
+        ann.update(ann_res)
+    if spec.cast:
+        out = ann["cast"] = is_op("relax.astype")(out)
+    return out
 
 
 @cache
@@ -121,24 +200,28 @@ def gemm_pattern(spec: GemmPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]
     rhs_in = rhs
     if spec.b_transposed:
         rhs_in = ann["transpose"] = is_op("relax.permute_dims")(rhs)
-    out = ann["root"] = is_op("relax.matmul")(lhs, rhs_in)
-    if spec.bias:
-        ann["bias"] = bias = wildcard()
-        out = ann["bias_add"] = is_op("relax.add")(out, bias)
-    if spec.activation != "identity":
-        out = _activation(spec.activation, out, ann)
-    if spec.residual:
-        out, ann = make_residual_block_pattern(
-            (out, ann), binary_op="relax.add", activation="relax.nn.relu" if spec.residual_relu else None
-        )
-    if spec.cast:
-        out = ann["cast"] = is_op("relax.astype")(out)
+    ann["root"] = root = is_op("relax.matmul")(lhs, rhs_in)
+    out = _epilogue_pattern(root, ann, spec)
     return out, dict(ann)
 
 
 @cache
-def spec_by_name() -> dict[str, GemmPatternSpec]:
-    return {s.name: s for s in all_gemm_specs()}
+def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    """Build the DFPattern for `spec` with annotations data, weight, root, [bias], [residual], ..."""
+    data, weight = wildcard(), wildcard()
+    ann: dict[str, DFPattern] = {"data": data, "weight": weight}
+    ann["root"] = root = is_op("relax.nn.conv2d")(data, weight)
+    out = _epilogue_pattern(root, ann, spec)
+    return out, dict(ann)
+
+
+def pattern_of(spec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    return conv2d_pattern(spec) if isinstance(spec, Conv2dPatternSpec) else gemm_pattern(spec)
+
+
+@cache
+def spec_by_name() -> dict[str, GemmPatternSpec | Conv2dPatternSpec]:
+    return {s.name: s for s in all_specs()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,8 +296,10 @@ def _same_shape(a: list, b: list) -> bool:
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def epilogue_problems(spec: GemmPatternSpec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
-    """Why the matched epilogue cannot run inside the GEMM's epilogue (empty when it can)."""
+def epilogue_problems(
+    spec: GemmPatternSpec | Conv2dPatternSpec, ann: dict[str, relax.Expr], out: relax.Expr
+) -> list[str]:
+    """Why the matched epilogue cannot run inside the kernel's epilogue (empty when it can)."""
     problems = []
     root = ann["root"]
     out_dtype = dtype_of(out)
@@ -246,9 +331,7 @@ def epilogue_problems(spec: GemmPatternSpec, ann: dict[str, relax.Expr], out: re
             )
         if dtype_of(res) != out_dtype:
             problems.append(f"residual dtype {dtype_of(res)} differs from the output dtype {out_dtype}")
-    if "gelu_inner" in ann:
-        problems += _gelu_constant_problems(ann)
-    return problems
+    return problems + _activation_constant_problems(ann)
 
 
 def _scalar(expr: relax.Expr) -> float | None:
@@ -258,23 +341,86 @@ def _scalar(expr: relax.Expr) -> float | None:
     return float(value.reshape(-1)[0]) if value.size == 1 else None
 
 
-def _gelu_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
-    inner_expected = math.sqrt(2.0) if "gelu_scaled_div" in ann else 1.0 / math.sqrt(2.0)
-    expected = {"gelu_inner": inner_expected, "gelu_one": 1.0, "gelu_half": 0.5}
+def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
+    """The scalar constants of a decomposed activation must be the ones that make it that activation."""
+    expected: dict[str, tuple[float, str]] = {}
+    if "gelu_inner" in ann:
+        inner = math.sqrt(2.0) if "gelu_scaled_div" in ann else 1.0 / math.sqrt(2.0)
+        expected |= {"gelu_inner": (inner, "erf gelu"), "gelu_one": (1.0, "erf gelu"), "gelu_half": (0.5, "erf gelu")}
+    if "hardswish_three" in ann:
+        expected |= {"hardswish_three": (3.0, "hardswish"), "hardswish_six": (6.0, "hardswish")}
+    if "hardswish_low" in ann:
+        expected |= {"hardswish_low": (0.0, "hardswish"), "hardswish_high": (6.0, "hardswish")}
     problems = []
-    for key, want in expected.items():
+    for key, (want, what) in expected.items():
         got = _scalar(ann[key])
-        if got is None or not math.isclose(got, want, rel_tol=2e-3):
-            problems.append(f"decomposed gelu constant {key}={got} is not {want:.6f}: not an erf gelu")
+        if got is None or not math.isclose(got, want, rel_tol=2e-3, abs_tol=1e-6):
+            problems.append(f"decomposed activation constant {key}={got} is not {want:.6f}: not an {what}")
+    if "hardswish_clip" in ann:
+        clip = ann["hardswish_clip"]
+        # TVM 0.27 keeps clip's bounds as IntImm / FloatImm arguments.
+        bounds = [
+            float(a.value) if isinstance(a, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) else None for a in clip.args[1:]
+        ]
+        if bounds != [0.0, 6.0]:
+            problems.append(f"hardswish clip bounds {bounds} are not [0, 6]")
     return problems
 
 
-def region_problems(spec: GemmPatternSpec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
-    problems = matmul_problems(ann["root"], ann["rhs"], ann.get("transpose"))
+def conv2d_problems(conv: relax.Call) -> list[str]:
+    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel (empty when it can)."""
+    data, weight = conv.args
+    attrs = conv.attrs
+    problems = []
+    layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
+    if layouts != CONV2D_LAYOUTS:
+        problems.append(
+            f"layouts {layouts} are not NHWC/OHWI; run relax_cutlass.transform.ConvertToNHWC() first "
+            "(offload_pipeline does)"
+        )
+    if int(attrs.groups) != 1:
+        problems.append(
+            f"groups={int(attrs.groups)}: grouped and depthwise conv2d are not offloaded yet (no CUTLASS "
+            "2.x fprop kernel here), the conv stays in TVM"
+        )
+    in_dtype = dtype_of(data)
+    if in_dtype not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != in_dtype:
+        problems.append(
+            f"data/weight dtypes {in_dtype}/{dtype_of(weight)}: both must be one of {SUPPORTED_INPUT_DTYPES}"
+        )
+    if dtype_of(conv) != in_dtype:
+        problems.append(f"out_dtype {dtype_of(conv)} differs from the input dtype {in_dtype}")
+    dshape, wshape, oshape = _shape(data), _shape(weight), _shape(conv)
+    if len(dshape) != 4 or len(wshape) != 4 or len(oshape) != 4:
+        problems.append("data, weight and output must be 4-D")
+        return problems
+    static = [_static_int(d) for d in (*dshape[1:], *wshape, *oshape[1:])]
+    if None in static:
+        problems.append("H, W, C and the filter shape must be static; only the batch N may be symbolic")
+        return problems
+    if problems:
+        return problems
+    c, k = _static_int(dshape[3]), _static_int(wshape[0])
+    if _static_int(wshape[3]) != c:
+        problems.append(f"filter channels {wshape[3]} do not match the input's C={c}")
+    if c % 2 or k % 2:
+        problems.append(
+            f"C={c} and K={k} must both be even (fp16 tensor-op kernels need at least 2-element aligned "
+            "channels); pad the channels to offload (e.g. an RGB stem conv with C=3 stays in TVM)"
+        )
+    return problems
+
+
+def region_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
+    """All legality problems of one matched region: its root op, then its epilogue."""
+    if isinstance(spec, Conv2dPatternSpec):
+        problems = conv2d_problems(ann["root"])
+    else:
+        problems = matmul_problems(ann["root"], ann["rhs"], ann.get("transpose"))
     return problems or epilogue_problems(spec, ann, out)
 
 
-def _make_check(spec: GemmPatternSpec):
+def _make_check(spec: GemmPatternSpec | Conv2dPatternSpec):
     from tvm.relax.backend.utils import has_leaking_intermediate_variables
 
     def check(ctx: relax.transform.PatternCheckContext) -> bool:
@@ -303,6 +449,4 @@ def _residual_independent(ann, ctx) -> bool:
 
 def fusion_patterns() -> list[relax.transform.FusionPattern]:
     """All relax_cutlass patterns, in priority order, for FuseOpsByPattern."""
-    return [
-        relax.transform.FusionPattern(spec.name, *gemm_pattern(spec), _make_check(spec)) for spec in all_gemm_specs()
-    ]
+    return [relax.transform.FusionPattern(spec.name, *pattern_of(spec), _make_check(spec)) for spec in all_specs()]

@@ -1,7 +1,8 @@
-"""Read an offloaded Relax function back into a `GemmRegion` record.
+"""Read an offloaded Relax function back into a `GemmRegion` / `Conv2dRegion` record.
 
-The composite's name gives its `GemmPatternSpec`; re-matching that spec's pattern on the composite
-body recovers which parameter is lhs / rhs / bias / residual, so nothing depends on parameter order.
+The composite's name gives its pattern spec; re-matching that spec's pattern on the composite body
+recovers which parameter is lhs / rhs (data / weight) / bias / residual, so nothing depends on
+parameter order.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from .constants import composite_of
-from .kernel_spec import GemmKernel, GemmProblem, GemmRegion
-from .patterns import dtype_of, gemm_pattern, region_problems, spec_by_name
+from .kernel_spec import Conv2dKernel, Conv2dProblem, Conv2dRegion, GemmKernel, GemmProblem, GemmRegion
+from .patterns import Conv2dPatternSpec, dtype_of, pattern_of, region_problems, spec_by_name
 
-ROLES = ("lhs", "rhs", "bias", "residual")
+ROLES = ("lhs", "rhs", "data", "weight", "bias", "residual")
 
 
 class RegionError(ValueError):
@@ -29,13 +30,13 @@ def _shape(expr) -> tuple[int | str, ...]:
 
 
 def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
-    """-> (spec, roles, GemmProblem) for one offloaded function, validating it again."""
+    """-> (spec, roles, GemmProblem | Conv2dProblem, composite) for one offloaded function, validated again."""
     composite = composite_of(func)
     name = str(composite.attrs["Composite"])
     spec = spec_by_name().get(name)
     if spec is None:
         raise RegionError(f"{symbol}: composite {name!r} is not a relax_cutlass pattern")
-    pattern, annotations = gemm_pattern(spec)
+    pattern, annotations = pattern_of(spec)
     out = composite.body.body
     matched = pattern.extract_matched_expr(out, get_var2val(composite))
     if matched is None:
@@ -64,16 +65,24 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
             f"{symbol}: parameters {[p.name for p, r in zip(params, roles, strict=True) if r is None]} have no role"
         )
 
-    root = ann["root"]
+    problem = (_conv2d_problem if isinstance(spec, Conv2dPatternSpec) else _gemm_problem)(
+        spec, ann, out_expr, accumulator
+    )
+    return spec, tuple(roles), problem, composite
+
+
+def _accumulator(root, inputs, requested: str) -> str:
+    # fp32 outputs and bf16 inputs always accumulate in fp32 (tensor cores have no bf16 accumulator).
+    return "float32" if dtype_of(root) == "float32" or dtype_of(inputs) == "bfloat16" else requested
+
+
+def _gemm_problem(spec, ann, out_expr, accumulator: str) -> GemmProblem:
     rhs_shape = _shape(ann["rhs"])
     n, k = rhs_shape if spec.b_transposed else rhs_shape[::-1]
-    lhs_shape = _shape(ann["lhs"])
     m = 1
-    for d in lhs_shape[:-1]:
+    for d in _shape(ann["lhs"])[:-1]:
         m = m * d if isinstance(d, int) and isinstance(m, int) else None
-    # fp32 outputs and bf16 inputs always accumulate in fp32 (tensor cores have no bf16 accumulator).
-    acc = "float32" if dtype_of(root) == "float32" or dtype_of(ann["lhs"]) == "bfloat16" else accumulator
-    problem = GemmProblem(
+    return GemmProblem(
         m=m,
         n=int(n),
         k=int(k),
@@ -81,13 +90,32 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
         element_a=dtype_of(ann["lhs"]),
         element_b=dtype_of(ann["rhs"]),
         element_out=dtype_of(out_expr),
-        element_accumulator=acc,
+        element_accumulator=_accumulator(ann["root"], ann["lhs"], accumulator),
     )
-    return spec, tuple(roles), problem, composite
 
 
-def make_region(func: relax.Function, symbol: str, kernel: GemmKernel, roles, composite) -> GemmRegion:
-    return GemmRegion(
+def _conv2d_problem(spec, ann, out_expr, accumulator: str) -> Conv2dProblem:
+    conv = ann["root"]
+    n, h, w, c = _shape(ann["data"])
+    k, r, s, _ = _shape(ann["weight"])
+    _, p, q, _ = _shape(conv)
+    attrs = conv.attrs
+    return Conv2dProblem(
+        n=n if isinstance(n, int) else None,
+        h=h, w=w, c=c, k=k, r=r, s=s, p=p, q=q,
+        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
+        stride=tuple(int(v) for v in attrs.strides),
+        dilation=tuple(int(v) for v in attrs.dilation),
+        element=dtype_of(ann["data"]),
+        element_accumulator=_accumulator(conv, ann["data"], accumulator),
+    )  # fmt: skip
+
+
+def make_region(
+    func: relax.Function, symbol: str, kernel: GemmKernel | Conv2dKernel, roles, composite, **extra
+) -> GemmRegion | Conv2dRegion:
+    record = Conv2dRegion if isinstance(kernel, Conv2dKernel) else GemmRegion
+    return record(
         symbol=symbol,
         kernel=kernel,
         arg_roles=roles,
@@ -96,4 +124,5 @@ def make_region(func: relax.Function, symbol: str, kernel: GemmKernel, roles, co
         out_shape=_shape(composite.body.body),
         out_dtype=dtype_of(composite.body.body),
         composite=str(composite.attrs["Composite"]),
+        **extra,
     )

@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from .constants import offloaded_functions
-from .patterns import matmul_problems
+from .patterns import conv2d_problems, matmul_problems
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,17 @@ class OffloadReport:
         ]
         for r in self.offloaded:
             m, n, k = r["mnk"]
+            dtypes = r["dtypes"]
+            conv = r.get("conv")
+            detail = (
+                f" {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} pad {conv['padding']}"
+                + (f" split-K {conv['split_k']}" if conv["split_k"] > 1 else "")
+                if conv
+                else ""
+            )
             lines.append(
-                f"  [offloaded] {r['op']:6s} M={m} N={n} K={k} epilogue={r['epilogue']} "
-                f"{r['dtypes'].get('lhs')}->{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) "
+                f"  [offloaded] {r['op']:6s} M={m} N={n} K={k}{detail} epilogue={r['epilogue']} "
+                f"{dtypes.get('lhs', dtypes.get('data'))}->{dtypes['out']} (acc {dtypes['accumulator']}) "
                 f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
             )
         for r in self.left_in_tvm:
@@ -38,15 +46,50 @@ class OffloadReport:
         return "\n".join(lines)
 
 
-def _matmul_calls(func: relax.Function) -> list[relax.Call]:
+def _calls(func: relax.Function, op_name: str) -> list[relax.Call]:
     calls: list[relax.Call] = []
 
     def visit(expr):
-        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.matmul":
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op_name:
             calls.append(expr)
 
     relax.analysis.post_order_visit(func.body, visit)
     return calls
+
+
+NOT_MATCHED = (
+    "no relax_cutlass pattern matched here (the op is not in a dataflow block, or PartitionForCutlass has not run)"
+)
+
+
+def _shapes(call: relax.Call) -> list[str]:
+    return [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args]
+
+
+def _matmul_row(name: str, call: relax.Call, var2val) -> dict:
+    rhs = call.args[1]
+    producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
+    transposed = (
+        isinstance(producer, relax.Call)
+        and isinstance(producer.op, tvm.ir.Op)
+        and producer.op.name == "relax.permute_dims"
+    )
+    reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
+    rank = len(rhs.ty.shape.values) if getattr(rhs.ty, "shape", None) is not None else 0
+    op = "batched matmul" if rank > 2 else ("dense" if transposed else "matmul")
+    return {"function": name, "op": op, "shapes": _shapes(call), "reasons": reasons or [NOT_MATCHED]}
+
+
+def _conv2d_row(name: str, call: relax.Call, _var2val) -> dict:
+    return {
+        "function": name,
+        "op": "conv2d",
+        "shapes": _shapes(call),
+        "reasons": conv2d_problems(call) or [NOT_MATCHED],
+    }
+
+
+ROOT_OPS = {"relax.matmul": _matmul_row, "relax.nn.conv2d": _conv2d_row}
 
 
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
@@ -55,28 +98,8 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
         var2val = get_var2val(func)
-        for call in _matmul_calls(func):
-            rhs = call.args[1]
-            producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
-            transposed = (
-                isinstance(producer, relax.Call)
-                and isinstance(producer.op, tvm.ir.Op)
-                and producer.op.name == "relax.permute_dims"
-            )
-            reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
-            rank = len(rhs.ty.shape.values) if getattr(rhs.ty, "shape", None) is not None else 0
-            rows.append(
-                {
-                    "function": gv.name_hint,
-                    "op": "batched matmul" if rank > 2 else ("dense" if transposed else "matmul"),
-                    "shapes": [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args],
-                    "reasons": reasons
-                    or [
-                        "no relax_cutlass pattern matched here (the matmul is not in a "
-                        "dataflow block, or PartitionForCutlass has not run)"
-                    ],
-                }
-            )
+        for op_name, row in ROOT_OPS.items():
+            rows += [row(gv.name_hint, call, var2val) for call in _calls(func, op_name)]
     return rows
 
 
