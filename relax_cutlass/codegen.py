@@ -19,10 +19,10 @@ from tvm import relax
 from .arch import parse_arch
 from .compile import compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
-from .kernel_spec import GemmRegion
+from .kernel_spec import Conv2dProblem, Conv2dRegion, GemmRegion
 from .patterns import ACCUMULATOR_DTYPES, CODEGEN
 from .regions import analyze, make_region
-from .select import DEFAULT_M_HINT, choose_kernel
+from .select import DEFAULT_M_HINT, choose_conv2d_kernel, choose_kernel
 
 REGIONS_ATTR = "relax_cutlass.regions"
 
@@ -69,18 +69,26 @@ class CodegenOptions:
         )
 
 
-def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion]:
-    """Offloaded functions -> GemmRegion records (kernel chosen for each)."""
+def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
+    """Offloaded functions -> region records (kernel chosen for each)."""
     regions = []
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
         spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
-        kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile)
-        regions.append(make_region(func, symbol, kernel, roles, composite))
+        if isinstance(problem, Conv2dProblem):
+            kernel, split_k = choose_conv2d_kernel(
+                problem, spec.epilogue, options.arch, 1, options.family, options.tile
+            )
+            # A symbolic batch can grow past what the slice count was chosen for: no split-K then.
+            extra = {"split_k": split_k if problem.n is not None else 1}
+        else:
+            kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile)
+            extra = {}
+        regions.append(make_region(func, symbol, kernel, roles, composite, **extra))
     return regions
 
 
-def build_regions(regions: list[GemmRegion], options: CodegenOptions, module_name: str):
+def build_regions(regions: list[GemmRegion | Conv2dRegion], options: CodegenOptions, module_name: str):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
     kernels = {r.kernel.name: r.kernel for r in regions}
     sources = [emit_kernel(k) for k in kernels.values()]

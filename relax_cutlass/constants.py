@@ -26,9 +26,10 @@ def is_scalar_constant(expr: relax.Expr) -> bool:
 class _ConstantsToParams(PyExprMutator):
     """Replace tensor constants with fresh Vars, remembering which Var stands for which constant."""
 
-    def __init__(self, mod=None):
+    def __init__(self, mod=None, name=lambda index, const: f"const_{index}"):
         super().__init__(mod)
         self.lifted: list[tuple[relax.Var, relax.Expr]] = []
+        self.name = name
 
     def visit_generic_const_(self, const):
         if is_scalar_constant(const):
@@ -36,7 +37,7 @@ class _ConstantsToParams(PyExprMutator):
         for var, seen in self.lifted:
             if seen.same_as(const):
                 return var
-        var = relax.Var(f"const_{len(self.lifted)}", const.ty)
+        var = relax.Var(self.name(len(self.lifted), const), const.ty)
         self.lifted.append((var, const))
         return var
 

@@ -1,10 +1,10 @@
 """Emit C++: one translation unit per kernel configuration, one glue unit per module.
 
-Kernel types come from cutlass_library: `EmitGemmUniversalInstance` for GEMM + activation epilogues
-(the activation functors are registered as extra `EpilogueFunctor` members, the extension point the
-2.x emitters read), and, for residual blocks, which cutlass_library does not emit,
-`GemmUniversalWithBroadcast` + `LinearCombinationResidualBlock` filled from the same
-`GemmOperation` fields.
+Kernel types come from cutlass_library: `EmitGemmUniversalInstance` / `EmitConv2dInstance` for GEMM
+and conv2d fprop + activation epilogues (the activation functors are registered as extra
+`EpilogueFunctor` members, the extension point the 2.x emitters read), and, for residual blocks,
+which cutlass_library does not emit, `GemmUniversalWithBroadcast` / `DefaultConv2dFpropWithBroadcast`
++ `LinearCombinationResidualBlock` filled from the same operation fields.
 """
 
 from __future__ import annotations
@@ -18,14 +18,35 @@ from .compile import Source
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
-from .kernel_spec import ACTIVATIONS, DTYPE_BITS, GemmKernel, GemmRegion
-from .templates import GEMM_ARGS, GLUE_FUNCTION, GLUE_TU, KERNEL_TU
+from .kernel_spec import ACTIVATIONS, DTYPE_BITS, Conv2dKernel, Conv2dRegion, GemmKernel, GemmRegion
+from .templates import (
+    CONV2D_ARGS,
+    CONV2D_ARGUMENTS,
+    CONV2D_GLUE_FUNCTION,
+    CONV2D_RESIDUAL_ARGUMENTS,
+    GEMM_ARGS,
+    GLUE_FUNCTION,
+    GLUE_TU,
+    KERNEL_TU,
+)
 
 INCLUDES = """\
 #include "cutlass/numeric_types.h"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/default_gemm_universal.h"
 #include "cutlass/gemm/device/gemm_universal_with_broadcast.h"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/epilogue/thread/linear_combination_generic.h"
+#include "cutlass/epilogue/thread/linear_combination_residual_block.h"
+"""
+
+CONV2D_INCLUDES = """\
+#include "cutlass/numeric_types.h"
+#include "cutlass/conv/conv2d_problem_size.h"
+#include "cutlass/conv/device/implicit_gemm_convolution.h"
+#include "cutlass/conv/kernel/default_conv2d_fprop.h"
+#include "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/epilogue/thread/linear_combination_generic.h"
@@ -185,17 +206,112 @@ def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
     }
 
 
-def emit_kernel(kernel: GemmKernel) -> Source:
+def _conv2d_operation(kernel: Conv2dKernel):
+    """The cutlass_library Conv2dOperation (fprop, NHWC) for `kernel`."""
+    load_cutlass_library()
+    from cutlass_library.conv2d_operation import Conv2dOperation
+    from cutlass_library.library import (
+        ConvKind,
+        EpilogueFunctor,
+        IteratorAlgorithm,
+        LayoutType,
+        MathInstruction,
+        MathOperation,
+        OpcodeClass,
+        StrideSupport,
+        SwizzlingFunctor,
+        TensorDescription,
+        TileDescription,
+    )  # fmt: skip
+
+    _register_epilogues()
+    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
+    element, acc = data_type(p.element), data_type(p.element_accumulator)
+    mi = MathInstruction(list(t.instruction), element, element, acc, OpcodeClass.TensorOp, MathOperation.multiply_add)
+    tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
+    tensor = TensorDescription(element, LayoutType.TensorNHWC, p.alignment)
+    functor = EpilogueFunctor.LinearCombination if epi.activation == "identity" else _Activation(epi.activation)
+    iterator = {"optimized": IteratorAlgorithm.Optimized, "analytic": IteratorAlgorithm.Analytic}[kernel.iterator]
+    swizzle = getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
+    return Conv2dOperation(
+        ConvKind.Fprop, iterator, 80, tile, tensor, tensor, tensor, data_type("float32"),
+        StrideSupport.Unity,  # fprop iterators support any stride; the flag only matters for dgrad
+        functor, swizzle,
+    )  # fmt: skip
+
+
+# As for GEMM residual blocks, with the conv2d kernel cutlass_library would describe.
+CONV2D_RESIDUAL_INSTANCE = Template("""\
+using ${name}_base = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
+    ${element}, cutlass::layout::TensorNHWC, ${element}, cutlass::layout::TensorNHWC,
+    ${element}, cutlass::layout::TensorNHWC, ${element_acc},
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    cutlass::gemm::GemmShape<${tb_m}, ${tb_n}, ${tb_k}>,
+    cutlass::gemm::GemmShape<${w_m}, ${w_n}, ${w_k}>,
+    cutlass::gemm::GemmShape<${i_m}, ${i_n}, ${i_k}>,
+    cutlass::epilogue::thread::LinearCombinationResidualBlock<
+        ${element}, ${element_acc}, float, ${element}, ${vector},
+        ${activation}, cutlass::plus, ${post_activation}>,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<${swizzle}>,
+    ${stages}, cutlass::arch::OpMultiplyAdd, ${iterator}, cutlass::conv::StrideSupport::kUnity,
+    ${alignment}, ${alignment}>::Kernel;
+""")
+
+
+def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
+    load_cutlass_library()
+    from cutlass_library.conv2d_operation import EmitConv2dInstance
+    from cutlass_library.library import DataTypeSize, DataTypeTag, IteratorAlgorithmTag
+
+    op = _conv2d_operation(kernel)
+    t, p, epi = kernel.tile, kernel.problem, kernel.epilogue
+    if epi.residual:
+        element = DataTypeTag[op.C.element]
+        vector = min(p.alignment * DataTypeSize[op.C.element], 128) // DataTypeSize[op.C.element]
+        base = CONV2D_RESIDUAL_INSTANCE.substitute(
+            name=kernel.name,
+            element=element,
+            element_acc=DataTypeTag[op.accumulator_type()],
+            tb_m=t.threadblock[0], tb_n=t.threadblock[1], tb_k=t.threadblock[2],
+            w_m=t.threadblock[0] // t.warps[0], w_n=t.threadblock[1] // t.warps[1], w_k=t.threadblock[2] // t.warps[2],
+            i_m=t.instruction[0], i_n=t.instruction[1], i_k=t.instruction[2],
+            vector=vector,
+            activation=ACTIVATIONS[epi.activation].functor,
+            post_activation=ACTIVATIONS[epi.residual_activation].functor,
+            swizzle=t.swizzle, stages=t.stages, iterator=IteratorAlgorithmTag[op.iterator_algorithm],
+            alignment=p.alignment,
+        )  # fmt: skip
+        base_name, arguments = f"{kernel.name}_base", CONV2D_RESIDUAL_ARGUMENTS
+    else:
+        prefix = "" if epi.activation == "identity" else _epilogue_alias(epi.activation)
+        base = prefix + EmitConv2dInstance().emit(op)
+        base_name, arguments = f"{op.procedural_name()}_base", CONV2D_ARGUMENTS
+    # A TU-local kernel type, for the reason given at RESIDUAL_INSTANCE.
+    local = f"struct {kernel.name}_kernel : {base_name} {{}};\n"
+    return {
+        "includes": CONV2D_INCLUDES,
+        "instance": base + local,
+        "operation_type": f"cutlass::conv::device::ImplicitGemmConvolution<{kernel.name}_kernel>",
+        "arguments": arguments,
+    }
+
+
+def emit_kernel(kernel: GemmKernel | Conv2dKernel) -> Source:
     """The translation unit for one kernel configuration, exporting `<kernel.name>_run`.
 
     The object runs on exactly `kernel.target` for arch-specific targets (sm_90a), else on it and
     newer GPUs (SASS + PTX); `_run` checks that before launching.
     """
-    parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
+    if isinstance(kernel, Conv2dKernel):
+        parts, args, args_type = _conv2d_kernel_parts(kernel), CONV2D_ARGS, "RelaxCutlassConv2dArgs"
+    else:
+        parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
+        args, args_type = GEMM_ARGS, "RelaxCutlassGemmArgs"
     exact = kernel.target in ARCH_SPECIFIC
     text = KERNEL_TU.substitute(
         name=kernel.name,
-        gemm_args=GEMM_ARGS,
+        gemm_args=args,
+        args_type=args_type,
         arch=kernel.target,
         arch_exact=str(exact).lower(),
         arch_name=f"{kernel.target}{'a' if exact else ''}",
@@ -207,29 +323,18 @@ def emit_kernel(kernel: GemmKernel) -> Source:
 _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBfloat"}
 
 
-def _glue_function(region: GemmRegion) -> str:
+def _gemm_glue_function(region: GemmRegion) -> str:
     p = region.kernel.problem
     roles = region.arg_roles
     params = ", ".join(f"TensorView {role}" for role in roles) + ", TensorView out"
-    checks = []
-    for role, dtype in [*zip(roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
-        code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
-        align_bytes = max(1, p.alignment * bits // 8) if role in ("lhs", "rhs", "out", "residual") else bits // 8
-        checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
-    extra = []
-    if "bias" in roles:
-        extra.append(f'  CheckDim(fn, "bias size", bias.numel(), {p.n}, bias);')
-    if "residual" in roles:
-        extra.append('  CheckDim(fn, "residual rank", residual.ndim(), out.ndim(), residual);')
-        extra.append(
-            "  for (int i = 0; i < out.ndim(); ++i)\n"
-            '    CheckDim(fn, "residual dim", residual.size(i), out.size(i), residual);'
-        )
+    checks = _tensor_checks(region, ("lhs", "rhs", "out", "residual"))
+    extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.n}, bias);'] if "bias" in roles else []
+    extra += _residual_checks(roles)
     rhs_dims = (p.n, p.k) if p.b_transposed else (p.k, p.n)
     return GLUE_FUNCTION.substitute(
         symbol=region.symbol,
         params=params,
-        checks="\n".join(checks),
+        checks=checks,
         k=p.k,
         n=p.n,
         rhs_dim0=rhs_dims[0],
@@ -242,15 +347,54 @@ def _glue_function(region: GemmRegion) -> str:
     )
 
 
-def emit_glue(regions: list[GemmRegion], module_name: str) -> Source:
+def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, ...]) -> str:
+    """One CheckTensor line per argument: dtype, device, contiguity, and the kernel's alignment."""
+    alignment = region.kernel.problem.alignment
+    checks = []
+    for role, dtype in [*zip(region.arg_roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
+        code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
+        align_bytes = max(1, alignment * bits // 8) if role in vector_roles else bits // 8
+        checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
+    return "\n".join(checks)
+
+
+def _residual_checks(roles) -> list[str]:
+    if "residual" not in roles:
+        return []
+    return [
+        '  CheckDim(fn, "residual rank", residual.ndim(), out.ndim(), residual);',
+        "  for (int i = 0; i < out.ndim(); ++i)\n"
+        '    CheckDim(fn, "residual dim", residual.size(i), out.size(i), residual);',
+    ]
+
+
+def _conv2d_glue_function(region: Conv2dRegion) -> str:
+    p = region.kernel.problem
+    roles = region.arg_roles
+    extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.k}, bias);'] if "bias" in roles else []
+    return CONV2D_GLUE_FUNCTION.substitute(
+        symbol=region.symbol,
+        params=", ".join(f"TensorView {role}" for role in roles) + ", TensorView out",
+        checks=_tensor_checks(region, ("data", "weight", "out", "residual")),
+        h=p.h, w=p.w, c=p.c, k=p.k, r=p.r, s=p.s, p=p.p, q=p.q,
+        pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
+        dilation_h=p.dilation[0], dilation_w=p.dilation[1], split_k=region.split_k,
+        extra_checks="\n".join(extra + _residual_checks(roles)),
+        bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
+        residual_ptr="Data(residual)" if "residual" in roles else "nullptr",
+        kernel=region.kernel.name,
+    )  # fmt: skip
+
+
+def emit_glue(regions: list[GemmRegion | Conv2dRegion], module_name: str) -> Source:
     """Host glue exporting one TVM FFI function per region: checks, stream, launch."""
-    kernels = sorted({r.kernel.name for r in regions})
-    decls = "\n".join(
-        f'extern "C" const char* {k}_run(const RelaxCutlassGemmArgs* args, void* stream);' for k in kernels
-    )
+    arg_types = {GemmRegion: "RelaxCutlassGemmArgs", Conv2dRegion: "RelaxCutlassConv2dArgs"}
+    kernels = sorted({(r.kernel.name, arg_types[type(r)]) for r in regions})
+    decls = "\n".join(f'extern "C" const char* {k}_run(const {t}* args, void* stream);' for k, t in kernels)
+    glue = {GemmRegion: _gemm_glue_function, Conv2dRegion: _conv2d_glue_function}
     text = GLUE_TU.substitute(
-        gemm_args=GEMM_ARGS,
+        gemm_args=GEMM_ARGS + CONV2D_ARGS,
         kernel_decls=decls,
-        functions="\n".join(_glue_function(r) for r in regions),
+        functions="\n".join(glue[type(r)](r) for r in regions),
     )
     return Source(f"{module_name}_glue", text, "host")

@@ -25,7 +25,7 @@ import math
 from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
-from .kernel_spec import Epilogue, GemmKernel, GemmProblem, TileConfig
+from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
 
 # Shared memory a CTA may use, per SM generation (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -172,26 +172,31 @@ def choose_kernel(
             return _choose_sm90(problem, epilogue, arch, m_hint)
     elif arch >= 90:
         note = "SM80 kernel requested (family='sm80')"
-    smem_limit = SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
-    legal = [t for t in candidate_tiles(problem.element_accumulator, problem.element_a) if _smem_bytes(t) <= smem_limit]
-    if not legal:
-        raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
+    legal = _fitting(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
     if tile:
         return _pinned(problem, epilogue, arch, 80, legal, tile, note)
-
-    def rank(tile: TileConfig):
-        prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
-        # Remaining ties (e.g. 256x128 vs 128x256) go to the taller tile, as in cutlass_library's list.
-        return (
-            estimate_cost(problem, tile, arch, m_hint),
-            -prefer_deep_k,
-            -tile.stages,
-            -tile.threadblock[0],
-            tile.describe(),
-        )
-
-    best = min(legal, key=rank)
+    best = min(legal, key=lambda t: _rank_sm80(problem, t, arch, m_hint))
     return GemmKernel(problem, epilogue, best, arch=80, target=arch, selected_by="heuristic", note=note)
+
+
+def _fitting(tiles, arch: int, problem) -> list[TileConfig]:
+    smem_limit = SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
+    legal = [t for t in tiles if _smem_bytes(t) <= smem_limit]
+    if not legal:
+        raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
+    return legal
+
+
+def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
+    prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
+    # Remaining ties (e.g. 256x128 vs 128x256) go to the taller tile, as in cutlass_library's list.
+    return (
+        estimate_cost(problem, tile, arch, m_hint),
+        -prefer_deep_k,
+        -tile.stages,
+        -tile.threadblock[0],
+        tile.describe(),
+    )
 
 
 def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = "") -> GemmKernel:
@@ -237,3 +242,82 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
 
     best = min((t for t in candidates if t.schedule == "cooperative"), key=rank)
     return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")
+
+
+# ---------------------------------------------------------------------------------------------
+# conv2d (implicit GEMM)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def candidate_conv2d_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct tiles of the SM80 conv2d fprop kernels (optimized iterators, no groups) that
+    `GenerateSM80_TensorOp_16816` emits for these input/accumulator types."""
+    from cutlass_library.library import ConvKind, GroupMode, IteratorAlgorithm, OperationKind
+
+    tiles = {
+        TileConfig(
+            threadblock=tuple(op.tile_description.threadblock_shape),
+            warps=tuple(op.tile_description.warp_count),
+            stages=op.tile_description.stages,
+            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
+            swizzle=4,  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
+        ): None
+        for op in _generated("GenerateSM80_TensorOp_16816")
+        if op.operation_kind == OperationKind.Conv2d
+        and op.conv_kind == ConvKind.Fprop
+        and op.iterator_algorithm == IteratorAlgorithm.Optimized
+        and op.group_mode == GroupMode.NoneGroup
+        and op.A.element == data_type(element)
+        and op.accumulator_type() == data_type(accumulator)
+    }
+    return _stable(tiles)
+
+
+MAX_SPLIT_K = 16
+MIN_K_ITERATIONS_PER_SLICE = 8
+
+
+def choose_split_k(gemm: GemmProblem, tile: TileConfig, arch: int, epilogue: Epilogue) -> int:
+    """Serial split-K slices for an implicit GEMM that cannot fill the GPU (small N*P*Q, deep C*R*S).
+
+    Slices run the main loop in parallel and take turns in the epilogue (each adds its partial sum
+    to the output). Used only when the tiles fill less than half of the SMs, each slice keeps at
+    least MIN_K_ITERATIONS_PER_SLICE main-loop iterations, and there is no residual (the residual
+    block epilogue reads its second operand where split-K keeps the partial sums).
+    """
+    if epilogue.residual:
+        return 1
+    bm, bn, bk = tile.threadblock
+    ctas = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+    sms = SM_COUNT.get(arch, 108)
+    if 2 * ctas > sms:
+        return 1
+    split = min(MAX_SPLIT_K, sms // ctas, math.ceil(gemm.k / bk) // MIN_K_ITERATIONS_PER_SLICE)
+    return split if split >= 2 else 1
+
+
+def choose_conv2d_kernel(
+    problem: Conv2dProblem,
+    epilogue: Epilogue,
+    arch: int,
+    n_hint: int = 1,
+    family: str = "auto",
+    tile: str = "",
+) -> tuple[Conv2dKernel, int]:
+    """-> (kernel, split-K slices): the SM80 implicit-GEMM fprop kernel the wave model ranks best.
+
+    SM90 targets run these CUTLASS 2.x kernels too (the kernel's note says so): relax_cutlass does
+    not instantiate CUTLASS 3.x convolutions yet.
+    """
+    del family  # conv2d has one kernel family so far
+    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch >= 90 else ""
+    gemm = problem.implicit_gemm(n_hint)
+    legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
+    if tile:
+        pinned = _pinned(gemm, epilogue, arch, 80, legal, tile, note)
+        chosen, selected_by = pinned.tile, "pinned"
+    else:
+        chosen, selected_by = min(legal, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)), "heuristic"
+    kernel = Conv2dKernel(problem, epilogue, chosen, arch=80, target=arch, selected_by=selected_by, note=note)
+    return kernel, choose_split_k(gemm, chosen, arch, epilogue)

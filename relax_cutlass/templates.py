@@ -15,7 +15,22 @@ struct RelaxCutlassGemmArgs {
 };
 """
 
-# One kernel configuration -> one object exporting `<kernel>_run`.
+# The same ABI for conv2d fprop kernels: NHWC activations, OHWI (KRSC) filters, NHWC output.
+CONV2D_ARGS = """\
+struct RelaxCutlassConv2dArgs {
+  int n, h, w, c, k, r, s, p, q;
+  int pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w;
+  int split_k;                           // serial split-K slices (1: none)
+  const void* data;
+  const void* weight;
+  const void* bias;                      // per-channel vector of K elements, or nullptr
+  const void* residual;                  // (N, P, Q, K) tensor, or nullptr
+  void* out;
+};
+"""
+
+# One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
+# operator: a GEMM, or the implicit GEMM of a convolution.)
 KERNEL_TU = Template("""\
 // relax_cutlass generated kernel: $name
 #include <cstdint>
@@ -61,7 +76,7 @@ const char* Fail(const char* step, cutlass::Status status) {
 
 // Returns nullptr on success, else a message that names the failing step.
 extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
-    const RelaxCutlassGemmArgs* p, void* stream_handle) {
+    const ${args_type}* p, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (const char* error = CheckDevice()) return error;
   using Gemm = $operation_type;
@@ -170,6 +185,92 @@ $extra_checks
   if (m == 0) return;
   RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
+  if (const char* err = ${kernel}_run(&args, stream)) {
+    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
+  }
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
+""")
+
+# conv2d: D = act(conv(x, w) + bias). The bias is the C operand with an all-zero stride (one
+# K-vector broadcast over N, P, Q); without bias, beta = 0 and C is never read.
+CONV2D_ARGUMENTS = """\
+using Layout = cutlass::layout::TensorNHWC;
+  cutlass::conv::Conv2dProblemSize problem(
+      p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->p, p->q, p->pad_h, p->pad_w, p->stride_h,
+      p->stride_w, p->dilation_h, p->dilation_w, cutlass::conv::Mode::kCrossCorrelation, p->split_k);
+  using ElementA = typename Gemm::ElementA;
+  using ElementB = typename Gemm::ElementB;
+  using ElementC = typename Gemm::ElementC;
+  const Layout layout_d = Layout::packed(cutlass::make_Coord(p->n, p->p, p->q, p->k));
+  typename Gemm::Arguments arguments(
+      problem,
+      {static_cast<ElementA*>(const_cast<void*>(p->data)),
+       Layout::packed(cutlass::make_Coord(p->n, p->h, p->w, p->c))},
+      {static_cast<ElementB*>(const_cast<void*>(p->weight)),
+       Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c))},
+      {static_cast<ElementC*>(const_cast<void*>(p->bias ? p->bias : p->out)),
+       p->bias ? Layout(Layout::Stride(0)) : layout_d},
+      {static_cast<ElementC*>(p->out), layout_d},
+      typename Gemm::EpilogueOutputOp::Params(1.0f, p->bias ? 1.0f : 0.0f),
+      cutlass::conv::SplitKMode::kSerial);"""
+
+# conv2d residual block: D = post(act(conv(x, w) + bias) + residual): the residual is C, the bias
+# the broadcast vector of the fused epilogue.
+CONV2D_RESIDUAL_ARGUMENTS = """\
+using Layout = cutlass::layout::TensorNHWC;
+  cutlass::conv::Conv2dProblemSize problem(
+      p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->p, p->q, p->pad_h, p->pad_w, p->stride_h,
+      p->stride_w, p->dilation_h, p->dilation_w, cutlass::conv::Mode::kCrossCorrelation, p->split_k);
+  using ElementA = typename Gemm::ElementA;
+  using ElementB = typename Gemm::ElementB;
+  using ElementC = typename Gemm::ElementC;
+  const Layout layout_d = Layout::packed(cutlass::make_Coord(p->n, p->p, p->q, p->k));
+  typename Gemm::Arguments arguments(
+      problem,
+      {static_cast<ElementA*>(const_cast<void*>(p->data)),
+       Layout::packed(cutlass::make_Coord(p->n, p->h, p->w, p->c))},
+      {static_cast<ElementB*>(const_cast<void*>(p->weight)),
+       Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c))},
+      {static_cast<ElementC*>(const_cast<void*>(p->residual)), layout_d},
+      {static_cast<ElementC*>(p->out), layout_d},
+      typename Gemm::EpilogueOutputOp::Params(1.0f, 1.0f),
+      cutlass::conv::SplitKMode::kSerial,
+      const_cast<void*>(p->bias), /*ptr_Tensor=*/nullptr, /*ldr=*/0, /*ldt=*/p->k);"""
+
+CONV2D_GLUE_FUNCTION = Template("""\
+namespace {
+void ${symbol}_impl($params) {
+  const char* fn = "$symbol";
+  const int device_id = out.device().device_id;
+$checks
+  CheckDim(fn, "data rank (NHWC)", data.ndim(), 4, data);
+  CheckDim(fn, "data H", data.size(1), $h, data);
+  CheckDim(fn, "data W", data.size(2), $w, data);
+  CheckDim(fn, "data C", data.size(3), $c, data);
+  CheckDim(fn, "weight rank (OHWI)", weight.ndim(), 4, weight);
+  CheckDim(fn, "weight O", weight.size(0), $k, weight);
+  CheckDim(fn, "weight H", weight.size(1), $r, weight);
+  CheckDim(fn, "weight W", weight.size(2), $s, weight);
+  CheckDim(fn, "weight I", weight.size(3), $c, weight);
+  const int64_t n = data.size(0);
+  CheckDim(fn, "output rank (NHWC)", out.ndim(), 4, out);
+  CheckDim(fn, "output N", out.size(0), n, out);
+  CheckDim(fn, "output H", out.size(1), $p, out);
+  CheckDim(fn, "output W", out.size(2), $q, out);
+  CheckDim(fn, "output C", out.size(3), $k, out);
+$extra_checks
+  if (n == 0) return;
+  if (n > INT32_MAX / ($h * $w * $c) || n > INT32_MAX / ($p * $q * $k)) {
+    TVM_FFI_THROW(ValueError) << fn << ": batch " << n << " makes a tensor of more than 2^31 elements, "
+                              << "which CUTLASS's 32-bit conv2d indexing cannot address; split the batch";
+  }
+  RelaxCutlassConv2dArgs args{static_cast<int>(n), $h, $w, $c, $k, $r, $s, $p, $q,
+                              $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
+                              Data(data), Data(weight), $bias_ptr, $residual_ptr,
+                              const_cast<void*>(Data(out))};
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${kernel}_run(&args, stream)) {
     TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
