@@ -20,6 +20,8 @@ ACTIVATION_BUILDERS = {
     "gelu_tanh": lambda bb, x: bb.emit(nn.gelu_tanh(x)),
     "silu": lambda bb, x: bb.emit(nn.silu(x)),
     "sigmoid": lambda bb, x: bb.emit(sigmoid(x)),
+    # As the PyTorch frontend writes Hardswish: x * clip(x + 3, 0, 6) / 6.
+    "hardswish": lambda bb, x: _hardswish(bb, x),
     # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
     "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
 }
@@ -35,6 +37,12 @@ def _gelu_decomposed(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
     e = bb.emit(astype(erf(bb.emit(astype(scaled, "float32"))), dtype))
     one_plus = bb.emit(relax.op.add(e, _scalar(1.0, dtype)))
     return bb.emit(multiply(bb.emit(multiply(x, _scalar(0.5, dtype))), one_plus))
+
+
+def _hardswish(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
+    dtype = x.ty.dtype
+    clipped = bb.emit(relax.op.clip(bb.emit(relax.op.add(x, _scalar(3.0, dtype))), 0, 6))
+    return bb.emit(multiply(x, bb.emit(relax.op.divide(clipped, _scalar(6.0, dtype)))))
 
 
 def dense(bb, x, w, b=None, *, transposed=True, out_dtype=None):
@@ -84,6 +92,63 @@ def dense_epilogue_model(
                     y = bb.emit(nn.relu(y))
             if out_cast:
                 y = bb.emit(astype(y, out_cast))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def conv2d_epilogue_model(
+    n: int | str,
+    h: int,
+    w: int,
+    c: int,
+    k: int,
+    kernel: int | tuple[int, int] = 3,
+    *,
+    stride: int = 1,
+    padding: int | tuple[int, ...] = 1,
+    dilation: int = 1,
+    bias: bool = True,
+    activation: str = "identity",
+    residual: bool = False,
+    residual_relu: bool = False,
+    layout: str = "NCHW",
+    dtype: str = "float16",
+) -> tvm.IRModule:
+    """main(x[, residual], w[, b]) = post(act(conv2d(x, w) + b) + residual), the way the PyTorch
+    frontend writes it: NCHW/OIHW by default, bias as a (1, K, 1, 1) broadcast add."""
+    r, s = (kernel, kernel) if isinstance(kernel, int) else kernel
+    n_dim = tvm.tirx.Var(n, "int64") if isinstance(n, str) else n
+    pads = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+    p = (h + pads[0] + pads[-2 if len(pads) == 4 else 0] - dilation * (r - 1) - 1) // stride + 1
+    q = (w + pads[1 if len(pads) == 4 else 0] + pads[-1] - dilation * (s - 1) - 1) // stride + 1
+    nchw = layout == "NCHW"
+    x = relax.Var("x", relax.TensorType([n_dim, c, h, w] if nchw else [n_dim, h, w, c], dtype))
+    weight = relax.Var("w", relax.TensorType([k, c, r, s] if nchw else [k, r, s, c], dtype))
+    params = [x]
+    res = None
+    if residual:
+        res = relax.Var("residual", relax.TensorType([n_dim, k, p, q] if nchw else [n_dim, p, q, k], dtype))
+        params.append(res)
+    params.append(weight)
+    b = relax.Var("b", relax.TensorType([k], dtype)) if bias else None
+    params += [b] if bias else []
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(
+                nn.conv2d(
+                    x, weight, strides=stride, padding=padding, dilation=dilation,
+                    data_layout=layout, kernel_layout="OIHW" if nchw else "OHWI",
+                )
+            )  # fmt: skip
+            if bias:
+                y = bb.emit(relax.op.add(y, bb.emit(reshape(b, [1, k, 1, 1] if nchw else [1, 1, 1, k]))))
+            y = ACTIVATION_BUILDERS[activation](bb, y)
+            if residual:
+                y = bb.emit(relax.op.add(y, res))
+                if residual_relu:
+                    y = bb.emit(nn.relu(y))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()
@@ -151,7 +216,7 @@ def random_weights(
         if p.name in skip:
             continue
         shape = [int(d) for d in p.ty.shape.values]
-        fan_in = shape[-1] if len(shape) > 1 else 1
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else 1  # (N, K) dense, (K, C, R, S) conv
         scale = 1 / math.sqrt(fan_in) if len(shape) > 1 else 0.1
         value = rng.uniform(-1, 1, size=shape) * scale
         if p.name.endswith("_g"):
@@ -164,4 +229,19 @@ def bind_weights(mod: tvm.IRModule, weights: dict[str, np.ndarray]) -> tvm.IRMod
     """bind_params_by_name + FoldConstant: the scenario in which weights reach the offload passes
     as R.const tensors (and FoldConstant folds their permute_dims)."""
     mod = relax.transform.BindParams("main", weights)(mod)
+    return relax.transform.FoldConstant()(mod)
+
+
+def bind_float16(mod: tvm.IRModule, weights: dict[str, np.ndarray], dtype: str = "float16") -> tvm.IRModule:
+    """A float32 model imported from a framework -> weights bound, NHWC, float16 compute.
+
+    bind_params_by_name, then ConvertToNHWC (batch norm folded into convolutions, filters re-laid
+    out once), then TVM's ToMixedPrecision and FoldConstant, so every weight reaches the offload
+    passes as a float16 constant. Inputs and outputs stay float32, as the framework model's.
+    """
+    from .layout import ConvertToNHWC
+
+    mod = relax.transform.BindParams("main", weights)(mod)
+    mod = ConvertToNHWC()(mod)
+    mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
     return relax.transform.FoldConstant()(mod)

@@ -2,6 +2,7 @@
 
 from .codegen import CutlassCodegen
 from .constants import LiftConstants
+from .layout import ConvertToNHWC
 from .partition import PartitionForCutlass
 
-__all__ = ["CutlassCodegen", "LiftConstants", "PartitionForCutlass"]
+__all__ = ["ConvertToNHWC", "CutlassCodegen", "LiftConstants", "PartitionForCutlass"]
