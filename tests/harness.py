@@ -26,6 +26,8 @@ def build_cpu(mod: tvm.IRModule):
 
 def run_vm(vm, inputs: list[np.ndarray]) -> np.ndarray:
     out = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+    if not hasattr(out, "numpy"):  # frontends return a 1-tuple
+        (out,) = out
     return out.numpy()
 
 
@@ -47,8 +49,10 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
 
 
 def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """-> (partitioned+lifted module, rewritten module) with no kernels compiled."""
-    partitioned = relax_cutlass.transform.LiftConstants()(relax_cutlass.transform.PartitionForCutlass()(mod))
+    """-> (partitioned+lifted module, rewritten module) with no kernels compiled (NCHW convs are
+    brought to NHWC first, as offload_pipeline does)."""
+    t = relax_cutlass.transform
+    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(mod)))
     rewritten = relax_cutlass.transform.CutlassCodegen(compile=False, **options)(partitioned)
     return partitioned, rewritten
 

@@ -28,7 +28,8 @@ def _gpu_available() -> bool:
 def _cases():
     if not MANIFEST.exists():
         return []
-    return json.loads(MANIFEST.read_text())["tests"]
+    manifest = json.loads(MANIFEST.read_text())
+    return manifest.get("tests", []) + manifest.get("conv", [])
 
 
 skip_reason = None
@@ -52,8 +53,21 @@ def test_case_matches_tvm_build_and_float64(case):
 @pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
 def test_manifest_covers_every_epilogue():
     names = {c["name"] for c in _cases()}
-    for epilogue in ("relu", "gelu", "gelu_tanh", "gelu_decomposed", "silu", "sigmoid", "residual", "residual_relu"):
-        assert any(epilogue in n for n in names), epilogue
+    epilogues = (
+        "relu",
+        "gelu",
+        "gelu_tanh",
+        "gelu_decomposed",
+        "silu",
+        "sigmoid",
+        "hardswish",
+        "residual",
+        "residual_relu",
+    )
+    for epilogue in epilogues:
+        assert any(n.startswith("dense") and epilogue in n for n in names), epilogue
+    for epilogue in ("relu", "gelu", "silu", "sigmoid", "hardswish", "residual", "residual_relu"):
+        assert any(n.startswith("conv2d") and epilogue in n for n in names), epilogue
 
 
 @pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")

@@ -14,7 +14,7 @@ from relax_cutlass.codegen import CodegenOptions, plan_regions
 from relax_cutlass.compile import compile_all
 from relax_cutlass.constants import offloaded_functions
 from relax_cutlass.emit import emit_kernel
-from relax_cutlass.models import bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 pytestmark = pytest.mark.nvcc
@@ -64,3 +64,18 @@ def test_residual_block_kernel_exports_for_sm90a(tmp_path, family, prefix):
     ex.export_library(str(lib))
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     assert "GemmUniversalBase" not in symbols and "GemmWithFusedEpilogue" not in symbols
+
+
+def test_conv2d_residual_block_exports(tmp_path):
+    """An NCHW conv + bias + residual + relu block (the ResNet bottleneck's last conv) offloaded as
+    one implicit-GEMM kernel with a fused residual, built with tvm.compile and exported."""
+    mod = conv2d_epilogue_model(2, 14, 14, 64, 64, kernel=1, padding=0, residual=True, residual_relu=True)
+    offloaded = relax_cutlass.offload_pipeline("sm_80")(bind_weights(mod, random_weights(mod)))
+    (row,) = relax_cutlass.offload_report(offloaded).offloaded
+    assert row["op"] == "conv2d" and row["epilogue"] == "bias+residual_add+relu"
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm"))
+    lib = tmp_path / "conv.so"
+    ex.export_library(str(lib))
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert f"__tvm_ffi_{row['symbol']}" in symbols
+    assert "ImplicitGemmConvolution" not in symbols

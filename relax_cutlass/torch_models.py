@@ -1,0 +1,114 @@
+"""Real models written in PyTorch and imported through TVM's own frontend.
+
+torchvision is not installable everywhere relax_cutlass runs, so ResNet-50 is written out here
+(the torchvision v1.5 architecture: stride on the 3x3 conv of each bottleneck). Importing goes
+through `torch.export` + `tvm.relax.frontend.torch.from_exported_program`, the path users take, with
+the weights kept as parameters so `bind_weights` can turn them into constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError("relax_cutlass.torch_models needs PyTorch: pip install 'relax_cutlass[models]'") from err
+    return torch
+
+
+def resnet50(num_classes: int = 1000, width: int = 64, blocks=(3, 4, 6, 3), seed: int = 0):
+    """A torchvision-style ResNet-50 (eval mode, random init with non-trivial batch-norm stats)."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, inplanes: int, planes: int, stride: int, downsample: bool):
+            super().__init__()
+            out = planes * self.expansion
+            self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(out)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = (
+                nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+                if downsample
+                else None
+            )
+
+        def forward(self, x):
+            identity = self.downsample(x) if self.downsample is not None else x
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.relu(self.bn2(self.conv2(y)))
+            y = self.bn3(self.conv3(y))
+            return self.relu(y + identity)
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+            layers, inplanes = [], width
+            for i, count in enumerate(blocks):
+                planes = width * 2**i
+                for j in range(count):
+                    stride = 2 if (i > 0 and j == 0) else 1
+                    layers.append(Bottleneck(inplanes, planes, stride, downsample=j == 0))
+                    inplanes = planes * Bottleneck.expansion
+            self.layers = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(inplanes, num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layers(x)
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    torch.manual_seed(seed)
+    model = ResNet()
+    # Fresh BatchNorm has mean 0 / var 1, which folds to a no-op: give it statistics like a
+    # trained model's so that folding it into the convolutions is actually tested.
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.1, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.1, 0.1)
+    return model.eval()
+
+
+def import_exported(model, example_inputs: tuple) -> tuple[tvm.IRModule, dict]:
+    """torch.export + from_exported_program -> (float32 IRModule with weights as parameters, {name: array}).
+
+    Models are exported in float32 (TVM 0.27's batch_norm converter rejects a float16 export) and
+    lowered to float16 on the Relax side with `models.bind_float16`, the usual TVM flow.
+    """
+    torch = _torch()
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        exported = torch.export.export(model.float(), tuple(x.float() for x in example_inputs))
+    mod = from_exported_program(exported, keep_params_as_input=True)
+    mod, params = tvm.relax.frontend.detach_params(mod)
+    n_inputs = len(example_inputs)
+    weights = {p.name: v.numpy() for p, v in zip(mod["main"].params[n_inputs:], params["main"], strict=True)}
+    return mod, weights
+
+
+def resnet50_module(batch: int = 1, image: int = 224, **kwargs) -> tuple[tvm.IRModule, dict]:
+    """ResNet-50 imported from PyTorch: (IRModule, weights), input `x` of shape (batch, 3, image, image)."""
+    torch = _torch()
+    model = resnet50(**kwargs)
+    example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
+    return import_exported(model, example)
