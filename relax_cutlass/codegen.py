@@ -122,11 +122,13 @@ class CutlassCodegen:
         self.options = CodegenOptions.create(arch, **options)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from .constants import offloaded_functions
+        from .constants import call_counts, offloaded_functions
 
         # Planning is deterministic and cheap, so the report rows are computed here rather than
         # smuggled out of the RunCodegen callback.
-        rows = [r.report_row() for r in plan_regions([f for _, f in offloaded_functions(mod)], self.options)]
+        calls = call_counts(mod)
+        regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options)
+        rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
         out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
         previous = json.loads(str(mod.attrs[REGIONS_ATTR])) if mod.attrs and REGIONS_ATTR in mod.attrs else []
         return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))

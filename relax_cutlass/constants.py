@@ -107,6 +107,22 @@ def offloaded_functions(mod: tvm.IRModule):
             yield gv, func
 
 
+def call_counts(mod: tvm.IRModule) -> dict[str, int]:
+    """How many call sites each offloaded function has, by its global symbol. Regions with the
+    same shapes and no bound constants (weights passed as parameters) share one function."""
+    symbols = {gv: str(func.attrs["global_symbol"]) for gv, func in offloaded_functions(mod)}
+    counts = dict.fromkeys(symbols.values(), 0)
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op in symbols:
+            counts[symbols[expr.op]] += 1
+
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and gv not in symbols:
+            relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.LiftConstants")
 class LiftConstants:
     """Turn every non-scalar constant inside a relax_cutlass region into a caller-passed parameter."""

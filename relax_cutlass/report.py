@@ -22,8 +22,9 @@ class OffloadReport:
         return json.dumps({"offloaded": self.offloaded, "left_in_tvm": self.left_in_tvm}, indent=2)
 
     def __str__(self) -> str:
+        sites = sum(r.get("calls", 1) for r in self.offloaded)
         lines = [
-            f"relax_cutlass offload report: {len(self.offloaded)} region(s) offloaded, "
+            f"relax_cutlass offload report: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
             f"{len(self.left_in_tvm)} candidate(s) left in TVM"
         ]
         for r in self.offloaded:
@@ -40,6 +41,7 @@ class OffloadReport:
                 f"  [offloaded] {r['op']:6s} M={m} N={n} K={k}{detail} epilogue={r['epilogue']} "
                 f"{dtypes.get('lhs', dtypes.get('data'))}->{dtypes['out']} (acc {dtypes['accumulator']}) "
                 f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
+                + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
             )
         for r in self.left_in_tvm:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
@@ -106,7 +108,7 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
     from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
-    from .constants import LiftConstants
+    from .constants import LiftConstants, call_counts
     from .partition import PartitionForCutlass
 
     attrs = mod.attrs or {}
@@ -117,8 +119,9 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
         mod = PartitionForCutlass(arch)(mod)
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
     opts = CodegenOptions.create(arch, **options)
-    rows = [r.report_row() for r in plan_regions([f for _, f in offloaded_functions(mod)], opts)]
-    return OffloadReport(rows, _left_in_tvm(mod))
+    calls = call_counts(mod)
+    regions = plan_regions([f for _, f in offloaded_functions(mod)], opts)
+    return OffloadReport([r.report_row() | {"calls": calls[r.symbol]} for r in regions], _left_in_tvm(mod))
 
 
 __all__ = ["OffloadReport", "offload_report"]

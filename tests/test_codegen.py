@@ -69,7 +69,7 @@ def test_report_before_and_after_offload_agree():
     assert all("batched ND x ND" in r["reasons"][0] for r in after.left_in_tvm)
     assert {r["op"] for r in after.left_in_tvm} == {"batched matmul"}
     text = str(after)
-    assert "6 region(s) offloaded" in text and "bias+gelu" in text
+    assert "6 call(s) of 6 offloaded function(s)" in text and "bias+gelu" in text
 
 
 @pytest.mark.parametrize(

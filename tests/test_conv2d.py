@@ -245,3 +245,22 @@ def test_random_conv_epilogues(conv, n, hw, c, k, bind):
     assert bool(report.offloaded) == legal
     if not legal:
         assert any("even" in reason for row in report.left_in_tvm for reason in row["reasons"])
+
+
+def test_report_counts_call_sites_of_shared_functions():
+    """With weights as parameters, same-shaped convs become one offloaded function called twice."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 8, 8, 16], "float16"))
+    ws = [relax.Var(f"w{i}", relax.TensorType([16, 3, 3, 16], "float16")) for i in range(2)]
+    with bb.function("main", [x, *ws]):
+        with bb.dataflow():
+            y = x
+            for w in ws:
+                conv = relax.op.nn.conv2d(y, w, padding=1, data_layout="NHWC", kernel_layout="OHWI")
+                y = bb.emit(relax.op.nn.relu(bb.emit(conv)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    _, _, rewritten = compare_on_cpu(bb.get(), random_inputs(bb.get()))
+    report = relax_cutlass.offload_report(rewritten)
+    assert [r["calls"] for r in report.offloaded] == [2]
+    assert "2 call(s) of 1 offloaded function(s)" in str(report)
