@@ -19,13 +19,14 @@ except ImportError:  # pragma: no cover
 
 def random_array(name: str, shape, dtype: str, seed: int = 0) -> np.ndarray:
     """Deterministic, never-zero data for tensor `name`: uniform(-1, 1) scaled by 1/sqrt(fan_in)
-    for weights (so activations stay O(1) through deep stacks)."""
+    for weights (fan_in = product of all but the first dim: (N, K) dense, (K, C, R, S) or
+    (K, R, S, C) filters), so activations stay O(1) through deep stacks."""
     digest = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
     rng = np.random.default_rng(digest)
     shape = [int(s) for s in shape]
     scale = 1.0
     if name.endswith("_w") or name == "w":
-        scale = 1 / math.sqrt(shape[-1])
+        scale = 1 / math.sqrt(math.prod(shape[1:]))
     elif name.endswith("_b") or name == "b":
         scale = 0.5
     value = rng.uniform(-1, 1, size=shape) * scale

@@ -26,7 +26,13 @@ from gpu_common import random_array  # noqa: E402
 
 import relax_cutlass  # noqa: E402
 import relax_cutlass.arch  # noqa: E402
-from relax_cutlass.models import bert_encoder_layer, dense_epilogue_model  # noqa: E402
+from relax_cutlass.constants import _ConstantsToParams  # noqa: E402
+from relax_cutlass.models import (  # noqa: E402
+    bert_encoder_layer,
+    bind_float16,
+    conv2d_epilogue_model,
+    dense_epilogue_model,
+)
 
 # Correctness cases: (name, model kwargs, codegen options, runs (symbolic dims), checks)
 TEST_M, TEST_N, TEST_K = 1000, 256, 384
@@ -39,6 +45,7 @@ TEST_CASES = [
     ("dense_bias_gelu_decomposed", dict(activation="gelu_decomposed"), {}),
     ("dense_bias_silu", dict(activation="silu"), {}),
     ("dense_bias_sigmoid", dict(activation="sigmoid"), {}),
+    ("dense_bias_hardswish", dict(activation="hardswish"), {}),
     ("dense_bias_residual", dict(residual=True), {}),
     ("dense_bias_residual_relu", dict(residual=True, residual_relu=True), {}),
     ("dense_bias_gelu_residual", dict(activation="gelu", residual=True), {}),
@@ -82,6 +89,74 @@ SWEEP_TILES = [
 ] + ["tb128x128x64_c2x1x1_cooperative_streamk", "tb128x256x64_c2x1x1_cooperative_streamk"]
 SWEEP_KN = ((1024, 4096), (4096, 1024), (8192, 8192))  # native kernels for the target (SM90 on sm_90a), and CUTLASS 2.x
 BENCH_EPILOGUES = {"bias_gelu": dict(activation="gelu"), "bias_residual": dict(residual=True)}
+
+
+# conv2d correctness cases: NCHW models as the PyTorch frontend writes them (offload_pipeline
+# converts them to NHWC), checked against TVM's build of the same NCHW model and float64 torch.
+CONV_BASE = dict(n=4, h=20, w=20, c=32, k=64)
+CONV_TEST_CASES = [
+    ("conv2d", dict(bias=False), {}),
+    ("conv2d_bias", dict(), {}),
+    ("conv2d_bias_relu", dict(activation="relu"), {}),
+    ("conv2d_bias_silu", dict(activation="silu"), {}),
+    ("conv2d_bias_sigmoid", dict(activation="sigmoid"), {}),
+    ("conv2d_bias_hardswish", dict(activation="hardswish"), {}),
+    ("conv2d_bias_gelu", dict(activation="gelu"), {}),
+    ("conv2d_bias_residual", dict(residual=True), {}),
+    ("conv2d_bias_residual_relu", dict(residual=True, residual_relu=True), {}),
+    ("conv2d_bias_silu_residual_relu", dict(activation="silu", residual=True, residual_relu=True), {}),
+    ("conv2d_7x7_s2_bias_relu", dict(kernel=7, stride=2, padding=3), {}),
+    ("conv2d_1x1_bias_relu", dict(kernel=1, padding=0, activation="relu"), {}),
+    ("conv2d_1x1_s2_bias", dict(kernel=1, stride=2, padding=0), {}),
+    ("conv2d_dilation2_bias_relu", dict(dilation=2, padding=2, activation="relu"), {}),
+    ("conv2d_asym_pad_bias_relu", dict(padding=(1, 0, 2, 1), activation="relu"), {}),
+    ("conv2d_c12_k20_align4_bias_relu", dict(c=12, k=20, activation="relu"), {}),
+    ("conv2d_c6_k10_align2_bias_relu", dict(c=6, k=10, activation="relu"), {}),
+    ("conv2d_c3_stem_stays_in_tvm", dict(c=3, kernel=7, stride=2, padding=3, activation="relu"), {}),
+    ("conv2d_splitk_n1_7x7_c512_bias_relu", dict(n=1, h=7, w=7, c=512, k=512, activation="relu"), {}),
+    ("conv2d_symbolic_n_bias_relu", dict(n="n", activation="relu"), {}),
+    ("conv2d_bias_residual_relu_unbound", dict(residual=True, residual_relu=True, bind=False), {}),
+    ("conv2d_bias_relu_f16acc", dict(activation="relu"), dict(accumulator="float16")),
+]
+CONV_SYMBOLIC_RUNS = [{"n": 1}, {"n": 5}]
+# ResNet-50 3x3 stages (H=W, C=K) and batch sizes for the conv + bias + relu benchmark.
+CONV_STAGES = ((56, 64), (28, 128), (14, 256), (7, 512))
+CONV_BATCHES = (32, 1)
+RESNET_BATCHES = (32, 1)
+
+
+def conv_case_model(kwargs: dict) -> tuple[tvm.IRModule, bool]:
+    kw = CONV_BASE | kwargs
+    bind_weights = kw.pop("bind", True)
+    return conv2d_epilogue_model(kw.pop("n"), kw.pop("h"), kw.pop("w"), kw.pop("c"), kw.pop("k"), **kw), bind_weights
+
+
+def stage_model(batch: int, hw: int, channels: int) -> tvm.IRModule:
+    """One ResNet-50 3x3 conv + bias + relu, NHWC (as inside an offloaded ResNet)."""
+    return conv2d_epilogue_model(batch, hw, hw, channels, channels, activation="relu", layout="NHWC")
+
+
+def shippable_resnet50(batch: int) -> tvm.IRModule:
+    """ResNet-50 from PyTorch (torch.export + from_exported_program), weights bound, batch norm
+    folded, NHWC, float16: then every folded weight turned back into a named parameter.
+
+    50 MB of float16 weights per library would not fit what can be carried to the GPU host, so
+    both builds (relax_cutlass and TVM's) take the folded weights as parameters and the GPU host
+    regenerates them by name (bench/gpu_common.random_array); the graph is the bound model's.
+    """
+    from relax_cutlass.torch_models import resnet50_module
+
+    mod, weights = resnet50_module(batch=batch, image=224)
+    func = bind_float16(mod, weights)["main"]
+
+    def name(index: int, const) -> str:
+        shape = [int(d) for d in const.ty.shape.values]
+        return f"p{index}_{'b' if sum(d > 1 for d in shape) == 1 else 'w'}"  # per-channel vector or filter
+
+    lifter = _ConstantsToParams(name=name)
+    body = lifter.visit_expr(func.body)
+    params = [*func.params, *(var for var, _ in lifter.lifted)]
+    return tvm.IRModule({"main": relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)})
 
 
 def target(arch: str) -> tvm.target.Target:
@@ -157,12 +232,13 @@ def prewarm(jobs: list[tuple[tvm.IRModule, bool, dict, tuple]], arch: str) -> No
     from relax_cutlass.compile import compile_all
     from relax_cutlass.constants import offloaded_functions
     from relax_cutlass.emit import emit_kernel
-    from relax_cutlass.transform import LiftConstants, PartitionForCutlass
+    from relax_cutlass.transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     sources = {}
     for mod, bind_weights, options, families in jobs:
         weights = {p["name"] for p in params_of(mod) if p["name"] not in ("x", "residual")}
-        part = LiftConstants()(PartitionForCutlass(arch)(bind(mod, weights) if bind_weights else mod))
+        prepared = ConvertToNHWC()(bind(mod, weights) if bind_weights else mod)
+        part = LiftConstants()(PartitionForCutlass(arch)(prepared))
         funcs = [f for _, f in offloaded_functions(part)]
         for family in families:
             for region in plan_regions(funcs, CodegenOptions.create(arch, family=family, **options)):
@@ -177,7 +253,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
-    ap.add_argument("--only", choices=["tests", "bench", "model", "sweep"], action="append")
+    ap.add_argument(
+        "--only", choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet"], action="append"
+    )
     ap.add_argument(
         "--pack",
         action="store_true",
@@ -187,7 +265,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = ("tests", "bench", "model", "sweep")
+    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet")
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
@@ -216,7 +294,39 @@ def main() -> None:
     sweep_models = {(k, n): dense_epilogue_model("m", n, k, activation="gelu") for k, n in SWEEP_KN}
     if "sweep" in only:
         jobs += [(sweep_models[SWEEP_KN[0]], False, {"tile": tile}, ("auto",)) for tile in SWEEP_TILES]
+    if "conv" in only:
+        jobs += [(*conv_case_model(kwargs), options, ("auto",)) for _, kwargs, options in CONV_TEST_CASES]
+    if "conv_bench" in only:
+        jobs += [(stage_model(b, hw, c), False, {}, ("auto",)) for b in CONV_BATCHES for hw, c in CONV_STAGES]
+    resnets = {b: shippable_resnet50(b) for b in RESNET_BATCHES} if "resnet" in only else {}
+    jobs += [(mod, False, {}, ("auto",)) for mod in resnets.values()]
     prewarm(jobs, args.arch)
+
+    if "conv" in only:
+        print("conv2d correctness cases:", flush=True)
+        for name, kwargs, options in CONV_TEST_CASES:
+            mod, bind_weights = conv_case_model(kwargs)
+            entry = build_pair(name, mod, out, args.arch, bind_weights, options)
+            entry["runs"] = CONV_SYMBOLIC_RUNS if kwargs.get("n") == "n" else [{}]
+            entry["spec"] = CONV_BASE | {k: v for k, v in kwargs.items() if k != "bind"} | {"options": options}
+            manifest["conv"].append(entry)
+
+    if "conv_bench" in only:
+        print("conv2d benchmark cases (ResNet-50 3x3 stages, conv + bias + relu, NHWC):", flush=True)
+        for batch in CONV_BATCHES:
+            for hw, c in CONV_STAGES:
+                name = f"conv3x3_n{batch}_{hw}x{hw}_c{c}"
+                entry = build_pair(name, stage_model(batch, hw, c), out, args.arch, False, {})
+                flops = 2 * batch * hw * hw * c * c * 9
+                entry.update(batch=batch, hw=hw, c=c, flops=flops, runs=[{}])
+                manifest["conv_bench"].append(entry)
+
+    if "resnet" in only:
+        print("ResNet-50 (PyTorch -> torch.export -> Relax), 224x224:", flush=True)
+        for batch, mod in resnets.items():
+            entry = build_pair(f"resnet50_n{batch}", mod, out, args.arch, False, {})
+            entry.update(batch=batch, runs=[{}])
+            manifest["resnet"].append(entry)
 
     if "tests" in only:
         print("correctness cases:", flush=True)

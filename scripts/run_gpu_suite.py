@@ -26,6 +26,8 @@ from gpu_common import random_array, rel_error, shape_of  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
 DEV = tvm.cuda(0)
+# torch peers get cuDNN's autotuner (what a user timing a conv net turns on): the strongest baseline.
+torch.backends.cudnn.benchmark = True
 TOL_VS_TVM = 1e-2
 TOL_FP32_ACC = 2e-3
 TOL_FP16_ACC = 1e-2
@@ -45,7 +47,10 @@ def inputs_for(params: list[dict], dims: dict, seed: int) -> dict[str, np.ndarra
 
 def run(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> np.ndarray:
     args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
-    return vm["main"](*args).numpy()
+    out = vm["main"](*args)
+    if not hasattr(out, "numpy"):  # models imported from a framework return a 1-tuple
+        (out,) = out
+    return out.numpy()
 
 
 ACT = {
@@ -56,16 +61,29 @@ ACT = {
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "silu": F.silu,
     "sigmoid": torch.sigmoid,
+    "hardswish": F.hardswish,
 }
 
 
+def _conv2d_nchw(t: dict, spec: dict):
+    """F.conv2d in the model's NCHW layout; (top, left, bottom, right) padding applied as F.pad."""
+    pad = spec.get("padding", 1)
+    top, left, bottom, right = (pad,) * 4 if isinstance(pad, int) else pad
+    x = F.pad(t["x"], (left, right, top, bottom))
+    y = F.conv2d(x, t["w"], stride=spec.get("stride", 1), dilation=spec.get("dilation", 1))
+    return y + t["b"].view(1, -1, 1, 1) if spec.get("bias", True) else y
+
+
 def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
-    """The model's math in float64 on the GPU."""
+    """The model's math in float64 on the GPU (a dense/matmul model, or a conv2d one if `spec` has C)."""
     t = {k: torch.from_numpy(np.asarray(v, dtype="float64")).cuda() for k, v in values.items()}
-    w = t["w"] if not spec.get("transposed", True) else t["w"].T
-    y = t["x"] @ w
-    if spec.get("bias", True):
-        y = y + t["b"]
+    if "c" in spec:
+        y = _conv2d_nchw(t, spec)
+    else:
+        w = t["w"] if not spec.get("transposed", True) else t["w"].T
+        y = t["x"] @ w
+        if spec.get("bias", True):
+            y = y + t["b"]
     y = ACT[spec.get("activation", "identity")](y)
     if spec.get("residual"):
         y = y + t["residual"]
@@ -82,7 +100,10 @@ def check_case(case: dict, build: Path) -> list[dict]:
     rows = []
     for family in case.get("families", ["auto"]):
         suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
-        kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
+        if not case["offloaded"]:
+            kernel = "stays in TVM: " + "; ".join(case["left_in_tvm"][0]["reasons"])
+        else:
+            kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
         vm_c = load(build / f"{case['name']}.{suffix}.so")
         for dims in case["runs"]:
             for seed in (1, 2):  # two input sets: stale or unwritten output cannot pass both
@@ -314,6 +335,74 @@ def model_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
+def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
+    """One NHWC 3x3 conv + bias + relu: relax_cutlass vs TVM's build vs cuDNN (torch channels_last)."""
+    values = inputs_for(case["tvm_params"], {}, 1)
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
+    t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}
+    x = t["x"].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    w = t["w"].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    b = t["b"]
+
+    def eager():
+        return torch.relu(F.conv2d(x, w, b, padding=1))
+
+    row = {k: case[k] for k in ("name", "batch", "hw", "c", "flops")}
+    row["kernel"] = case["offloaded"][0]["kernel"]
+    row["split_k"] = case["offloaded"][0]["conv"]["split_k"]
+    torch_out = eager().permute(0, 2, 3, 1).float().cpu().numpy()
+    row["err_vs_tvm"] = rel_error(got, ref)
+    row["err_vs_torch"] = rel_error(got, torch_out)
+    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM and row["err_vs_torch"] <= TOL_VS_TVM
+    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    row["torch_eager_ms"] = time_torch(eager)
+    if use_compile:
+        row["torch_compile_ms"] = time_torch(torch.compile(eager))
+    row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
+    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
+    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    return row
+
+
+def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
+    """ResNet-50 end to end: relax_cutlass vs TVM's build (same graph and weights) vs torch."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relax_cutlass"))
+    import torch_models  # torch + numpy only: the package itself needs the TVM compiler
+
+    values = inputs_for(case["tvm_params"], {}, 1)
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
+    offloaded = case["offloaded"]
+    row = {
+        "name": case["name"],
+        "batch": case["batch"],
+        # Counted by call site: with weights as parameters, same-shaped convs share one function.
+        "offloaded_regions": sum(r["calls"] for r in offloaded),
+        "offloaded_convs": sum(r["calls"] for r in offloaded if r["op"] == "conv2d"),
+        "convs_with_fused_residual": sum(
+            r["calls"] for r in offloaded if r["op"] == "conv2d" and "residual" in r["epilogue"]
+        ),
+        "convs_with_split_k": sum(r["calls"] for r in offloaded if r["op"] == "conv2d" and r["conv"]["split_k"] > 1),
+        "left_in_tvm": [r["op"] + ": " + "; ".join(r["reasons"]) for r in case["left_in_tvm"]],
+        "err_vs_tvm": rel_error(got, ref),
+    }
+    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
+    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    model = torch_models.resnet50().half().cuda().to(memory_format=torch.channels_last)
+    x = torch.from_numpy(values["x"]).cuda().half().contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        row["torch_eager_ms"] = time_torch(lambda: model(x), repeat=10, number=10)
+        if use_compile:
+            compiled = torch.compile(model)
+            row["torch_compile_ms"] = time_torch(lambda: compiled(x), repeat=10, number=10)
+    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
+    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    return row
+
+
 # (header, key, format) of the summary table printed last.
 COLUMNS = [
     ("case", "name", "36s"),
@@ -331,7 +420,7 @@ COLUMNS = [
 
 
 def print_summary(results: dict) -> None:
-    tests = results["tests"]
+    tests = results["tests"] + results.get("conv", [])
     print(f"\n{results['device']}  arch {results['arch']}  torch {results['torch']}")
     print(
         f"correctness: {sum(r['ok'] for r in tests)}/{len(tests)} checks ok, "
@@ -339,7 +428,9 @@ def print_summary(results: dict) -> None:
         f"max err vs f64 {max((r.get('err_vs_f64', 0) for r in tests), default=0):.2e}"
     )
     print(" ".join(f"{h:>{f.split('.')[0].rstrip('sf')}}" for h, _, f in COLUMNS))
-    for row in results["bench"] + [r for r in results["model"] if "error" not in r]:
+    rows = results["bench"] + results.get("conv_bench", [])
+    rows += [r for key in ("model", "resnet") for r in results.get(key, []) if "error" not in r]
+    for row in rows:
         cells = []
         for _, key, fmt in COLUMNS:
             value = row.get(key)
@@ -348,64 +439,76 @@ def print_summary(results: dict) -> None:
         print(" ".join(cells))
 
 
+SECTIONS = ("tests", "conv", "bench", "conv_bench", "sweep", "model", "resnet")
+
+
+def _guarded(results: dict, key: str, case: dict, fn, *args) -> None:
+    """Run one case, recording an error row instead of stopping the suite."""
+    try:
+        out = fn(case, *args)
+        results[key] += out if isinstance(out, list) else [out]
+    except Exception as e:  # report every case, never stop at the first failure
+        results[key].append(
+            {"case": case["name"], "name": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"}
+        )
+
+
 def main() -> int:
-    build, out = Path(sys.argv[1]), Path(sys.argv[2])
-    use_compile = "--no-compile" not in sys.argv
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile peers")
+    ap.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
+    args = ap.parse_args()
+    build, out, use_compile = args.build, args.out, not args.no_compile
+    only = set(args.only or SECTIONS)
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((build / "manifest.json").read_text())
     results = {
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "arch": manifest["arch"],
-        "tests": [],
-        "bench": [],
-        "model": [],
-    }
+    } | {key: [] for key in SECTIONS}
     t0 = time.time()
-    for case in manifest["tests"]:
-        try:
-            results["tests"] += check_case(case, build)
-        except Exception as e:  # report every case, never stop at the first failure
-            results["tests"].append({"case": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
-        ok = all(r["ok"] for r in results["tests"] if r["case"] == case["name"])
-        print(f"test {case['name']}: {'ok' if ok else 'FAIL'}", flush=True)
-    results["glue"] = check_glue_errors(manifest, build)
-    print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
-    warm_up_gpu()
-    for case in manifest["bench"]:
-        try:
-            results["bench"].append(bench_case(case, build, use_compile))
-        except Exception as e:
-            error = {
-                "case": case["name"],
-                "kernel": case["offloaded"][0]["kernel"],
-                "error": f"{type(e).__name__}: {e}",
-            }
-            results.setdefault("bench_errors", []).append(error)
-        (out / "gpu_results.json").write_text(json.dumps(results, indent=1))  # partial, survives a timeout
-        print(f"bench {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
-    if manifest.get("sweep"):
-        results["sweep"] = sweep(manifest, build)
+
+    def save():  # partial results survive a timeout
         (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
+
+    for key in ("tests", "conv"):
+        for case in manifest.get(key, []) if key in only else []:
+            _guarded(results, key, case, check_case, build)
+            ok = all(r["ok"] for r in results[key] if r["case"] == case["name"])
+            print(f"{key} {case['name']}: {'ok' if ok else 'FAIL'}", flush=True)
+    if "tests" in only:
+        results["glue"] = check_glue_errors(manifest, build)
+        print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
+    save()
+    warm_up_gpu()
+    for key, fn in (("bench", bench_case), ("conv_bench", bench_conv_case)):
+        for case in manifest.get(key, []) if key in only else []:
+            _guarded(results, key, case, fn, build, use_compile)
+            save()
+            print(f"{key} {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
+    if manifest.get("sweep") and "sweep" in only:
+        results["sweep"] = sweep(manifest, build)
+        save()
         for key in sorted({(r["k"], r["n"], r["m"]) for r in results["sweep"]}):
             rows = sorted((r for r in results["sweep"] if (r["k"], r["n"], r["m"]) == key), key=lambda r: r["ms"])
             print(
                 f"sweep k={key[0]} n={key[1]} m={key[2]}: "
                 + ", ".join(f"{r['tile']} {r['tflops']:.0f}" for r in rows[:4])
             )
-    for case in manifest["model"]:
-        try:
-            results["model"].append(model_case(case, build, use_compile))
-        except Exception as e:
-            results["model"].append({"name": case["name"], "ok": False, "error": f"{type(e).__name__}: {e}"})
-    (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
+    for key, fn in (("model", model_case), ("resnet", resnet_case)):
+        for case in manifest.get(key, []) if key in only else []:
+            _guarded(results, key, case, fn, build, use_compile)
+            save()
+            print(f"{key} {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
+    save()
 
-    failed = [r for r in results["tests"] if not r["ok"]] + [r for r in results["model"] if not r["ok"]]
-    failed += (
-        results.get("bench_errors", [])
-        + [r for r in results["bench"] if not r["ok"]]
-        + [r for r in results["glue"] if not r["ok"]]
-    )
+    failed = [r for key in SECTIONS if key != "sweep" for r in results[key] if not r.get("ok", True)]
+    failed += [r for r in results.get("glue", []) if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)
