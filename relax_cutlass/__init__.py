@@ -1,9 +1,25 @@
-"""relax_cutlass: offload TVM Relax GEMM (+ fused epilogue) regions to generated CUTLASS kernels."""
+"""relax_cutlass: offload TVM Relax GEMM / conv2d (+ fused epilogue) regions to generated CUTLASS kernels."""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import transform  # noqa: E402
-from .pipeline import offload_pipeline  # noqa: E402
-from .report import offload_report  # noqa: E402
-
 __all__ = ["offload_pipeline", "offload_report", "transform", "__version__"]
+
+
+def __getattr__(name: str):
+    """The passes import TVM's compiler (tvm.relax); load them on first use so that the modules a
+    GPU host with only the TVM runtime needs (tuning, profile_runner) import without it."""
+    if name == "transform":
+        from . import transform
+
+        return transform
+    if name == "offload_pipeline":
+        from .pipeline import offload_pipeline
+
+        return offload_pipeline
+    if name == "offload_report":
+        from .report import offload_report
+
+        return offload_report
+    raise AttributeError(f"module 'relax_cutlass' has no attribute {name!r}")

@@ -10,7 +10,8 @@ them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -38,10 +39,12 @@ class CodegenOptions:
     compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
     family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a); "sm80": CUTLASS 2.x
     tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
+    # Tuning database (JSON lines) whose measured choices win over the heuristic.
+    tuning_db: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_TUNING_DB", ""))
 
     @staticmethod
     def create(arch="sm_80", **options) -> CodegenOptions:
-        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile"}
+        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile", "tuning_db"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -66,11 +69,15 @@ class CodegenOptions:
             compile=bool(values.get("compile", True)),
             family=str(values.get("family", "auto")),
             tile=str(values.get("tile", "")),
+            tuning_db=str(values.get("tuning_db", "")),
         )
 
 
 def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
     """Offloaded functions -> region records (kernel chosen for each)."""
+    from .tuning import TuningDatabase
+
+    db = TuningDatabase(options.tuning_db) if options.tuning_db else None
     regions = []
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
@@ -82,7 +89,9 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
             # A symbolic batch can grow past what the slice count was chosen for: no split-K then.
             extra = {"split_k": split_k if problem.n is not None else 1}
         else:
-            kernel = choose_kernel(problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile)
+            kernel = choose_kernel(
+                problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile, db
+            )
             extra = {}
         regions.append(make_region(func, symbol, kernel, roles, composite, **extra))
     return regions

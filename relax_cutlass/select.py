@@ -149,13 +149,21 @@ def choose_kernel(
     m_hint: int = DEFAULT_M_HINT,
     family: str = "auto",
     tile: str = "",
+    db=None,
 ) -> GemmKernel:
-    """Pick the heuristic-best legal configuration for `problem`, instantiated with `epilogue`.
+    """Pick the configuration for `problem`, instantiated with `epilogue`: the tuning database's
+    measured choice when `db` has a record for it, else the heuristic.
 
     SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
     (the reason is kept in the kernel's note, and shown by the offload report). `tile` pins a
     configuration by its `TileConfig.describe()` name (for sweeps and profiling).
     """
+    if db is not None and not tile:
+        tuned = _tuned(problem, epilogue, arch, m_hint, family, db)
+        if isinstance(tuned, GemmKernel):
+            return tuned
+        kernel = choose_kernel(problem, epilogue, arch, m_hint, family)
+        return GemmKernel(**(kernel.__dict__ | {"note": "; ".join(filter(None, [kernel.note, tuned]))}))
     note = ""
     if arch >= 90 and family == "auto":
         note = sm90_fallback_reason(problem) or ""
@@ -197,6 +205,27 @@ def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
         -tile.threadblock[0],
         tile.describe(),
     )
+
+
+def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
+    """The database's kernel for `problem`, or why there is none (a note for the report)."""
+    from .tuning import gemm_key, m_bucket
+
+    native = 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    m = problem.m if problem.m is not None else m_bucket(m_hint)
+    record = db.lookup(gemm_key(problem, arch, native, m))
+    if record is None:
+        return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
+    candidates = (
+        candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+        if native == 90
+        else candidate_tiles(problem.element_accumulator, problem.element_a)
+    )
+    for candidate in candidates:
+        if candidate.describe() == record.tile:
+            note = f"measured {record.ms * 1e3:.1f} us without epilogue on {record.device}"
+            return GemmKernel(problem, epilogue, candidate, arch=native, target=arch, selected_by="tuned", note=note)
+    return f"tuning record names {record.tile!r}, not a candidate here: heuristic"
 
 
 def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = "") -> GemmKernel:

@@ -1,0 +1,181 @@
+"""The tuning database: measured kernel choices, persisted so that builds need no GPU.
+
+A record says "for this problem class on this GPU architecture, configuration T ran fastest
+(among these candidates, measured without epilogue)". Records live in a JSON-lines file a user can
+read, diff, commit and share. Writes append one line under an exclusive `flock` (safe under
+concurrent builds and tuners) and compaction rewrites the file atomically (temp file + rename).
+Lines that are not valid records, and records from another relax_cutlass / CUTLASS version, are
+reported once (warning) and ignored: a bad file never breaks a build and is never trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .kernel_spec import GemmProblem
+
+CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
+SCHEMA = 1
+
+
+class TuningDatabaseWarning(UserWarning):
+    """A tuning database line was ignored (corrupt, foreign or from another version)."""
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """Everything a measured choice depends on. Two problems with equal keys get the same kernel."""
+
+    arch: int  # the SM the kernels are built for
+    op: str  # "gemm" | "conv2d"
+    shape: tuple[int, ...]  # gemm: (M, N, K) with M the tuned bucket; conv2d: (N, H, W, C, K, R, S, P, Q)
+    geometry: tuple[int, ...]  # conv2d: (pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w); gemm: ()
+    layout: str  # gemm: "tn" (B as (N, K)) | "nn"; conv2d: "nhwc"
+    element: str  # input dtype
+    element_out: str
+    accumulator: str
+    alignment: int
+    family: int  # 80: CUTLASS 2.x kernels, 90: CUTLASS 3.x
+    relax_cutlass_version: str = __version__
+    cutlass_version: str = CUTLASS_VERSION
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @staticmethod
+    def from_json(data: dict) -> TuningKey:
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return TuningKey(**values)
+
+
+M_BUCKETS = (64, 256, 1024, 4096, 16384)  # a symbolic M is tuned at these values
+
+
+def m_bucket(m: int) -> int:
+    """The tuned M that stands for `m`: the smallest bucket >= m (the largest past the end)."""
+    return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
+
+
+def gemm_key(problem: GemmProblem, arch: int, family: int, m: int) -> TuningKey:
+    """The key of a GEMM problem class at M = `m` (M is part of the key: tiles depend on it)."""
+    return TuningKey(
+        arch=arch,
+        op="gemm",
+        shape=(m, problem.n, problem.k),
+        geometry=(),
+        layout="tn" if problem.b_transposed else "nn",
+        element=problem.element_a,
+        element_out=problem.element_out,
+        accumulator=problem.element_accumulator,
+        alignment=problem.alignment,
+        family=family,
+    )
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    key: TuningKey
+    tile: str  # TileConfig.describe() of the fastest correct candidate
+    ms: float  # its median time
+    split_k: int = 1
+    # Every candidate measured: {tile name: median ms, or None if it failed the correctness check}.
+    candidates: dict = field(default_factory=dict, compare=False)
+    device: str = ""
+    measured_at: float = field(default_factory=time.time, compare=False)
+
+    def to_line(self) -> str:
+        data = asdict(self) | {"key": self.key.to_json(), "schema": SCHEMA}
+        return json.dumps(data, sort_keys=True)
+
+    @staticmethod
+    def from_line(line: str) -> TuningRecord:
+        data = json.loads(line)
+        if data.pop("schema", None) != SCHEMA:
+            raise ValueError(f"schema is not {SCHEMA}")
+        data["key"] = TuningKey.from_json(data["key"])
+        return TuningRecord(**data)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, exclusive: bool):
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class TuningDatabase:
+    """Records by key, loaded from a JSON-lines file (a missing file is an empty database)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.problems: list[str] = []  # why lines were ignored, for the report
+        self.records: dict[TuningKey, TuningRecord] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        self.records, self.problems = {}, []
+        if not self.path.exists():
+            return
+        with _locked(self.path, exclusive=False):
+            lines = self.path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = TuningRecord.from_line(line)
+            except (ValueError, TypeError, KeyError) as err:
+                self.problems.append(f"{self.path}:{number}: not a relax_cutlass tuning record ({err})")
+                continue
+            key = record.key
+            if (key.relax_cutlass_version, key.cutlass_version) != (__version__, CUTLASS_VERSION):
+                self.problems.append(
+                    f"{self.path}:{number}: measured with relax_cutlass {key.relax_cutlass_version} / CUTLASS "
+                    f"{key.cutlass_version}, this is {__version__} / {CUTLASS_VERSION}; re-tune to use it"
+                )
+                continue
+            self.records[key] = record  # a later line for the same key wins (re-tuning appends)
+        if self.problems:
+            warnings.warn(
+                f"tuning database {self.path}: ignored {len(self.problems)} line(s); first: {self.problems[0]}",
+                TuningDatabaseWarning,
+                stacklevel=2,
+            )
+
+    def lookup(self, key: TuningKey) -> TuningRecord | None:
+        return self.records.get(key)
+
+    def add(self, records: list[TuningRecord]) -> None:
+        """Append records (one write per record line, under an exclusive lock)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(self.path, exclusive=True), open(self.path, "a") as out:
+            for record in records:
+                out.write(record.to_line() + "\n")
+                self.records[record.key] = record
+            out.flush()
+            os.fsync(out.fileno())
+
+    def compact(self) -> None:
+        """Rewrite the file with one line per key (the newest), atomically."""
+        with _locked(self.path, exclusive=True):
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                for record in sorted(self.records.values(), key=lambda r: json.dumps(r.key.to_json())):
+                    out.write(record.to_line() + "\n")
+            os.replace(tmp, self.path)
+
+    def __len__(self) -> int:
+        return len(self.records)

@@ -1,0 +1,146 @@
+"""Tuning database (keys, corruption, foreign versions, concurrency) and build-time selection with
+and without records, plus the profiler's plan; all CPU."""
+
+import json
+import multiprocessing
+import warnings
+
+import pytest
+
+import relax_cutlass
+from relax_cutlass.kernel_spec import Epilogue, GemmProblem
+from relax_cutlass.models import dense_epilogue_model
+from relax_cutlass.profile import gemm_candidates, plan_jobs
+from relax_cutlass.select import choose_kernel
+from relax_cutlass.tuning import (
+    M_BUCKETS,
+    TuningDatabase,
+    TuningDatabaseWarning,
+    TuningKey,
+    TuningRecord,
+    gemm_key,
+    m_bucket,
+)
+
+PROBLEM = GemmProblem(m=4096, n=4096, k=1024, b_transposed=True)
+
+
+def _record(problem=PROBLEM, tile="tb128x256x64_c1x2x1_cooperative", arch=90, ms=0.05):
+    key = gemm_key(problem, arch, 90, problem.m)
+    return TuningRecord(key, tile, ms, candidates={tile: ms}, device="test GPU")
+
+
+def test_key_covers_what_the_choice_depends_on():
+    base = gemm_key(PROBLEM, 90, 90, 4096)
+    variants = [
+        gemm_key(PROBLEM, 80, 80, 4096),
+        gemm_key(PROBLEM, 90, 90, 1024),
+        gemm_key(GemmProblem(m=4096, n=4096, k=1024, b_transposed=False), 90, 90, 4096),
+        gemm_key(GemmProblem(m=4096, n=4096, k=1024, b_transposed=True, element_a="bfloat16"), 90, 90, 4096),
+        gemm_key(GemmProblem(m=4096, n=4096, k=1024, b_transposed=True, element_out="float32"), 90, 90, 4096),
+        gemm_key(GemmProblem(m=4096, n=4100, k=1024, b_transposed=True), 90, 90, 4096),  # alignment 4
+    ]
+    assert len({base, *variants}) == 1 + len(variants)
+    assert TuningKey.from_json(json.loads(json.dumps(base.to_json()))) == base
+
+
+def test_records_round_trip_and_later_lines_win(tmp_path):
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    db.add([_record(ms=0.09, tile="tb128x128x64_c2x1x1_pingpong")])
+    db.add([_record(ms=0.05)])
+    again = TuningDatabase(tmp_path / "t.jsonl")
+    assert len(again) == 1 and again.lookup(_record().key).tile == "tb128x256x64_c1x2x1_cooperative"
+    again.compact()
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 1
+
+
+def test_corrupt_and_foreign_lines_are_reported_and_ignored(tmp_path):
+    path = tmp_path / "t.jsonl"
+    good = _record()
+    foreign = json.loads(good.to_line())
+    foreign["key"]["cutlass_version"] = "3.5.0"
+    path.write_text(
+        "\n".join(["{not json", json.dumps({"hello": 1}), json.dumps(foreign), good.to_line(), "\x00\x01"]) + "\n"
+    )
+    with pytest.warns(TuningDatabaseWarning, match="ignored 4 line"):
+        db = TuningDatabase(path)
+    assert len(db) == 1 and db.lookup(good.key) == good
+    assert any("re-tune" in p for p in db.problems)
+
+
+def _append(path, index):
+    problem = GemmProblem(m=64 * (index + 1), n=256, k=256, b_transposed=True)
+    TuningDatabase(path).add([_record(problem=problem)])
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.starmap(_append, [(path, i) for i in range(32)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        db = TuningDatabase(path)
+    assert len(db) == 32
+
+
+def test_missing_database_is_empty(tmp_path):
+    assert len(TuningDatabase(tmp_path / "none.jsonl")) == 0
+
+
+def test_selection_uses_a_record_else_the_heuristic(tmp_path):
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    epilogue = Epilogue(bias=True, activation="gelu")
+    heuristic = choose_kernel(PROBLEM, epilogue, 90)
+    miss = choose_kernel(PROBLEM, epilogue, 90, db=db)
+    assert miss.tile == heuristic.tile and miss.selected_by == "heuristic" and "no tuning record" in miss.note
+    db.add([_record(tile="tb128x256x64_c2x1x1_pingpong")])
+    hit = choose_kernel(PROBLEM, epilogue, 90, db=db)
+    assert hit.selected_by == "tuned" and hit.tile.describe() == "tb128x256x64_c2x1x1_pingpong"
+    assert hit.epilogue == epilogue  # profiled without epilogue, instantiated with it
+    db.add([_record(tile="tb999x1x1_bogus")])
+    stale = choose_kernel(PROBLEM, epilogue, 90, db=db)
+    assert stale.selected_by == "heuristic" and "not a candidate" in stale.note
+
+
+def test_symbolic_m_uses_its_bucket(tmp_path):
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    symbolic = GemmProblem(m=None, n=4096, k=1024, b_transposed=True)
+    db.add(
+        [_record(problem=GemmProblem(m=1024, n=4096, k=1024, b_transposed=True), tile="tb128x128x64_c1x2x1_pingpong")]
+    )
+    kernel = choose_kernel(symbolic, Epilogue(), 90, m_hint=1000, db=db)
+    assert kernel.selected_by == "tuned" and m_bucket(1000) == 1024
+    assert m_bucket(10**6) == M_BUCKETS[-1] and m_bucket(1) == M_BUCKETS[0]
+
+
+def test_report_says_which_regions_used_the_heuristic(tmp_path):
+    db_path = tmp_path / "t.jsonl"
+    mod = dense_epilogue_model(4096, 4096, 1024, activation="gelu")
+    problem = GemmProblem(m=4096, n=4096, k=1024, b_transposed=True)
+    TuningDatabase(db_path).add([_record(problem=problem, tile="tb128x128x64_c2x1x1_pingpong")])
+    tuned = relax_cutlass.offload_report(mod, "sm_90a", tuning_db=str(db_path))
+    assert [r["selected_by"] for r in tuned.offloaded] == ["tuned"]
+    other = relax_cutlass.offload_report(dense_epilogue_model(1024, 4096, 1024), "sm_90a", tuning_db=str(db_path))
+    assert [r["selected_by"] for r in other.offloaded] == ["heuristic"]
+    assert "no tuning record" in str(other)
+
+
+def test_profiler_plan_times_kernels_without_epilogue_shared_across_shapes():
+    problems = [GemmProblem(m=m, n=4096, k=1024, b_transposed=True) for m in (1024, 4096)]
+    problems.append(GemmProblem(m=None, n=1024, k=4096, b_transposed=True))
+    jobs = plan_jobs(problems, 90, limit=4)
+    assert len(jobs) == 2 + len(M_BUCKETS)  # symbolic M: one job per bucket
+    assert all(k.epilogue == Epilogue() for job in jobs for k in job.kernels)
+    assert all(1 <= len(job.kernels) <= 4 for job in jobs)
+    kernels = {k.name for job in jobs for k in job.kernels}
+    assert len(kernels) < sum(len(job.kernels) for job in jobs)  # shape-agnostic kernels are shared
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_candidates_always_include_the_heuristic_choice(arch):
+    family = 90 if arch == 90 else 80
+    for m in (64, 1024, 8192):
+        problem = GemmProblem(m=m, n=4096, k=1024, b_transposed=True)
+        kwargs = {} if family == 90 else {"family": "sm80"}
+        chosen = choose_kernel(problem, Epilogue(), arch, **kwargs).tile
+        assert gemm_candidates(problem, arch, family, 3)[0] == chosen
