@@ -1,6 +1,7 @@
 """Main job: offload and build an embedded BERT-large encoder layer; run and time it on a GPU.
 
     python -m relax_cutlass [--arch auto|sm_80|sm_90a] [--batch 8] [--seq 128] [--out DIR]
+    python -m relax_cutlass tune build|run ...      (kernel tuning: see relax_cutlass/tune.py)
 
 The layer (hidden 1024, FFN 4096, 16 heads, fp16) has random weights bound as constants and folded
 (`bind_params_by_name` + `FoldConstant`), the scenario in which CUTLASS BYOC used to embed weights
@@ -24,6 +25,11 @@ def _gpu_present() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        from .tune import main as tune_main
+
+        return tune_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--arch", default=None, help="sm_80, sm_86, sm_89, sm_90a or auto (default: auto with a GPU, else sm_80)"

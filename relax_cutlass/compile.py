@@ -109,7 +109,7 @@ def toolchain() -> Toolchain:
         nvcc_version=version,
         cutlass_version=importlib.metadata.version("nvidia-cutlass"),
         includes_cuda=cutlass_inc,
-        includes_host=ffi_inc,
+        includes_host=(*ffi_inc, str(cuda_home / "include")),  # the profiler's glue times with CUDA events
     )
 
 

@@ -77,6 +77,7 @@ BENCH_M = (1024, 4096, 8192)
 BENCH_KN = ((1024, 4096), (4096, 1024))
 BENCH_EXTRA = ((8192, 8192, 8192),)  # (M, K, N): the peak-throughput shape
 FAMILIES = ("auto", "sm80")
+TUNING_DB: list[str] = [""]  # --tuning-db: bench and model cases also get a "tuned" build
 # SM90 configurations timed side by side (dense + bias + gelu, symbolic M) to calibrate the heuristic.
 SWEEP_TILES = [
     f"tb{tile}_c{cluster}_{schedule}"
@@ -194,15 +195,19 @@ def build_pair(
     offload_in = bind(mod, weights) if bind_weights else mod
     for family in families:
         t0 = time.time()
-        offloaded = relax_cutlass.offload_pipeline(arch, family=family, **options)(offload_in)
+        # "tuned": native kernels chosen by the tuning database (--tuning-db) instead of the heuristic.
+        family_options = {"tuning_db": TUNING_DB[0]} if family == "tuned" else {"family": family}
+        offloaded = relax_cutlass.offload_pipeline(arch, **family_options, **options)(offload_in)
         t_offload = time.time() - t0
         suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
         tvm.compile(offloaded, target(arch)).export_library(str(out / f"{name}.{suffix}.so"))
         if family == "auto":
             report = relax_cutlass.offload_report(offloaded)
             native = (offloaded, t_offload)
-        else:
+        elif family == "sm80":
             sm80_kernels = [r["kernel"] for r in relax_cutlass.offload_report(offloaded).offloaded]
+        else:
+            tuned = [(r["kernel"], r["selected_by"]) for r in relax_cutlass.offload_report(offloaded).offloaded]
     offloaded, t_offload = native
     t0 = time.time()
     if with_reference:
@@ -222,6 +227,7 @@ def build_pair(
         "build_seconds": {"offload": t_offload, "tvm": t_ref},
         "families": list(families),
         "sm80_kernels": sm80_kernels if "sm80" in families else [],
+        "tuned_kernels": tuned if "tuned" in families else [],
     }
 
 
@@ -262,7 +268,11 @@ def main() -> None:
         help="also write <out>.tar.xz to carry to the GPU host "
         "(xz dedupes the static CUDA runtime each library carries)",
     )
+    ap.add_argument("--tuning-db", default="", help="also build bench/model cases with this tuning database")
     args = ap.parse_args()
+    TUNING_DB[0] = args.tuning_db
+    bench_families = FAMILIES + (("tuned",) if args.tuning_db else ())
+    model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet")
@@ -289,8 +299,16 @@ def main() -> None:
             for kw in BENCH_EPILOGUES.values()
             for m, k, n in shapes
         ]
+        if args.tuning_db:
+            jobs += [
+                (dense_epilogue_model(m, n, k, **kw), False, {"tuning_db": args.tuning_db}, ("auto",))
+                for kw in BENCH_EPILOGUES.values()
+                for m, k, n in shapes
+            ]
     if "model" in only:
         jobs.append((bert_encoder_layer(), True, {}, ("auto",)))
+        if args.tuning_db:
+            jobs.append((bert_encoder_layer(), True, {"tuning_db": args.tuning_db}, ("auto",)))
     sweep_models = {(k, n): dense_epilogue_model("m", n, k, activation="gelu") for k, n in SWEEP_KN}
     if "sweep" in only:
         jobs += [(sweep_models[SWEEP_KN[0]], False, {"tile": tile}, ("auto",)) for tile in SWEEP_TILES]
@@ -346,14 +364,14 @@ def main() -> None:
             for m, k, n in shapes:
                 name = f"dense_{epi}_m{m}_k{k}_n{n}"
                 mod = dense_epilogue_model(m, n, k, **kwargs)
-                entry = build_pair(name, mod, out, args.arch, False, {}, families=FAMILIES)
+                entry = build_pair(name, mod, out, args.arch, False, {}, families=bench_families)
                 entry.update(epilogue=epi, m=m, n=n, k=k, flops=2 * m * n * k, runs=[{}])
                 manifest["bench"].append(entry)
 
     if "model" in only:
         print("model: BERT-large encoder layer (batch 8 x seq 128):", flush=True)
         mod = bert_encoder_layer()
-        entry = build_pair("bert_large_layer", mod, out, args.arch, True, {})
+        entry = build_pair("bert_large_layer", mod, out, args.arch, True, {}, families=model_families)
         entry["runs"] = [{}]
         manifest["model"].append(entry)
 

@@ -10,6 +10,13 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1
 out=${OUT:-build/gpu-results}
 if [ -f build/gpu.tar.xz ]; then tar -xJf build/gpu.tar.xz -C build; fi
+# Kernel tuning, when a profiler was built (python -m relax_cutlass tune build ...; carry build/tune.tar.xz):
+# the records go to $out/tuning.jsonl for the next build here (RELAX_CUTLASS_TUNING_DB / tuning_db=).
+if [ -f build/tune.tar.xz ]; then
+  tar -xJf build/tune.tar.xz -C build
+  mkdir -p "$out"
+  python3 -m relax_cutlass tune run build/tune "$out/tuning.jsonl"
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 if python3 -c "import pytest" 2>/dev/null; then
   python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider || echo "GPU pytest suite FAILED"

@@ -239,6 +239,8 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
         row["err_sm80_vs_tvm"] = rel_error(run(vm_80, case["cutlass_params"], values), ref)
         row["sm80_kernel"] = case["sm80_kernels"][0]
         row["relax_cutlass_sm80_ms"] = time_vm(vm_80, case["cutlass_params"], values)
+    if "tuned" in case.get("families", []):
+        _time_tuned(row, case, build, values)
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     eager, matmul_only = torch_linear_fns(case, values)
     row["torch_eager_ms"] = time_torch(eager)
@@ -252,13 +254,30 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     row["err_vs_torch"] = rel_error(got, torch_out)
     if "sm80" in case.get("families", []):
         row["err_sm80_vs_torch"] = rel_error(run(vm_80, case["cutlass_params"], values), torch_out)
-    row["ok"] = row["err_vs_torch"] <= TOL_VS_TVM and row.get("err_sm80_vs_torch", 0) <= TOL_VS_TVM
+    if "tuned" in case.get("families", []):
+        row["err_tuned_vs_torch"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), torch_out)
+    row["ok"] = (
+        row["err_vs_torch"] <= TOL_VS_TVM
+        and row.get("err_sm80_vs_torch", 0) <= TOL_VS_TVM
+        and row.get("err_tuned_vs_torch", 0) <= TOL_VS_TVM
+    )
     row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
     row["cublas_tflops"] = case["flops"] / row["cublas_matmul_only_ms"] / 1e9
     row["vs_cublas_matmul"] = row["cublas_matmul_only_ms"] / row["relax_cutlass_ms"]
     row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
     row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
     return row
+
+
+def _time_tuned(row: dict, case: dict, build: Path, values: dict) -> None:
+    """The same model built with the tuning database's kernels, timed right after the heuristic's."""
+    vm = load(build / f"{case['name']}.cutlass_tuned.so")
+    row["_vm_tuned"] = vm
+    row["tuned_kernels"] = case["tuned_kernels"]
+    row["relax_cutlass_tuned_ms"] = time_vm(vm, case["cutlass_params"], values)
+    row["relax_cutlass_ms_again"] = time_vm(load(build / f"{case['name']}.cutlass.so"), case["cutlass_params"], values)
+    heuristic = min(row["relax_cutlass_ms"], row["relax_cutlass_ms_again"])
+    row["tuned_vs_heuristic"] = heuristic / row["relax_cutlass_tuned_ms"]
 
 
 SWEEP_M = (1024, 4096, 8192)
@@ -326,6 +345,11 @@ def model_case(case: dict, build: Path, use_compile: bool) -> dict:
     }
     row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    if "tuned" in case.get("families", []):
+        _time_tuned(row, case, build, values)
+        tuned_err = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), ref)
+        row["err_tuned_vs_tvm"] = tuned_err
+        row["ok"] &= tuned_err <= TOL_VS_TVM
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     row["torch_eager_ms"] = time_torch(layer, repeat=10, number=10)
     if use_compile:
@@ -407,6 +431,7 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
 COLUMNS = [
     ("case", "name", "36s"),
     ("cutlass ms", "relax_cutlass_ms", "10.4f"),
+    ("tuned ms", "relax_cutlass_tuned_ms", "9.4f"),
     ("TFLOP/s", "relax_cutlass_tflops", "8.1f"),
     ("sm80 ms", "relax_cutlass_sm80_ms", "8.4f"),
     ("tvm ms", "tvm_default_ms", "8.3f"),

@@ -77,3 +77,33 @@ def test_glue_rejects_bad_arguments_with_clear_errors():
 
     rows = check_glue_errors(json.loads(MANIFEST.read_text()), BUILD)
     assert rows and all(r["ok"] for r in rows), rows
+
+
+TUNE = ROOT / "build" / "tune"
+tune_skip = skip_reason or (
+    None if (TUNE / "profile.json").exists() else "no profiler: run `python -m relax_cutlass tune build`"
+)
+
+
+@pytest.mark.skipif(tune_skip is not None, reason=tune_skip or "")
+def test_profiler_times_only_correct_candidates(tmp_path):
+    """A candidate fed the wrong B layout computes a wrong product: the correctness check must
+    reject it, and the record must then name a correct candidate."""
+    from relax_cutlass.profile_runner import run_profiler
+    from relax_cutlass.tuning import TuningDatabase
+
+    manifest = json.loads((TUNE / "profile.json").read_text())
+    job = manifest["jobs"][0]
+    job["b_transposed"] = not job["b_transposed"]  # the kernels still read B as built: wrong result
+    wrong = dict(manifest, jobs=[job])
+    (tmp_path / "profile.json").write_text(json.dumps(wrong))
+    (tmp_path / manifest["library"]).symlink_to(TUNE / manifest["library"])
+    messages = []
+    records = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=1, log=messages.append)
+    assert not records  # B read with the wrong stride: every candidate computes a wrong product
+    assert any("rejected" in m or "no candidate passed" in m for m in messages), messages
+    right = dict(manifest, jobs=[manifest["jobs"][0]])
+    (tmp_path / "profile.json").write_text(json.dumps(right))
+    records = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=3, log=messages.append)
+    assert len(records) == 1 and records[0].ms > 0
+    assert len(TuningDatabase(tmp_path / "db.jsonl")) == 1

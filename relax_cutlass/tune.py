@@ -1,0 +1,82 @@
+"""`python -m relax_cutlass tune`: build a model's profiler here, run it on the GPU host, keep the records.
+
+    python -m relax_cutlass tune build --model bert --arch sm_90a --out build/tune    # here (TVM + nvcc)
+    python -m relax_cutlass tune run build/tune tuning.jsonl                         # GPU host (runtime)
+    python -m relax_cutlass ... with RELAX_CUTLASS_TUNING_DB=tuning.jsonl            # builds use the records
+
+Only GEMM regions are tuned so far; conv2d regions keep the heuristic (the report says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+MODELS = ("bert", "bench")
+
+
+def _model_problems(model: str, arch: int, batch: int, seq: int):
+    """The GEMM problems of an embedded model, as the offload pipeline plans them."""
+    from .codegen import CodegenOptions, plan_regions
+    from .constants import offloaded_functions
+    from .kernel_spec import GemmRegion
+    from .models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
+    from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
+
+    if model == "bert":
+        mod = bert_encoder_layer(batch=batch, seq=seq)
+        mods = [bind_weights(mod, random_weights(mod))]
+    else:  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
+        shapes = [(m, k, n) for m in (1024, 4096, 8192) for k, n in ((1024, 4096), (4096, 1024))]
+        mods = [dense_epilogue_model(m, n, k) for m, k, n in [*shapes, (8192, 8192, 8192)]]
+    problems = []
+    for mod in mods:
+        part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))
+        regions = plan_regions([f for _, f in offloaded_functions(part)], CodegenOptions(arch=arch, compile=False))
+        problems += [r.kernel.problem for r in regions if isinstance(r, GemmRegion)]
+    return problems
+
+
+def build(argv: list[str]) -> int:
+    from .arch import parse_arch
+    from .profile import DEFAULT_MAX_CANDIDATES, build_profiler, plan_jobs
+
+    ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
+    ap.add_argument("--model", choices=MODELS, action="append", help="bert (default) and/or bench; repeatable")
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES)
+    ap.add_argument("--out", type=Path, default=Path("build/tune"))
+    args = ap.parse_args(argv)
+    arch = parse_arch(args.arch)
+    t0 = time.time()
+    problems = [p for model in args.model or ["bert"] for p in _model_problems(model, arch, args.batch, args.seq)]
+    jobs = plan_jobs(problems, arch, limit=args.max_candidates)
+    kernels = {k.name for job in jobs for k in job.kernels}
+    print(f"{len(jobs)} problem(s), {len(kernels)} distinct candidate kernel(s) (no epilogue)")
+    library = build_profiler(jobs, arch, args.out)
+    print(
+        f"built {library} in {time.time() - t0:.0f}s; run `python -m relax_cutlass tune run {args.out} DB` on the GPU"
+    )
+    return 0
+
+
+def run(argv: list[str]) -> int:
+    from .profile_runner import main as runner_main
+
+    return runner_main(argv)
+
+
+def main(argv: list[str]) -> int:
+    commands = {"build": build, "run": run}
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        return 2
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
