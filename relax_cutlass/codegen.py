@@ -92,14 +92,33 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
             kernel = choose_kernel(
                 problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile, db
             )
-            extra = {}
+            extra = {"dispatch": _m_dispatch(problem, spec.epilogue, options, db)}
         regions.append(make_region(func, symbol, kernel, roles, composite, **extra))
     return regions
 
 
+def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:
+    """Symbolic M with tuning records: the tuned kernel of each M bucket, for run-time dispatch
+    (consecutive buckets with the same kernel merged). Empty when nothing was tuned."""
+    from .tuning import M_BUCKETS
+
+    if problem.m is not None or db is None or options.tile:
+        return ()
+    chosen = [(b, choose_kernel(problem, epilogue, options.arch, b, options.family, "", db)) for b in M_BUCKETS]
+    if not any(k.selected_by == "tuned" for _, k in chosen):
+        return ()
+    merged: list[tuple[int, object]] = []
+    for bucket, kernel in chosen:
+        if merged and merged[-1][1].name == kernel.name:
+            merged[-1] = (bucket, kernel)
+        else:
+            merged.append((bucket, kernel))
+    return tuple(merged)
+
+
 def build_regions(regions: list[GemmRegion | Conv2dRegion], options: CodegenOptions, module_name: str):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
-    kernels = {r.kernel.name: r.kernel for r in regions}
+    kernels = {k.name: k for r in regions for k in r.kernels}
     sources = [emit_kernel(k) for k in kernels.values()]
     sources.append(emit_glue(regions, module_name))
     objects = compile_all(sources, options.arch, options.jobs)

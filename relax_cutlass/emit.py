@@ -343,8 +343,19 @@ def _gemm_glue_function(region: GemmRegion) -> str:
         extra_checks="\n".join(extra),
         bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
         residual_ptr="Data(residual)" if "residual" in roles else "nullptr",
-        kernel=region.kernel.name,
+        launch=_launch(region),
     )
+
+
+def _launch(region: GemmRegion) -> str:
+    """The kernel call: one kernel, or a choice by the run-time M among tuned M buckets."""
+    if not region.dispatch:
+        return f"{region.kernel.name}_run(&args, stream)"
+    *buckets, (_, last) = region.dispatch
+    call = f"{last.name}_run(&args, stream)"
+    for max_m, kernel in reversed(buckets):
+        call = f"(m <= {max_m} ? {kernel.name}_run(&args, stream) : {call})"
+    return call
 
 
 def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, ...]) -> str:
@@ -389,7 +400,7 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
 def emit_glue(regions: list[GemmRegion | Conv2dRegion], module_name: str) -> Source:
     """Host glue exporting one TVM FFI function per region: checks, stream, launch."""
     arg_types = {GemmRegion: "RelaxCutlassGemmArgs", Conv2dRegion: "RelaxCutlassConv2dArgs"}
-    kernels = sorted({(r.kernel.name, arg_types[type(r)]) for r in regions})
+    kernels = sorted({(k.name, arg_types[type(r)]) for r in regions for k in r.kernels})
     decls = "\n".join(f'extern "C" const char* {k}_run(const {t}* args, void* stream);' for k, t in kernels)
     glue = {GemmRegion: _gemm_glue_function, Conv2dRegion: _conv2d_glue_function}
     text = GLUE_TU.substitute(

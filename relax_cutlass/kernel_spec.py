@@ -247,9 +247,17 @@ class GemmRegion:
     out_shape: tuple[int | str, ...]
     out_dtype: str
     composite: str
+    # Symbolic M with tuning records: (largest M, kernel) pairs in increasing M, the last one for
+    # every larger M; the glue picks by the run-time M. Empty: `kernel` for every M.
+    dispatch: tuple[tuple[int, GemmKernel], ...] = ()
+
+    @property
+    def kernels(self) -> tuple[GemmKernel, ...]:
+        return tuple(k for _, k in self.dispatch) or (self.kernel,)
 
     def report_row(self) -> dict:
         p = self.kernel.problem
+        dispatch = [{"max_m": m, "kernel": k.name, "selected_by": k.selected_by} for m, k in self.dispatch]
         return {
             "symbol": self.symbol,
             "op": "dense" if p.b_transposed else "matmul",
@@ -263,7 +271,7 @@ class GemmRegion:
             "kernel": self.kernel.name,
             "selected_by": self.kernel.selected_by,
             "note": self.kernel.note,
-        }
+        } | ({"dispatch": dispatch} if dispatch else {})
 
 
 @dataclass(frozen=True)
@@ -280,6 +288,10 @@ class Conv2dRegion:
     out_dtype: str
     composite: str
     split_k: int = 1  # serial split-K slices (1: none), chosen for this region's shape
+
+    @property
+    def kernels(self) -> tuple[Conv2dKernel, ...]:
+        return (self.kernel,)
 
     def report_row(self) -> dict:
         p = self.kernel.problem

@@ -186,7 +186,7 @@ $extra_checks
   RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
+  if (const char* err = ${launch}) {
     TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
   }
 }

@@ -31,6 +31,7 @@ def _model_problems(model: str, arch: int, batch: int, seq: int):
     else:  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
         shapes = [(m, k, n) for m in (1024, 4096, 8192) for k, n in ((1024, 4096), (4096, 1024))]
         mods = [dense_epilogue_model(m, n, k) for m, k, n in [*shapes, (8192, 8192, 8192)]]
+        mods.append(dense_epilogue_model("m", 4096, 1024))  # symbolic M: tuned per M bucket
     problems = []
     for mod in mods:
         part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))

@@ -271,6 +271,14 @@ def main() -> None:
     ap.add_argument("--tuning-db", default="", help="also build bench/model cases with this tuning database")
     args = ap.parse_args()
     TUNING_DB[0] = args.tuning_db
+    if args.tuning_db:  # symbolic M dispatching among tuned M buckets at run time
+        TEST_CASES.append(
+            (
+                "dense_nk_bias_gelu_symbolic_m_tuned",
+                dict(activation="gelu", m="m", n=4096, k=1024, bind=False),
+                {"tuning_db": args.tuning_db},
+            )
+        )
     bench_families = FAMILIES + (("tuned",) if args.tuning_db else ())
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)

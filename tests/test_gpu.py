@@ -32,11 +32,8 @@ def _cases():
     return manifest.get("tests", []) + manifest.get("conv", [])
 
 
-skip_reason = None
-if not _gpu_available():
-    skip_reason = "no NVIDIA GPU visible"
-elif not MANIFEST.exists():
-    skip_reason = "no GPU artifacts: run scripts/build_gpu_suite.py first"
+gpu_skip = None if _gpu_available() else "no NVIDIA GPU visible"
+skip_reason = gpu_skip or (None if MANIFEST.exists() else "no GPU artifacts: run scripts/build_gpu_suite.py first")
 
 
 @pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")

@@ -144,3 +144,31 @@ def test_candidates_always_include_the_heuristic_choice(arch):
         kwargs = {} if family == 90 else {"family": "sm80"}
         chosen = choose_kernel(problem, Epilogue(), arch, **kwargs).tile
         assert gemm_candidates(problem, arch, family, 3)[0] == chosen
+
+
+def test_symbolic_m_dispatches_among_tuned_buckets_at_run_time(tmp_path):
+    """Records for two M buckets of a symbolic-M region: the glue picks the kernel by the run-time
+    M, and the report lists the dispatch."""
+    from relax_cutlass.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.constants import offloaded_functions
+    from relax_cutlass.emit import emit_glue
+    from relax_cutlass.transform import LiftConstants, PartitionForCutlass
+
+    db_path = tmp_path / "t.jsonl"
+    small = GemmProblem(m=64, n=4096, k=1024, b_transposed=True)
+    large = GemmProblem(m=16384, n=4096, k=1024, b_transposed=True)
+    TuningDatabase(db_path).add(
+        [
+            _record(problem=small, tile="tb128x128x64_c1x2x1_pingpong"),
+            _record(problem=large, tile="tb256x128x64_c1x2x1_cooperative"),
+        ]
+    )
+    mod = LiftConstants()(PartitionForCutlass("sm_90a")(dense_epilogue_model("m", 4096, 1024, activation="gelu")))
+    options = CodegenOptions(arch=90, tuning_db=str(db_path))
+    (region,) = plan_regions([f for _, f in offloaded_functions(mod)], options)
+    assert region.dispatch[0][0] == 64 and region.dispatch[0][1].selected_by == "tuned"
+    assert region.dispatch[-1][1].tile.describe() == "tb256x128x64_c1x2x1_cooperative"
+    assert len(region.kernels) == len(region.dispatch) >= 2
+    glue = emit_glue([region], "m").text
+    assert "(m <= 64 ? " in glue and all(f"{k.name}_run" in glue for k in region.kernels)
+    assert [d["max_m"] for d in region.report_row()["dispatch"]] == [m for m, _ in region.dispatch]
