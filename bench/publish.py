@@ -118,6 +118,31 @@ def conv_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def tuning_table(records: list[dict]) -> str:
+    """Per tuned problem: the heuristic's kernel and the fastest correct candidate, same run."""
+    lines = [
+        "Profiled without epilogue on the GPU host (`python -m relax_cutlass tune run`), median of 7; the "
+        "chosen kernel is the fastest correct candidate of the run, so `chosen / fastest` is 1.00 by "
+        "construction; `heuristic / fastest` is what the measured choice saves.",
+        "",
+        "| op | shape | layout | candidates ok | heuristic | heuristic us | chosen | chosen us | heuristic / fastest |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        key, cands = r["key"], r["candidates"]
+        ok = {label: ms for label, ms in cands.items() if ms is not None}
+        heuristic = r.get("heuristic") or next(iter(cands))
+        h_ms = cands.get(heuristic)
+        chosen = r["tile"] + (f"_splitk{r['split_k']}" if r.get("split_k", 1) > 1 else "")
+        ratio = f"{h_ms / r['ms']:.2f}" if h_ms else "failed check"
+        h_us = f"{h_ms * 1e3:.1f}" if h_ms else "-"
+        lines.append(
+            f"| {key['op']} | {'x'.join(map(str, key['shape']))} | {key['layout']} | {len(ok)}/{len(cands)} "
+            f"| {heuristic} | {h_us} | {chosen} | {r['ms'] * 1e3:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def replace_section(text: str, name: str, content: str) -> str:
     start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
     if start not in text:
@@ -179,6 +204,8 @@ def main() -> None:
         png = out.with_suffix(".png")
         figure = f"\n![TFLOP/s by shape]({png.relative_to(ROOT)})\n" if plot(results, png) else ""
         text = replace_section(text, "BENCH-TABLE", f"{table(results)}\n{figure}\n{raw}")
+    if results.get("tuning"):
+        text = replace_section(text, "TUNING-TABLE", f"{tuning_table(results['tuning'])}\n\n{raw}")
     if results.get("conv_bench") or results.get("resnet"):
         text = replace_section(text, "CONV-TABLE", f"{conv_table(results)}\n\n{raw}")
     readme.write_text(text)

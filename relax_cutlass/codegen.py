@@ -84,7 +84,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
         spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
         if isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
-                problem, spec.epilogue, options.arch, 1, options.family, options.tile
+                problem, spec.epilogue, options.arch, 1, options.family, options.tile, db
             )
             # A symbolic batch can grow past what the slice count was chosen for: no split-K then.
             extra = {"split_k": split_k if problem.n is not None else 1}

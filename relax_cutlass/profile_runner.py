@@ -18,26 +18,53 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tvm_ffi
 
 from .tuning import TuningDatabase, TuningKey, TuningRecord
 
 REL_TOLERANCE = 1e-2  # fp16 output rounding + fp16 accumulation stay well below
 
 
-def _reference(a: np.ndarray, b: np.ndarray, b_transposed: bool) -> np.ndarray:
+def _gemm_reference(a: np.ndarray, b: np.ndarray, b_transposed: bool) -> np.ndarray:
     bt = b.T if b_transposed else b
+    torch = _torch_cuda()
+    if torch is not None:
+        ta, tb = torch.from_numpy(a).cuda().float(), torch.from_numpy(np.ascontiguousarray(bt)).cuda().float()
+        return (ta @ tb).cpu().numpy()
+    return a.astype("float32") @ bt.astype("float32")
+
+
+def _conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.ndarray:
+    """NHWC x OHWI -> NHWC in float32 (torch on the GPU when available, else numpy im2col)."""
+    n, h, wd, c, k, r, s, p, q, pad_h, pad_w, sh, sw, dh, dw = geometry
+    torch = _torch_cuda()
+    if torch is not None:
+        import torch.nn.functional as F
+
+        tx = torch.from_numpy(x).cuda().float().permute(0, 3, 1, 2)
+        tw = torch.from_numpy(w).cuda().float().permute(0, 3, 1, 2)
+        # Padding as (top, left) with the output size P, Q given: pad the far side enough, crop.
+        tx = F.pad(tx, (pad_w, max(0, (q - 1) * sw + (s - 1) * dw + 1 - wd - pad_w),
+                        pad_h, max(0, (p - 1) * sh + (r - 1) * dh + 1 - h - pad_h)))  # fmt: skip
+        y = F.conv2d(tx, tw, stride=(sh, sw), dilation=(dh, dw))[:, :, :p, :q]
+        return y.permute(0, 2, 3, 1).contiguous().cpu().numpy()
+    xp = np.zeros((n, h + 2 * pad_h + (r - 1) * dh + p * sh, wd + 2 * pad_w + (s - 1) * dw + q * sw, c), "float32")
+    xp[:, pad_h : pad_h + h, pad_w : pad_w + wd] = x
+    out = np.zeros((n, p, q, k), "float32")
+    for i in range(r):
+        for j in range(s):
+            patch = xp[:, i * dh : i * dh + p * sh : sh, j * dw : j * dw + q * sw : sw][:, :p, :q]
+            out += patch @ w[:, i, j, :].astype("float32").T
+    return out
+
+
+def _torch_cuda():
     try:
         import torch
 
-        if torch.cuda.is_available():
-            return (
-                (torch.from_numpy(a).cuda().float() @ torch.from_numpy(np.ascontiguousarray(bt)).cuda().float())
-                .cpu()
-                .numpy()
-            )
+        return torch if torch.cuda.is_available() else None
     except ImportError:
-        pass
-    return a.astype("float32") @ bt.astype("float32")
+        return None
 
 
 def _rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -51,6 +78,32 @@ def _iterations_for(first_ms: float, target_ms: float = 2.0) -> int:
     return max(3, min(200, int(target_ms / max(first_ms, 1e-4))))
 
 
+def _problem(job: dict, rng: np.random.Generator, tvm, dev):
+    """-> (device inputs, output shape, float32 reference, call(fn, out, split_k, iterations))."""
+    dtype = job["dtype"]
+    if job["op"] == "conv2d":
+        g = job["conv"]
+        n, h, wd, c, k, r, s, p, q = g[:9]
+        x = rng.uniform(-1, 1, size=(n, h, wd, c)).astype(dtype)
+        w = (rng.uniform(-1, 1, size=(k, r, s, c)) / np.sqrt(r * s * c)).astype(dtype)
+        tx, tw = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)
+        shape = tvm_ffi.Shape(g)
+
+        def call(fn, out, split_k, iterations):
+            return fn(tx, tw, out, shape, split_k, iterations)
+
+        return (n, p, q, k), _conv2d_reference(x, w, g), call
+    m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
+    a = rng.uniform(-1, 1, size=(m, k)).astype(dtype)
+    b = (rng.uniform(-1, 1, size=(n, k) if bt else (k, n)) / np.sqrt(k)).astype(dtype)
+    ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
+
+    def call(fn, out, split_k, iterations):
+        return fn(ta, tb, out, m, n, k, bt, iterations)
+
+    return (m, n), _gemm_reference(a, b, bt), call
+
+
 def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> list[TuningRecord]:
     import tvm
 
@@ -61,55 +114,61 @@ def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> 
     rng = np.random.default_rng(0)
     records = []
     for number, job in enumerate(manifest["jobs"], 1):
-        m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
-        a = rng.uniform(-1, 1, size=(m, k)).astype(job["dtype"])
-        b = (rng.uniform(-1, 1, size=(n, k) if bt else (k, n)) / np.sqrt(k)).astype(job["dtype"])
-        want = _reference(a, b, bt)
-        ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
+        out_shape, want, call = _problem(job, rng, tvm, dev)
         if number == 1:  # an idle GPU sits at a low clock: bring it up before the first measurement
-            _warm_up(lib.get_function(job["candidates"][0]["function"]), (ta, tb, m, n, k, bt), dev, job["out_dtype"])
+            first = job["candidates"][0]
+            fn = lib.get_function(first["function"])
+            _warm_up(lambda out, fn=fn, call=call, split=first["split_k"]: call(fn, out, split, 20), out_shape, dev)
         timings: dict[str, float | None] = {}
         errors: dict[str, str] = {}
         for cand in job["candidates"]:
-            fn = lib.get_function(cand["function"])
-            td = tvm.runtime.tensor(np.full((m, n), np.nan, job["out_dtype"]), dev)
+            fn, label = lib.get_function(cand["function"]), cand["label"]
+            out = tvm.runtime.tensor(np.full(out_shape, np.nan, job["out_dtype"]), dev)
             try:
-                first = fn(ta, tb, td, m, n, k, bt, 1)
-                err = _rel_error(td.numpy(), want)
+                first_ms = call(fn, out, cand["split_k"], 1)
+                err = _rel_error(out.numpy(), want)
                 if err > REL_TOLERANCE:
-                    timings[cand["tile"]] = None
-                    errors[cand["tile"]] = f"relative error {err:.2e} > {REL_TOLERANCE}"
+                    timings[label], errors[label] = None, f"relative error {err:.2e} > {REL_TOLERANCE}"
                     continue
-                iters = _iterations_for(first)
-                timings[cand["tile"]] = statistics.median(fn(ta, tb, td, m, n, k, bt, iters) for _ in range(repeat))
+                iters = _iterations_for(first_ms)
+                timings[label] = statistics.median(call(fn, out, cand["split_k"], iters) for _ in range(repeat))
             except Exception as e:  # a candidate that cannot run is recorded as failed, never chosen
-                timings[cand["tile"]] = None
-                errors[cand["tile"]] = f"{type(e).__name__}: {str(e)[:200]}"
-        ok = {t: ms for t, ms in timings.items() if ms is not None}
+                timings[label], errors[label] = None, f"{type(e).__name__}: {str(e)[:200]}"
         key = TuningKey.from_json(job["key"])
-        status = f"[{number}/{len(manifest['jobs'])}] {key.layout} M={m} N={n} K={k} {key.element}"
+        status = f"[{number}/{len(manifest['jobs'])}] {key.op} {key.layout} {list(key.shape)} {key.element}"
+        ok = {label: ms for label, ms in timings.items() if ms is not None}
         if not ok:
             log(f"{status}: no candidate passed the correctness check: {errors}")
             continue
         best = min(ok, key=ok.get)
-        records.append(TuningRecord(key, best, ok[best], candidates=timings, device=device_name))
-        heuristic = timings.get(job.get("heuristic_tile"))
-        versus = f"; heuristic's {job.get('heuristic_tile')} {heuristic * 1e3:.1f} us" if heuristic else ""
+        cand = next(c for c in job["candidates"] if c["label"] == best)
+        records.append(
+            TuningRecord(
+                key,
+                cand["tile"],
+                ok[best],
+                split_k=cand["split_k"],
+                candidates=timings,
+                device=device_name,
+                heuristic=job["heuristic"],
+            )
+        )
+        heuristic = timings.get(job["heuristic"])
+        versus = f"; heuristic's {job['heuristic']} {heuristic * 1e3:.1f} us" if heuristic else ""
         log(f"{status}: {best} {ok[best] * 1e3:.1f} us ({len(ok)}/{len(timings)} candidates correct{versus})")
-        for tile, reason in errors.items():
-            log(f"    {tile} rejected: {reason}")
+        for label, reason in errors.items():
+            log(f"    {label} rejected: {reason}")
     TuningDatabase(db_path).add(records)
     return records
 
 
-def _warm_up(fn, args, dev, out_dtype: str, seconds: float = 3.0) -> None:
+def _warm_up(launch, out_shape, dev, seconds: float = 3.0) -> None:
     import tvm
 
-    ta, tb, m, n, k, bt = args
-    td = tvm.runtime.tensor(np.zeros((m, n), out_dtype), dev)
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float16"), dev)
     end = time.time() + seconds
     while time.time() < end:
-        fn(ta, tb, td, m, n, k, bt, 20)
+        launch(out)
 
 
 def _device_name() -> str:

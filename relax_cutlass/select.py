@@ -333,8 +333,10 @@ def choose_conv2d_kernel(
     n_hint: int = 1,
     family: str = "auto",
     tile: str = "",
+    db=None,
 ) -> tuple[Conv2dKernel, int]:
-    """-> (kernel, split-K slices): the SM80 implicit-GEMM fprop kernel the wave model ranks best.
+    """-> (kernel, split-K slices): the tuning database's measured choice when it has one for this
+    (static-batch) problem, else the SM80 implicit-GEMM fprop kernel the wave model ranks best.
 
     SM90 targets run these CUTLASS 2.x kernels too (the kernel's note says so): relax_cutlass does
     not instantiate CUTLASS 3.x convolutions yet.
@@ -343,6 +345,18 @@ def choose_conv2d_kernel(
     note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch >= 90 else ""
     gemm = problem.implicit_gemm(n_hint)
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
+    if db is not None and not tile:
+        from .tuning import conv2d_key
+
+        record = db.lookup(conv2d_key(problem, arch)) if problem.n is not None else None
+        match = next((t for t in legal if record is not None and t.describe() == record.tile), None)
+        if match is not None and not (epilogue.residual and record.split_k > 1):
+            tuned_note = f"measured {record.ms * 1e3:.1f} us without epilogue on {record.device}"
+            note = "; ".join(filter(None, [note, tuned_note]))
+            kernel = Conv2dKernel(problem, epilogue, match, arch=80, target=arch, selected_by="tuned", note=note)
+            return kernel, record.split_k
+        why = "symbolic batch" if problem.n is None else "no tuning record" if record is None else "stale record"
+        note = "; ".join(filter(None, [note, f"{why}: heuristic"]))
     if tile:
         pinned = _pinned(gemm, epilogue, arch, 80, legal, tile, note)
         chosen, selected_by = pinned.tile, "pinned"

@@ -4,7 +4,7 @@
     python -m relax_cutlass tune run build/tune tuning.jsonl                         # GPU host (runtime)
     python -m relax_cutlass ... with RELAX_CUTLASS_TUNING_DB=tuning.jsonl            # builds use the records
 
-Only GEMM regions are tuned so far; conv2d regions keep the heuristic (the report says so).
+GEMM and conv2d regions are tuned (a symbolic-batch conv keeps the heuristic; the report says so).
 """
 
 from __future__ import annotations
@@ -14,29 +14,44 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("bert", "bench")
+MODELS = ("bert", "bench", "resnet50", "conv_bench")
 
 
-def _model_problems(model: str, arch: int, batch: int, seq: int):
-    """The GEMM problems of an embedded model, as the offload pipeline plans them."""
-    from .codegen import CodegenOptions, plan_regions
-    from .constants import offloaded_functions
-    from .kernel_spec import GemmRegion
-    from .models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
-    from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
+def _model_modules(model: str, batch: int, seq: int) -> list:
+    from .models import bert_encoder_layer, bind_float16, bind_weights, conv2d_epilogue_model, dense_epilogue_model
+    from .models import random_weights as weights_of
 
     if model == "bert":
         mod = bert_encoder_layer(batch=batch, seq=seq)
-        mods = [bind_weights(mod, random_weights(mod))]
-    else:  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
+        return [bind_weights(mod, weights_of(mod))]
+    if model == "bench":  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
         shapes = [(m, k, n) for m in (1024, 4096, 8192) for k, n in ((1024, 4096), (4096, 1024))]
         mods = [dense_epilogue_model(m, n, k) for m, k, n in [*shapes, (8192, 8192, 8192)]]
-        mods.append(dense_epilogue_model("m", 4096, 1024))  # symbolic M: tuned per M bucket
+        return [*mods, dense_epilogue_model("m", 4096, 1024)]  # symbolic M: tuned per M bucket
+    if model == "conv_bench":  # the ResNet-50 3x3 stages of bench/, batch 32 and 1
+        stages = ((56, 64), (28, 128), (14, 256), (7, 512))
+        return [
+            conv2d_epilogue_model(b, hw, hw, c, c, activation="relu", layout="NHWC")
+            for b in (32, 1)
+            for hw, c in stages
+        ]
+    from .torch_models import resnet50_module  # resnet50, at --batch
+
+    mod, weights = resnet50_module(batch=batch)
+    return [bind_float16(mod, weights)]
+
+
+def _model_problems(model: str, arch: int, batch: int, seq: int):
+    """The GEMM and conv2d problems of an embedded model, as the offload pipeline plans them."""
+    from .codegen import CodegenOptions, plan_regions
+    from .constants import offloaded_functions
+    from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
+
     problems = []
-    for mod in mods:
+    for mod in _model_modules(model, batch, seq):
         part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))
         regions = plan_regions([f for _, f in offloaded_functions(part)], CodegenOptions(arch=arch, compile=False))
-        problems += [r.kernel.problem for r in regions if isinstance(r, GemmRegion)]
+        problems += [r.kernel.problem for r in regions]
     return problems
 
 
@@ -45,9 +60,9 @@ def build(argv: list[str]) -> int:
     from .profile import DEFAULT_MAX_CANDIDATES, build_profiler, plan_jobs
 
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
-    ap.add_argument("--model", choices=MODELS, action="append", help="bert (default) and/or bench; repeatable")
+    ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
     ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="BERT batch, ResNet-50 batch")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES)
     ap.add_argument("--out", type=Path, default=Path("build/tune"))

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .kernel_spec import GemmProblem
+from .kernel_spec import Conv2dProblem, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -81,6 +81,23 @@ def gemm_key(problem: GemmProblem, arch: int, family: int, m: int) -> TuningKey:
     )
 
 
+def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
+    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family)."""
+    p = problem
+    return TuningKey(
+        arch=arch,
+        op="conv2d",
+        shape=(p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q),
+        geometry=(*p.pad, *p.stride, *p.dilation),
+        layout="nhwc",
+        element=p.element,
+        element_out=p.element,
+        accumulator=p.element_accumulator,
+        alignment=p.alignment,
+        family=80,
+    )
+
+
 @dataclass(frozen=True)
 class TuningRecord:
     key: TuningKey
@@ -91,6 +108,7 @@ class TuningRecord:
     candidates: dict = field(default_factory=dict, compare=False)
     device: str = ""
     measured_at: float = field(default_factory=time.time, compare=False)
+    heuristic: str = field(default="", compare=False)  # the label of the heuristic's candidate
 
     def to_line(self) -> str:
         data = asdict(self) | {"key": self.key.to_json(), "schema": SCHEMA}

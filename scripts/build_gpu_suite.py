@@ -322,10 +322,16 @@ def main() -> None:
         jobs += [(sweep_models[SWEEP_KN[0]], False, {"tile": tile}, ("auto",)) for tile in SWEEP_TILES]
     if "conv" in only:
         jobs += [(*conv_case_model(kwargs), options, ("auto",)) for _, kwargs, options in CONV_TEST_CASES]
+    tuned_options = [{}, {"tuning_db": args.tuning_db}] if args.tuning_db else [{}]
     if "conv_bench" in only:
-        jobs += [(stage_model(b, hw, c), False, {}, ("auto",)) for b in CONV_BATCHES for hw, c in CONV_STAGES]
+        jobs += [
+            (stage_model(b, hw, c), False, opts, ("auto",))
+            for b in CONV_BATCHES
+            for hw, c in CONV_STAGES
+            for opts in tuned_options
+        ]
     resnets = {b: shippable_resnet50(b) for b in RESNET_BATCHES} if "resnet" in only else {}
-    jobs += [(mod, False, {}, ("auto",)) for mod in resnets.values()]
+    jobs += [(mod, False, opts, ("auto",)) for mod in resnets.values() for opts in tuned_options]
     prewarm(jobs, args.arch)
 
     if "conv" in only:
@@ -342,7 +348,7 @@ def main() -> None:
         for batch in CONV_BATCHES:
             for hw, c in CONV_STAGES:
                 name = f"conv3x3_n{batch}_{hw}x{hw}_c{c}"
-                entry = build_pair(name, stage_model(batch, hw, c), out, args.arch, False, {})
+                entry = build_pair(name, stage_model(batch, hw, c), out, args.arch, False, {}, families=model_families)
                 flops = 2 * batch * hw * hw * c * c * 9
                 entry.update(batch=batch, hw=hw, c=c, flops=flops, runs=[{}])
                 manifest["conv_bench"].append(entry)
@@ -350,7 +356,7 @@ def main() -> None:
     if "resnet" in only:
         print("ResNet-50 (PyTorch -> torch.export -> Relax), 224x224:", flush=True)
         for batch, mod in resnets.items():
-            entry = build_pair(f"resnet50_n{batch}", mod, out, args.arch, False, {})
+            entry = build_pair(f"resnet50_n{batch}", mod, out, args.arch, False, {}, families=model_families)
             entry.update(batch=batch, runs=[{}])
             manifest["resnet"].append(entry)
 

@@ -380,6 +380,10 @@ def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
     row["err_vs_torch"] = rel_error(got, torch_out)
     row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM and row["err_vs_torch"] <= TOL_VS_TVM
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    if "tuned" in case.get("families", []):
+        _time_tuned(row, case, build, values)
+        row["err_tuned_vs_torch"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), torch_out)
+        row["ok"] &= row["err_tuned_vs_torch"] <= TOL_VS_TVM
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     row["torch_eager_ms"] = time_torch(eager)
     if use_compile:
@@ -414,6 +418,10 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
     }
     row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    if "tuned" in case.get("families", []):
+        _time_tuned(row, case, build, values)
+        row["err_tuned_vs_tvm"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), ref)
+        row["ok"] &= row["err_tuned_vs_tvm"] <= TOL_VS_TVM
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     model = torch_models.resnet50().half().cuda().to(memory_format=torch.channels_last)
     x = torch.from_numpy(values["x"]).cuda().half().contiguous(memory_format=torch.channels_last)
@@ -532,6 +540,10 @@ def main() -> int:
             print(f"{key} {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
     save()
 
+    tuning = out / "tuning.jsonl"  # written by `tune run` in gpu_suite.sh before this script
+    if tuning.exists():
+        results["tuning"] = [json.loads(line) for line in tuning.read_text().splitlines() if line.strip()]
+        save()
     failed = [r for key in SECTIONS if key != "sweep" for r in results[key] if not r.get("ok", True)]
     failed += [r for r in results.get("glue", []) if not r["ok"]]
     for r in failed:

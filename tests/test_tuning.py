@@ -172,3 +172,40 @@ def test_symbolic_m_dispatches_among_tuned_buckets_at_run_time(tmp_path):
     glue = emit_glue([region], "m").text
     assert "(m <= 64 ? " in glue and all(f"{k.name}_run" in glue for k in region.kernels)
     assert [d["max_m"] for d in region.report_row()["dispatch"]] == [m for m, _ in region.dispatch]
+
+
+STAGE4 = dict(h=7, w=7, c=512, k=512, r=3, s=3, p=7, q=7, pad=(1, 1))
+
+
+def test_conv2d_records_carry_tile_and_split_k(tmp_path):
+    from relax_cutlass.kernel_spec import Conv2dProblem
+    from relax_cutlass.select import choose_conv2d_kernel
+    from relax_cutlass.tuning import conv2d_key
+
+    problem = Conv2dProblem(n=1, **STAGE4)
+    other = Conv2dProblem(n=1, **(STAGE4 | {"stride": (2, 2), "p": 4, "q": 4}))
+    assert conv2d_key(problem, 90) != conv2d_key(other, 90)
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    relu = Epilogue(bias=True, activation="relu")
+    heuristic, _ = choose_conv2d_kernel(problem, relu, 90, db=db)
+    assert heuristic.selected_by == "heuristic" and "no tuning record" in heuristic.note
+    db.add([TuningRecord(conv2d_key(problem, 90), "tb128x64x64_w2x2x1_s3_swz4", 0.02, split_k=4)])
+    kernel, split = choose_conv2d_kernel(problem, relu, 90, db=db)
+    assert kernel.selected_by == "tuned" and kernel.tile.describe() == "tb128x64x64_w2x2x1_s3_swz4" and split == 4
+    # A residual epilogue cannot split K: the record's split-K choice does not apply to it.
+    residual = Epilogue(bias=True, residual=True, residual_activation="relu")
+    kernel, split = choose_conv2d_kernel(problem, residual, 90, db=db)
+    assert kernel.selected_by == "heuristic" and split == 1
+
+
+def test_conv2d_profiling_candidates_try_split_k_where_tiles_underfill():
+    from relax_cutlass.kernel_spec import Conv2dProblem
+    from relax_cutlass.profile import conv2d_candidates
+
+    batch1 = conv2d_candidates(Conv2dProblem(n=1, **STAGE4), 90, 8)
+    assert len({split for _, split in batch1}) >= 3  # several split-K counts of the heuristic's tile
+    batch32 = conv2d_candidates(Conv2dProblem(n=32, **STAGE4), 90, 8)
+    assert all(split == 1 for _, split in batch32[:1])
+    jobs = plan_jobs([Conv2dProblem(n=1, **STAGE4), Conv2dProblem(n=None, **STAGE4)], 90, limit=4)
+    assert len(jobs) == 1 and jobs[0].key.op == "conv2d"  # symbolic batch: not tuned
+    assert all(k.epilogue == Epilogue() for k in jobs[0].kernels)
