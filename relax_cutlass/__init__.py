@@ -11,9 +11,11 @@ def __getattr__(name: str):
     """The passes import TVM's compiler (tvm.relax); load them on first use so that the modules a
     GPU host with only the TVM runtime needs (tuning, profile_runner) import without it."""
     if name == "transform":
-        from . import transform
+        import importlib
 
-        return transform
+        # import_module, not `from . import`: the latter looks the name up on this module first,
+        # which would call back into this __getattr__.
+        return importlib.import_module(f"{__name__}.transform")
     if name == "offload_pipeline":
         from .pipeline import offload_pipeline
 

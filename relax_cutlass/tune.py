@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 MODELS = ("bert", "bench", "resnet50", "conv_bench")
+RESNET_BATCHES = (32, 1)
 
 
 def _model_modules(model: str, batch: int, seq: int) -> list:
@@ -35,10 +36,9 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
             for b in (32, 1)
             for hw, c in stages
         ]
-    from .torch_models import resnet50_module  # resnet50, at --batch
+    from .torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
 
-    mod, weights = resnet50_module(batch=batch)
-    return [bind_float16(mod, weights)]
+    return [bind_float16(*resnet50_module(batch=b)) for b in RESNET_BATCHES]
 
 
 def _model_problems(model: str, arch: int, batch: int, seq: int):
@@ -62,7 +62,7 @@ def build(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
     ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
     ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--batch", type=int, default=8, help="BERT batch, ResNet-50 batch")
+    ap.add_argument("--batch", type=int, default=8, help="BERT batch (ResNet-50: batch 32 and 1)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES)
     ap.add_argument("--out", type=Path, default=Path("build/tune"))
