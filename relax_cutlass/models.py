@@ -233,15 +233,56 @@ def bind_weights(mod: tvm.IRModule, weights: dict[str, np.ndarray]) -> tvm.IRMod
 
 
 def bind_float16(mod: tvm.IRModule, weights: dict[str, np.ndarray], dtype: str = "float16") -> tvm.IRModule:
-    """A float32 model imported from a framework -> weights bound, NHWC, float16 compute.
+    """A float32 model imported from a framework -> weights bound, NHWC, float16 compute
+    (bind_params_by_name, then `to_float16`)."""
+    return to_float16(relax.transform.BindParams("main", weights)(mod), dtype)
 
-    bind_params_by_name, then ConvertToNHWC (batch norm folded into convolutions, filters re-laid
-    out once), then TVM's ToMixedPrecision and FoldConstant, so every weight reaches the offload
-    passes as a float16 constant. Inputs and outputs stay float32, as the framework model's.
-    """
+
+def to_float16(mod: tvm.IRModule, dtype: str = "float16") -> tvm.IRModule:
+    """A float32 model with its weights bound -> NHWC, float16 compute: ConvertToNHWC (batch norm
+    folded into convolutions, filters re-laid out once), then TVM's ToMixedPrecision and
+    FoldConstant, so every weight reaches the offload passes as a float16 constant. Inputs and
+    outputs stay float32, as the framework model's."""
     from .layout import ConvertToNHWC
 
-    mod = relax.transform.BindParams("main", weights)(mod)
     mod = ConvertToNHWC()(mod)
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
     return relax.transform.FoldConstant()(mod)
+
+
+def onnx_conv_mlp(batch: int = 2, seed: int = 0):
+    """A small ONNX model built with onnx.helper (conv + bias + relu, global pooling, Gemm + Relu,
+    MatMul + Add), weights as initializers; imported with `tvm.relax.frontend.onnx.from_onnx`.
+    Returns (IRModule with weights as constants, the onnx ModelProto)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    rng = np.random.default_rng(seed)
+
+    def init(name, *shape):
+        fan_in = math.prod(shape[1:]) if len(shape) > 1 else 1
+        return numpy_helper.from_array((rng.uniform(-1, 1, shape) / math.sqrt(fan_in)).astype("float32"), name)
+
+    inits = [init("conv_w", 16, 8, 3, 3), init("conv_b", 16), init("fc1_w", 64, 16), init("fc1_b", 64)]
+    inits += [init("fc2_w", 64, 32), init("fc2_b", 32)]
+    nodes = [
+        helper.make_node("Conv", ["x", "conv_w", "conv_b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc1_w", "fc1_b"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["hr"]),
+        helper.make_node("MatMul", ["hr", "fc2_w"], ["m"]),
+        helper.make_node("Add", ["m", "fc2_b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 8, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 32])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return from_onnx(model, keep_params_in_input=False), model

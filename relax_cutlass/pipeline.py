@@ -5,19 +5,20 @@ from __future__ import annotations
 import tvm
 
 from .arch import parse_arch
-from .transform import ConvertToNHWC, CutlassCodegen, LiftConstants, PartitionForCutlass
+from .transform import ConvertToNHWC, CutlassCodegen, FoldLinearReshapes, LiftConstants, PartitionForCutlass
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """[ConvertToNHWC ->] PartitionForCutlass -> LiftConstants -> CutlassCodegen.
+    """FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants -> CutlassCodegen.
 
-    `arch="auto"` detects the local GPU (and fails clearly without one). `convert_layout` brings
-    NCHW convolutions to NHWC first (a no-op without conv2d). Options go to CutlassCodegen:
+    `arch="auto"` detects the local GPU (and fails clearly without one). FoldLinearReshapes drops
+    the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
+    `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
     accumulator, m_hint, jobs, compile, family, tile.
     """
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []
     return tvm.transform.Sequential(
-        [*layout, PartitionForCutlass(sm), LiftConstants(), CutlassCodegen(sm, **options)],
+        [FoldLinearReshapes(), *layout, PartitionForCutlass(sm), LiftConstants(), CutlassCodegen(sm, **options)],
         name="relax_cutlass.offload_pipeline",
     )

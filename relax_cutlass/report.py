@@ -110,13 +110,14 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
     from .constants import LiftConstants, call_counts
     from .partition import PartitionForCutlass
+    from .transform import ConvertToNHWC, FoldLinearReshapes
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
         return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod))
     arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
-    if not any(True for _ in offloaded_functions(mod)):
-        mod = PartitionForCutlass(arch)(mod)
+    if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
+        mod = PartitionForCutlass(arch)(ConvertToNHWC()(FoldLinearReshapes()(mod)))
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
     opts = CodegenOptions.create(arch, **options)
     calls = call_counts(mod)

@@ -112,3 +112,59 @@ def resnet50_module(batch: int = 1, image: int = 224, **kwargs) -> tuple[tvm.IRM
     model = resnet50(**kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
+
+
+def bert_encoder(layers: int = 2, hidden: int = 1024, heads: int = 16, ffn: int = 4096, seed: int = 0):
+    """A Hugging Face `transformers` BERT encoder stack (random init, no hub download; eval mode,
+    eager attention so torch.export sees the matmuls). Input: hidden states (batch, seq, hidden)."""
+    torch = _torch()
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        attn_implementation="eager",
+    )
+    encoder = BertModel(config, add_pooling_layer=False).encoder.eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, hidden_states):
+            return self.encoder(hidden_states).last_hidden_state
+
+    return Encoder().eval()
+
+
+def bert_module(batch: int = 8, seq: int = 128, **kwargs) -> tuple[tvm.IRModule, dict]:
+    """The transformers BERT encoder imported with torch.export: (IRModule, weights)."""
+    torch = _torch()
+    model = bert_encoder(**kwargs)
+    hidden = model.encoder.config.hidden_size
+    example = (torch.from_numpy(np.zeros((batch, seq, hidden), "float32")),)
+    return import_exported(model, example)
+
+
+def llama_mlp_module(tokens: int = 64, hidden: int = 256, intermediate: int = 704, seed: int = 0):
+    """A LLaMA-style gated MLP: down(silu(gate(x)) * up(x)) + x, imported with torch.export."""
+    torch = _torch()
+    nn = torch.nn
+
+    class GatedMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(hidden, intermediate, bias=False)
+            self.up = nn.Linear(hidden, intermediate, bias=False)
+            self.down = nn.Linear(intermediate, hidden, bias=False)
+
+        def forward(self, x):
+            return self.down(nn.functional.silu(self.gate(x)) * self.up(x)) + x
+
+    torch.manual_seed(seed)
+    example = (torch.from_numpy(np.zeros((tokens, hidden), "float32")),)
+    return import_exported(GatedMLP().eval(), example)

@@ -49,10 +49,10 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
 
 
 def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """-> (partitioned+lifted module, rewritten module) with no kernels compiled (NCHW convs are
-    brought to NHWC first, as offload_pipeline does)."""
+    """-> (partitioned+lifted module, rewritten module) with no kernels compiled (linear-layer
+    reshapes folded and NCHW convs brought to NHWC first, as offload_pipeline does)."""
     t = relax_cutlass.transform
-    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(mod)))
+    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(t.FoldLinearReshapes()(mod))))
     rewritten = relax_cutlass.transform.CutlassCodegen(compile=False, **options)(partitioned)
     return partitioned, rewritten
 

@@ -49,3 +49,68 @@ def test_resnet50_has_no_layout_change_between_offloaded_convs(resnet50):
     ops = _op_names(offloaded["main"])
     assert ops.count("relax.permute_dims") + ops.count("relax.layout_transform") == 2
     assert "relax.nn.batch_norm" not in ops
+
+
+def test_transformers_bert_encoder_offloads_every_dense_and_fuses_gelu():
+    """Hugging Face BertModel (random init, no download) through torch.export: all six dense layers
+    of each encoder layer are offloaded, the FFN's gelu fused once FoldLinearReshapes removed the
+    flatten/unflatten torch.export puts around nn.Linear; attention's batched matmuls stay in TVM."""
+    mod, weights = torch_models.bert_module(batch=2, seq=16, layers=2, hidden=64, heads=4, ffn=128)
+    mod = bind_float16(mod, weights)
+    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
+    report = relax_cutlass.offload_report(rewritten)
+    assert sum(r["calls"] for r in report.offloaded) == 12
+    assert sorted(r["epilogue"] for r in report.offloaded).count("bias+gelu") == 2
+    assert all(r["mnk"][0] == 32 for r in report.offloaded)  # M = batch x seq, reshapes folded
+    assert len(report.left_in_tvm) == 4 and all(r["op"] == "batched matmul" for r in report.left_in_tvm)
+
+
+def test_llama_style_gated_mlp():
+    mod, weights = torch_models.llama_mlp_module(tokens=16, hidden=64, intermediate=176)
+    mod = bind_float16(mod, weights)
+    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
+    epilogues = sorted(r["epilogue"] for r in relax_cutlass.offload_report(rewritten).offloaded)
+    assert epilogues == ["none", "none", "silu"]  # gate + silu fused; up; down
+
+
+def test_onnx_model_through_the_onnx_frontend():
+    pytest.importorskip("onnx", reason="needs the 'models' extra (onnx)")
+    from relax_cutlass.models import onnx_conv_mlp, to_float16
+
+    mod, _ = onnx_conv_mlp()
+    mod = to_float16(mod)
+    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
+    report = relax_cutlass.offload_report(rewritten)
+    assert sorted(r["op"] + ":" + r["epilogue"] for r in report.offloaded) == [
+        "conv2d:bias+relu",
+        "matmul:bias",
+        "matmul:bias+relu",
+    ]
+    assert not report.left_in_tvm
+
+
+def test_fold_linear_reshapes_only_folds_the_exact_flatten():
+    """reshape(B*S, K) -> matmul -> + b -> reshape(B, S, N) becomes one N-D matmul; a reshape to any
+    other shape is left alone."""
+    from relax_cutlass.transform import FoldLinearReshapes
+
+    def build(out_shape):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([2, 8, 16], "float16"))
+        w = relax.Var("w", relax.TensorType([16, 32], "float16"))
+        b = relax.Var("b", relax.TensorType([32], "float16"))
+        with bb.function("main", [x, w, b]):
+            with bb.dataflow():
+                flat = bb.emit(relax.op.reshape(x, [16, 16]))
+                y = bb.emit(relax.op.add(b, bb.emit(relax.op.matmul(flat, w))))
+                y = bb.emit(relax.op.nn.gelu(bb.emit(relax.op.reshape(y, out_shape))))
+                out = bb.emit_output(y)
+            bb.emit_func_output(out)
+        return bb.get()
+
+    folded = FoldLinearReshapes()(build([2, 8, 32]))
+    assert _op_names(folded["main"]).count("relax.reshape") == 0
+    kept = FoldLinearReshapes()(build([4, 4, 32]))
+    assert _op_names(kept["main"]).count("relax.reshape") == 2
+    for mod in (build([2, 8, 32]), build([4, 4, 32])):
+        compare_on_cpu(mod, random_inputs(mod))

@@ -1,0 +1,73 @@
+"""FoldLinearReshapes: undo the flatten/unflatten frontends put around a linear layer.
+
+`torch.export` lowers `nn.Linear` on a (B, S, K) input to reshape(B*S, K) -> matmul (+ bias) ->
+reshape(B, S, N), with an astype after the first reshape once ToMixedPrecision has run. The
+reshape between the GEMM (+ bias) and what follows (gelu, a residual add) would end the fused
+region at the bias. Relax's matmul takes the N-D input directly, so the pair of reshapes is
+dropped: matmul(x, W) (+ b) on (B, S, K) is the same computation, and the epilogue after it fuses.
+Nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+
+def _dims(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
+
+
+def _pattern():
+    x, weight, bias = wildcard(), wildcard(), wildcard()
+    flat = is_op("relax.reshape")(x, wildcard())
+    # ToMixedPrecision casts the flattened input: reshape -> astype -> matmul.
+    cast = is_op("relax.astype")(flat)
+    gemm = is_op("relax.matmul")(flat | cast, weight)
+    biased = is_op("relax.add")(gemm, bias) | is_op("relax.add")(bias, gemm)
+    out = is_op("relax.reshape")(gemm | biased, wildcard())
+    return out, x, flat, cast, gemm, weight, bias, biased
+
+
+def _rewrite(func: relax.Function) -> relax.Function:
+    out, x, flat, cast, gemm, weight, bias, biased = _pattern()
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        xs, fs, os_ = _dims(m[x]), _dims(m[flat]), _dims(orig)
+        if xs is None or fs is None or os_ is None or len(xs) < 3 or len(fs) != 2:
+            return orig
+        lead = xs[:-1]
+        # Only the exact flatten of the leading dims, and the exact restore of them.
+        if fs != [math.prod(lead), xs[-1]] or os_[:-1] != lead or len(os_) != len(xs):
+            return orig
+        if len(_dims(m[weight]) or []) != 2:
+            return orig
+        lhs = relax.op.astype(m[x], str(m[cast].ty.dtype)) if cast in m else m[x]
+        y = relax.op.matmul(lhs, m[weight], out_dtype=str(m[gemm].ty.dtype))
+        if biased in m:
+            b = m[bias]
+            bias_dims = _dims(b)
+            if bias_dims is None or math.prod(bias_dims) != os_[-1]:
+                return orig
+            y = relax.op.add(y, b)
+        return y
+
+    return rewrite_call(out, rewriter, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")
+class FoldLinearReshapes:
+    """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b]."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        functions = {
+            gv: _rewrite(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()
+        }
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
