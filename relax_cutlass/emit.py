@@ -160,29 +160,38 @@ typename Gemm::Arguments arguments(
       0, 0, 0, 0, 0, 0, p->lda, p->ldb, p->ldr, p->ldd, /*ldr=*/int64_t(0), /*ldt=*/int64_t(0));"""
 
 
-def _residual_instance(kernel: GemmKernel) -> str:
-    load_cutlass_library()
-    from cutlass_library.library import DataTypeSize, DataTypeTag
+def _residual_block_values(kernel: GemmKernel | Conv2dKernel, element_c) -> dict:
+    """Template values every residual-block kernel shares: tile shapes, epilogue vector and functors."""
+    from cutlass_library.library import DataTypeSize
 
-    op = _operation(kernel)
     t, p, epi = kernel.tile, kernel.problem, kernel.epilogue
-    element_c = DataTypeTag[op.C.element]
-    vector = min(p.alignment * DataTypeSize[op.C.element], 128) // DataTypeSize[op.C.element]
-    return RESIDUAL_INSTANCE.substitute(
+    bits = DataTypeSize[element_c]
+    return dict(
         name=kernel.name,
-        element_a=DataTypeTag[op.B.element],
-        element_b=DataTypeTag[op.A.element],
-        layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
-        element_c=element_c,
-        element_acc=DataTypeTag[op.accumulator_type()],
         tb_m=t.threadblock[0], tb_n=t.threadblock[1], tb_k=t.threadblock[2],
         w_m=t.threadblock[0] // t.warps[0], w_n=t.threadblock[1] // t.warps[1], w_k=t.threadblock[2] // t.warps[2],
         i_m=t.instruction[0], i_n=t.instruction[1], i_k=t.instruction[2],
-        vector=vector,
+        vector=min(p.alignment * bits, 128) // bits,
         activation=ACTIVATIONS[epi.activation].functor,
         post_activation=ACTIVATIONS[epi.residual_activation].functor,
         swizzle=t.swizzle, stages=t.stages, alignment=p.alignment,
     )  # fmt: skip
+
+
+def _residual_instance(kernel: GemmKernel) -> str:
+    load_cutlass_library()
+    from cutlass_library.library import DataTypeTag
+
+    op = _operation(kernel)
+    p = kernel.problem
+    return RESIDUAL_INSTANCE.substitute(
+        element_a=DataTypeTag[op.B.element],
+        element_b=DataTypeTag[op.A.element],
+        layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
+        element_c=DataTypeTag[op.C.element],
+        element_acc=DataTypeTag[op.accumulator_type()],
+        **_residual_block_values(kernel, op.C.element),
+    )
 
 
 def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
@@ -261,26 +270,17 @@ using ${name}_base = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroad
 def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
     load_cutlass_library()
     from cutlass_library.conv2d_operation import EmitConv2dInstance
-    from cutlass_library.library import DataTypeSize, DataTypeTag, IteratorAlgorithmTag
+    from cutlass_library.library import DataTypeTag, IteratorAlgorithmTag
 
     op = _conv2d_operation(kernel)
-    t, p, epi = kernel.tile, kernel.problem, kernel.epilogue
+    epi = kernel.epilogue
     if epi.residual:
-        element = DataTypeTag[op.C.element]
-        vector = min(p.alignment * DataTypeSize[op.C.element], 128) // DataTypeSize[op.C.element]
         base = CONV2D_RESIDUAL_INSTANCE.substitute(
-            name=kernel.name,
-            element=element,
+            element=DataTypeTag[op.C.element],
             element_acc=DataTypeTag[op.accumulator_type()],
-            tb_m=t.threadblock[0], tb_n=t.threadblock[1], tb_k=t.threadblock[2],
-            w_m=t.threadblock[0] // t.warps[0], w_n=t.threadblock[1] // t.warps[1], w_k=t.threadblock[2] // t.warps[2],
-            i_m=t.instruction[0], i_n=t.instruction[1], i_k=t.instruction[2],
-            vector=vector,
-            activation=ACTIVATIONS[epi.activation].functor,
-            post_activation=ACTIVATIONS[epi.residual_activation].functor,
-            swizzle=t.swizzle, stages=t.stages, iterator=IteratorAlgorithmTag[op.iterator_algorithm],
-            alignment=p.alignment,
-        )  # fmt: skip
+            iterator=IteratorAlgorithmTag[op.iterator_algorithm],
+            **_residual_block_values(kernel, op.C.element),
+        )
         base_name, arguments = f"{kernel.name}_base", CONV2D_RESIDUAL_ARGUMENTS
     else:
         prefix = "" if epi.activation == "identity" else _epilogue_alias(epi.activation)

@@ -234,12 +234,12 @@ class Conv2dKernel:
 
 
 @dataclass(frozen=True)
-class GemmRegion:
+class _Region:
     """One offloaded function: its external symbol, kernel, and the role of each runtime argument."""
 
     symbol: str
-    kernel: GemmKernel
-    # Role of each function parameter, in order: "lhs", "rhs", "bias" or "residual".
+    kernel: GemmKernel | Conv2dKernel
+    # Role of each function parameter, in order: "lhs"/"rhs" or "data"/"weight", "bias", "residual".
     arg_roles: tuple[str, ...]
     # Shapes as written in the IR (ints, or names of symbolic dims), for checks and the report.
     arg_shapes: tuple[tuple[int | str, ...], ...]
@@ -247,6 +247,29 @@ class GemmRegion:
     out_shape: tuple[int | str, ...]
     out_dtype: str
     composite: str
+
+    def _row(self, op: str, mnk: list, details: dict) -> dict:
+        """The report row: what every region reports, with `details` before the kernel columns."""
+        return {
+            "symbol": self.symbol,
+            "op": op,
+            "composite": self.composite,
+            "epilogue": self.kernel.epilogue.describe(),
+            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
+            "out_shape": list(self.out_shape),
+            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
+            | {"out": self.out_dtype, "accumulator": self.kernel.problem.element_accumulator},
+            "mnk": mnk,
+            **details,
+            "kernel": self.kernel.name,
+            "selected_by": self.kernel.selected_by,
+            "note": self.kernel.note,
+        }
+
+
+@dataclass(frozen=True)
+class GemmRegion(_Region):
+    kernel: GemmKernel
     # Symbolic M with tuning records: (largest M, kernel) pairs in increasing M, the last one for
     # every larger M; the glue picks by the run-time M. Empty: `kernel` for every M.
     dispatch: tuple[tuple[int, GemmKernel], ...] = ()
@@ -258,35 +281,14 @@ class GemmRegion:
     def report_row(self) -> dict:
         p = self.kernel.problem
         dispatch = [{"max_m": m, "kernel": k.name, "selected_by": k.selected_by} for m, k in self.dispatch]
-        return {
-            "symbol": self.symbol,
-            "op": "dense" if p.b_transposed else "matmul",
-            "composite": self.composite,
-            "epilogue": self.kernel.epilogue.describe(),
-            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
-            "out_shape": list(self.out_shape),
-            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
-            | {"out": self.out_dtype, "accumulator": p.element_accumulator},
-            "mnk": [p.m if p.m is not None else "dynamic", p.n, p.k],
-            "kernel": self.kernel.name,
-            "selected_by": self.kernel.selected_by,
-            "note": self.kernel.note,
-        } | ({"dispatch": dispatch} if dispatch else {})
+        mnk = [p.m if p.m is not None else "dynamic", p.n, p.k]
+        row = self._row("dense" if p.b_transposed else "matmul", mnk, {})
+        return row | ({"dispatch": dispatch} if dispatch else {})
 
 
 @dataclass(frozen=True)
-class Conv2dRegion:
-    """One offloaded conv2d function: symbol, kernel, parameter roles and the run-time split-K."""
-
-    symbol: str
+class Conv2dRegion(_Region):
     kernel: Conv2dKernel
-    # Role of each function parameter, in order: "data", "weight", "bias" or "residual".
-    arg_roles: tuple[str, ...]
-    arg_shapes: tuple[tuple[int | str, ...], ...]
-    arg_dtypes: tuple[str, ...]
-    out_shape: tuple[int | str, ...]
-    out_dtype: str
-    composite: str
     split_k: int = 1  # serial split-K slices (1: none), chosen for this region's shape
 
     @property
@@ -296,24 +298,11 @@ class Conv2dRegion:
     def report_row(self) -> dict:
         p = self.kernel.problem
         gemm = p.implicit_gemm()
-        return {
-            "symbol": self.symbol,
-            "op": "conv2d",
-            "composite": self.composite,
-            "epilogue": self.kernel.epilogue.describe(),
-            "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
-            "out_shape": list(self.out_shape),
-            "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
-            | {"out": self.out_dtype, "accumulator": p.element_accumulator},
-            "mnk": [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k],
-            "conv": {
-                "kernel_size": [p.r, p.s],
-                "stride": list(p.stride),
-                "padding": list(p.pad),
-                "dilation": list(p.dilation),
-                "split_k": self.split_k,
-            },
-            "kernel": self.kernel.name,
-            "selected_by": self.kernel.selected_by,
-            "note": self.kernel.note,
+        conv = {
+            "kernel_size": [p.r, p.s],
+            "stride": list(p.stride),
+            "padding": list(p.pad),
+            "dilation": list(p.dilation),
+            "split_k": self.split_k,
         }
+        return self._row("conv2d", [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k], {"conv": conv})

@@ -27,8 +27,26 @@ FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish"
 CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
 
 
+class _EpilogueSpec:
+    """The epilogue fields (bias, activation, residual, residual_relu) every pattern spec has."""
+
+    bias: bool
+    activation: str
+    residual: bool
+    residual_relu: bool
+
+    @property
+    def epilogue(self) -> Epilogue:
+        return Epilogue(
+            bias=self.bias,
+            activation=self.activation,
+            residual=self.residual,
+            residual_activation="relu" if self.residual_relu else "identity",
+        )
+
+
 @dataclass(frozen=True)
-class GemmPatternSpec:
+class GemmPatternSpec(_EpilogueSpec):
     """The shape of one composite: GEMM root, then bias, activation, residual add(+relu), cast."""
 
     b_transposed: bool  # rhs reaches the matmul through permute_dims: a (N, K) "dense" weight
@@ -42,15 +60,6 @@ class GemmPatternSpec:
     def name(self) -> str:
         parts = ["dense" if self.b_transposed else "matmul", *self.epilogue.parts()] + ["cast"] * self.cast
         return f"{CODEGEN}." + "_".join(parts)
-
-    @property
-    def epilogue(self) -> Epilogue:
-        return Epilogue(
-            bias=self.bias,
-            activation=self.activation,
-            residual=self.residual,
-            residual_activation="relu" if self.residual_relu else "identity",
-        )
 
     @property
     def size(self) -> int:
@@ -82,7 +91,7 @@ def all_gemm_specs() -> list[GemmPatternSpec]:
 
 
 @dataclass(frozen=True)
-class Conv2dPatternSpec:
+class Conv2dPatternSpec(_EpilogueSpec):
     """The shape of one conv2d composite: conv2d root, then bias, activation, residual add(+relu)."""
 
     bias: bool = False
@@ -94,15 +103,6 @@ class Conv2dPatternSpec:
     @property
     def name(self) -> str:
         return f"{CODEGEN}." + "_".join(["conv2d", *self.epilogue.parts()])
-
-    @property
-    def epilogue(self) -> Epilogue:
-        return Epilogue(
-            bias=self.bias,
-            activation=self.activation,
-            residual=self.residual,
-            residual_activation="relu" if self.residual_relu else "identity",
-        )
 
     @property
     def size(self) -> int:

@@ -74,18 +74,22 @@ def _gemms(generator_name: str, kind: str, element: str, accumulator: str):
             yield op
 
 
+def _sm80_tile(op, swizzle: int = 8) -> TileConfig:
+    """A CUTLASS 2.x operation's TileDescription as a TileConfig."""
+    td = op.tile_description
+    return TileConfig(
+        threadblock=tuple(td.threadblock_shape),
+        warps=tuple(td.warp_count),
+        stages=td.stages,
+        instruction=tuple(td.math_instruction.instruction_shape),
+        swizzle=swizzle,
+    )
+
+
 @functools.cache
 def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
-    tiles = {
-        TileConfig(
-            threadblock=tuple(op.tile_description.threadblock_shape),
-            warps=tuple(op.tile_description.warp_count),
-            stages=op.tile_description.stages,
-            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
-        ): None
-        for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)
-    }
+    tiles = {_sm80_tile(op): None for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)}
     return _stable(tiles)
 
 
@@ -285,13 +289,7 @@ def candidate_conv2d_tiles(accumulator: str, element: str = "float16") -> tuple[
     from cutlass_library.library import ConvKind, GroupMode, IteratorAlgorithm, OperationKind
 
     tiles = {
-        TileConfig(
-            threadblock=tuple(op.tile_description.threadblock_shape),
-            warps=tuple(op.tile_description.warp_count),
-            stages=op.tile_description.stages,
-            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
-            swizzle=4,  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
-        ): None
+        _sm80_tile(op, swizzle=4): None  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
         for op in _generated("GenerateSM80_TensorOp_16816")
         if op.operation_kind == OperationKind.Conv2d
         and op.conv_kind == ConvKind.Fprop

@@ -194,9 +194,8 @@ $extra_checks
 TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)
 
-# conv2d: D = act(conv(x, w) + bias). The bias is the C operand with an all-zero stride (one
-# K-vector broadcast over N, P, Q); without bias, beta = 0 and C is never read.
-CONV2D_ARGUMENTS = """\
+# The problem and tensor layouts every conv2d kernel builds its arguments from.
+_CONV2D_SETUP = """\
 using Layout = cutlass::layout::TensorNHWC;
   cutlass::conv::Conv2dProblemSize problem(
       p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->p, p->q, p->pad_h, p->pad_w, p->stride_h,
@@ -211,34 +210,31 @@ using Layout = cutlass::layout::TensorNHWC;
        Layout::packed(cutlass::make_Coord(p->n, p->h, p->w, p->c))},
       {static_cast<ElementB*>(const_cast<void*>(p->weight)),
        Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c))},
+"""
+
+# conv2d: D = act(conv(x, w) + bias). The bias is the C operand with an all-zero stride (one
+# K-vector broadcast over N, P, Q); without bias, beta = 0 and C is never read.
+CONV2D_ARGUMENTS = (
+    _CONV2D_SETUP
+    + """\
       {static_cast<ElementC*>(const_cast<void*>(p->bias ? p->bias : p->out)),
        p->bias ? Layout(Layout::Stride(0)) : layout_d},
       {static_cast<ElementC*>(p->out), layout_d},
       typename Gemm::EpilogueOutputOp::Params(1.0f, p->bias ? 1.0f : 0.0f),
       cutlass::conv::SplitKMode::kSerial);"""
+)
 
 # conv2d residual block: D = post(act(conv(x, w) + bias) + residual): the residual is C, the bias
 # the broadcast vector of the fused epilogue.
-CONV2D_RESIDUAL_ARGUMENTS = """\
-using Layout = cutlass::layout::TensorNHWC;
-  cutlass::conv::Conv2dProblemSize problem(
-      p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->p, p->q, p->pad_h, p->pad_w, p->stride_h,
-      p->stride_w, p->dilation_h, p->dilation_w, cutlass::conv::Mode::kCrossCorrelation, p->split_k);
-  using ElementA = typename Gemm::ElementA;
-  using ElementB = typename Gemm::ElementB;
-  using ElementC = typename Gemm::ElementC;
-  const Layout layout_d = Layout::packed(cutlass::make_Coord(p->n, p->p, p->q, p->k));
-  typename Gemm::Arguments arguments(
-      problem,
-      {static_cast<ElementA*>(const_cast<void*>(p->data)),
-       Layout::packed(cutlass::make_Coord(p->n, p->h, p->w, p->c))},
-      {static_cast<ElementB*>(const_cast<void*>(p->weight)),
-       Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c))},
+CONV2D_RESIDUAL_ARGUMENTS = (
+    _CONV2D_SETUP
+    + """\
       {static_cast<ElementC*>(const_cast<void*>(p->residual)), layout_d},
       {static_cast<ElementC*>(p->out), layout_d},
       typename Gemm::EpilogueOutputOp::Params(1.0f, 1.0f),
       cutlass::conv::SplitKMode::kSerial,
       const_cast<void*>(p->bias), /*ptr_Tensor=*/nullptr, /*ldr=*/0, /*ldt=*/p->k);"""
+)
 
 CONV2D_GLUE_FUNCTION = Template("""\
 namespace {
