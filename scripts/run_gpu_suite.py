@@ -172,6 +172,42 @@ def check_glue_errors(manifest: dict, build: Path) -> list[dict]:
     return rows
 
 
+CONV_GLUE_CASE = "conv2d_bias_residual_relu_unbound"
+
+
+def check_conv_glue_errors(manifest: dict, build: Path) -> list[dict]:
+    """The conv2d region's exported function called directly: a valid call, then bad arguments
+    that must each raise an error naming the problem."""
+    case = next(c for c in manifest.get("conv", []) if c["name"] == CONV_GLUE_CASE)
+    region = case["offloaded"][0]
+    lib = tvm.runtime.load_module(str(build / f"{CONV_GLUE_CASE}.cutlass.so"))
+    fn = lib.get_function(region["symbol"], query_imports=True)
+    shapes = {role: shape_of(shape, {}) for role, shape in region["shapes"].items()}
+
+    def call(data_shape=None, data_dtype="float16", data_dev=DEV):
+        arrays = {r: random_array(r, s, "float16", 5) for r, s in shapes.items()}
+        arrays["data"] = random_array("data", data_shape or shapes["data"], data_dtype, 5)
+        out = tvm.runtime.tensor(np.zeros(region["out_shape"], "float16"), DEV)
+        args = [tvm.runtime.tensor(arrays[r], data_dev if r == "data" else DEV) for r in region["shapes"]]
+        fn(*args, out)
+        return out
+
+    rows = [{"check": "conv valid call", "ok": bool(np.isfinite(call().numpy()).all())}]
+    data = shapes["data"]
+    bad_calls = {
+        "conv wrong dtype": (dict(data_dtype="float32"), "wrong dtype"),
+        "conv wrong C": (dict(data_shape=[*data[:3], data[3] + 8]), "data C"),
+        "conv host tensor": (dict(data_dev=tvm.cpu()), "must be on a CUDA device"),
+    }
+    for name, (kwargs, expected_message) in bad_calls.items():
+        try:
+            call(**kwargs)
+            rows.append({"check": name, "ok": False, "error": "no error raised"})
+        except Exception as e:  # the FFI error type varies; the message is what users read
+            rows.append({"check": name, "ok": expected_message in str(e), "message": str(e)[:300]})
+    return rows
+
+
 def time_vm(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> float:
     """Median ms over repeats (each the mean of `number` back-to-back calls), after warm-up."""
     args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
@@ -514,6 +550,9 @@ def main() -> int:
             _guarded(results, key, case, check_case, build)
             ok = all(r["ok"] for r in results[key] if r["case"] == case["name"])
             print(f"{key} {case['name']}: {'ok' if ok else 'FAIL'}", flush=True)
+    if "conv" in only and manifest.get("conv"):
+        results["conv_glue"] = check_conv_glue_errors(manifest, build)
+        print(f"conv glue argument checks: {'ok' if all(r['ok'] for r in results['conv_glue']) else 'FAIL'}")
     if "tests" in only:
         results["glue"] = check_glue_errors(manifest, build)
         print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
@@ -545,7 +584,7 @@ def main() -> int:
         results["tuning"] = [json.loads(line) for line in tuning.read_text().splitlines() if line.strip()]
         save()
     failed = [r for key in SECTIONS if key != "sweep" for r in results[key] if not r.get("ok", True)]
-    failed += [r for r in results.get("glue", []) if not r["ok"]]
+    failed += [r for key in ("glue", "conv_glue") for r in results.get(key, []) if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)

@@ -76,6 +76,18 @@ def test_glue_rejects_bad_arguments_with_clear_errors():
     assert rows and all(r["ok"] for r in rows), rows
 
 
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+def test_conv_glue_rejects_bad_arguments_with_clear_errors():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_gpu_suite import check_conv_glue_errors
+
+    manifest = json.loads(MANIFEST.read_text())
+    if not manifest.get("conv"):
+        pytest.skip("no conv2d cases in this build (scripts/build_gpu_suite.py --only conv)")
+    rows = check_conv_glue_errors(manifest, BUILD)
+    assert rows and all(r["ok"] for r in rows), rows
+
+
 TUNE = ROOT / "build" / "tune"
 tune_skip = skip_reason or (
     None if (TUNE / "profile.json").exists() else "no profiler: run `python -m relax_cutlass tune build`"
