@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .kernel_spec import Conv2dProblem, Conv2dRegion, GemmRegion
 from .patterns import ACCUMULATOR_DTYPES, CODEGEN
 from .regions import analyze, make_region
 from .select import DEFAULT_M_HINT, choose_conv2d_kernel, choose_kernel
+from .tuning import M_BUCKETS, TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
 
@@ -73,11 +75,25 @@ class CodegenOptions:
         )
 
 
+def _database(path: str):
+    """The tuning database at `path`, read once per version of the file: a build plans its regions
+    twice (for the report, then in RunCodegen) and should neither re-read nor re-warn."""
+    try:
+        stat = os.stat(path)
+        version = (stat.st_mtime_ns, stat.st_size)
+    except FileNotFoundError:
+        version = None
+    return _read_database(os.path.abspath(path), version)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_database(path: str, _version) -> TuningDatabase:
+    return TuningDatabase(path)
+
+
 def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
     """Offloaded functions -> region records (kernel chosen for each)."""
-    from .tuning import TuningDatabase
-
-    db = TuningDatabase(options.tuning_db) if options.tuning_db else None
+    db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
@@ -100,8 +116,6 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
 def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:
     """Symbolic M with tuning records: the tuned kernel of each M bucket, for run-time dispatch
     (consecutive buckets with the same kernel merged). Empty when nothing was tuned."""
-    from .tuning import M_BUCKETS
-
     if problem.m is not None or db is None or options.tile:
         return ()
     chosen = [(b, choose_kernel(problem, epilogue, options.arch, b, options.family, "", db)) for b in M_BUCKETS]

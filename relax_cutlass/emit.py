@@ -80,42 +80,49 @@ def _epilogue_alias(activation: str) -> str:
     )
 
 
+def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element_b: str):
+    """-> (TileDescription, epilogue functor, swizzle) of a CUTLASS 2.x tensor-op kernel, as
+    cutlass_library's GEMM and conv2d operations both take them."""
+    load_cutlass_library()
+    from cutlass_library.library import (
+        EpilogueFunctor,
+        MathInstruction,
+        MathOperation,
+        OpcodeClass,
+        SwizzlingFunctor,
+        TileDescription,
+    )  # fmt: skip
+
+    _register_epilogues()
+    t, activation = kernel.tile, kernel.epilogue.activation
+    mi = MathInstruction(
+        list(t.instruction),
+        data_type(element_a),
+        data_type(element_b),
+        data_type(kernel.problem.element_accumulator),
+        OpcodeClass.TensorOp,
+        MathOperation.multiply_add,
+    )
+    tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
+    functor = EpilogueFunctor.LinearCombination if activation == "identity" else _Activation(activation)
+    return tile, functor, getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
+
+
 def _operation(kernel: GemmKernel):
     """The cutlass_library GemmOperation for `kernel`, described as the transposed (column-major)
     problem so that the emitted kernel computes the row-major D = A @ B the Relax graph means."""
     load_cutlass_library()
     from cutlass_library.gemm_operation import GemmOperation
-    from cutlass_library.library import (
-        EpilogueFunctor,
-        GemmKind,
-        LayoutType,
-        MathInstruction,
-        MathOperation,
-        OpcodeClass,
-        SwizzlingFunctor,
-        TensorDescription,
-        TileDescription,
-    )  # fmt: skip
+    from cutlass_library.library import GemmKind, LayoutType, TensorDescription
 
-    _register_epilogues()
-    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
-    mi = MathInstruction(
-        list(t.instruction),
-        data_type(p.element_a),
-        data_type(p.element_b),
-        data_type(p.element_accumulator),
-        OpcodeClass.TensorOp,
-        MathOperation.multiply_add,
-    )
-    tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
+    p = kernel.problem
+    tile, functor, swizzle = _sm80_description(kernel, p.element_a, p.element_b)
     # Transposed description: operand A of the description is our B, and vice versa.
     desc_a = TensorDescription(
         data_type(p.element_b), LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment
     )
     desc_b = TensorDescription(data_type(p.element_a), LayoutType.ColumnMajor, p.alignment)
     desc_c = TensorDescription(data_type(p.element_out), LayoutType.ColumnMajor, p.alignment)
-    functor = EpilogueFunctor.LinearCombination if epi.activation == "identity" else _Activation(epi.activation)
-    swizzle = getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
     return GemmOperation(GemmKind.Universal, 80, tile, desc_a, desc_b, desc_c, data_type("float32"), functor, swizzle)
 
 
@@ -219,29 +226,12 @@ def _conv2d_operation(kernel: Conv2dKernel):
     """The cutlass_library Conv2dOperation (fprop, NHWC) for `kernel`."""
     load_cutlass_library()
     from cutlass_library.conv2d_operation import Conv2dOperation
-    from cutlass_library.library import (
-        ConvKind,
-        EpilogueFunctor,
-        IteratorAlgorithm,
-        LayoutType,
-        MathInstruction,
-        MathOperation,
-        OpcodeClass,
-        StrideSupport,
-        SwizzlingFunctor,
-        TensorDescription,
-        TileDescription,
-    )  # fmt: skip
+    from cutlass_library.library import ConvKind, IteratorAlgorithm, LayoutType, StrideSupport, TensorDescription
 
-    _register_epilogues()
-    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
-    element, acc = data_type(p.element), data_type(p.element_accumulator)
-    mi = MathInstruction(list(t.instruction), element, element, acc, OpcodeClass.TensorOp, MathOperation.multiply_add)
-    tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
-    tensor = TensorDescription(element, LayoutType.TensorNHWC, p.alignment)
-    functor = EpilogueFunctor.LinearCombination if epi.activation == "identity" else _Activation(epi.activation)
+    p = kernel.problem
+    tile, functor, swizzle = _sm80_description(kernel, p.element, p.element)
+    tensor = TensorDescription(data_type(p.element), LayoutType.TensorNHWC, p.alignment)
     iterator = {"optimized": IteratorAlgorithm.Optimized, "analytic": IteratorAlgorithm.Analytic}[kernel.iterator]
-    swizzle = getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
     return Conv2dOperation(
         ConvKind.Fprop, iterator, 80, tile, tensor, tensor, tensor, data_type("float32"),
         StrideSupport.Unity,  # fprop iterators support any stride; the flag only matters for dgrad

@@ -17,6 +17,11 @@ CUTLASS_ELEMENT = {
 DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
 
 
+def widest_vector(*extents: int) -> int:
+    """The widest 16-bit vector access (8, 4 or 2 elements; else 1) that divides every extent."""
+    return next((w for w in (8, 4, 2) if all(e % w == 0 for e in extents)), 1)
+
+
 @dataclass(frozen=True)
 class Activation:
     """An elementwise activation applied in the epilogue, and the CUTLASS functor that computes it."""
@@ -94,10 +99,7 @@ class GemmProblem:
     @property
     def alignment(self) -> int:
         """Widest vector access (in elements) legal for A, B and D: K and N must be multiples of it."""
-        for width in (8, 4, 2):
-            if self.k % width == 0 and self.n % width == 0:
-                return width
-        return 1
+        return widest_vector(self.k, self.n)
 
     def flops(self, m: int | None = None) -> int:
         return 2 * (m if m is not None else (self.m or 0)) * self.n * self.k
@@ -183,10 +185,7 @@ class Conv2dProblem:
     @property
     def alignment(self) -> int:
         """Widest vector access (in elements) legal for activations (C) and output (K)."""
-        for width in (8, 4, 2):
-            if self.c % width == 0 and self.k % width == 0:
-                return width
-        return 1
+        return widest_vector(self.c, self.k)
 
     def implicit_gemm(self, n_hint: int = 1) -> GemmProblem:
         """The GEMM this convolution runs as (row-major activations x (K, CRS) filter)."""

@@ -10,6 +10,7 @@ every problem shape of a model. It exports TVM FFI functions and needs only the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
             continue
         fam = family_for(problem, arch, family)
         for m in [problem.m] if problem.m is not None else list(M_BUCKETS):
-            concrete = GemmProblem(**(problem.__dict__ | {"m": m}))
+            concrete = dataclasses.replace(problem, m=m)
             key = gemm_key(concrete, arch, fam, m)
             candidates = tuple(
                 (GemmKernel(concrete, Epilogue(), t, arch=fam, target=arch, selected_by="profiling"), 1)

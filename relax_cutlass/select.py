@@ -19,6 +19,7 @@ tests. The heuristic (until profiling lands, see docs/kernel-selection.md) model
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -26,6 +27,7 @@ from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
+from .tuning import conv2d_key, gemm_key, m_bucket
 
 # Shared memory a CTA may use, per SM generation (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -167,7 +169,7 @@ def choose_kernel(
         if isinstance(tuned, GemmKernel):
             return tuned
         kernel = choose_kernel(problem, epilogue, arch, m_hint, family)
-        return GemmKernel(**(kernel.__dict__ | {"note": "; ".join(filter(None, [kernel.note, tuned]))}))
+        return dataclasses.replace(kernel, note="; ".join(filter(None, [kernel.note, tuned])))
     note = ""
     if arch >= 90 and family == "auto":
         note = sm90_fallback_reason(problem) or ""
@@ -213,8 +215,6 @@ def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
 
 def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
     """The database's kernel for `problem`, or why there is none (a note for the report)."""
-    from .tuning import gemm_key, m_bucket
-
     native = 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
     m = problem.m if problem.m is not None else m_bucket(m_hint)
     record = db.lookup(gemm_key(problem, arch, native, m))
@@ -344,8 +344,6 @@ def choose_conv2d_kernel(
     gemm = problem.implicit_gemm(n_hint)
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     if db is not None and not tile:
-        from .tuning import conv2d_key
-
         record = db.lookup(conv2d_key(problem, arch)) if problem.n is not None else None
         match = next((t for t in legal if record is not None and t.describe() == record.tile), None)
         if match is not None and not (epilogue.residual and record.split_k > 1):

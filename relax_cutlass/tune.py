@@ -19,12 +19,18 @@ RESNET_BATCHES = (32, 1)
 
 
 def _model_modules(model: str, batch: int, seq: int) -> list:
-    from .models import bert_encoder_layer, bind_float16, bind_weights, conv2d_epilogue_model, dense_epilogue_model
-    from .models import random_weights as weights_of
+    from .models import (
+        bert_encoder_layer,
+        bind_float16,
+        bind_weights,
+        conv2d_epilogue_model,
+        dense_epilogue_model,
+        random_weights,
+    )
 
     if model == "bert":
         mod = bert_encoder_layer(batch=batch, seq=seq)
-        return [bind_weights(mod, weights_of(mod))]
+        return [bind_weights(mod, random_weights(mod))]
     if model == "bench":  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
         shapes = [(m, k, n) for m in (1024, 4096, 8192) for k, n in ((1024, 4096), (4096, 1024))]
         mods = [dense_epilogue_model(m, n, k) for m, k, n in [*shapes, (8192, 8192, 8192)]]
