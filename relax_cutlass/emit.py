@@ -54,20 +54,18 @@ CONV2D_INCLUDES = """\
 """
 
 
-# Epilogue functors beyond cutlass_library's LinearCombination/Clamp, one per fused activation.
-_Activation = enum.Enum("_Activation", {name: name for name in ACTIVATIONS if name != "identity"})
-
-
 @functools.cache
-def _register_epilogues() -> None:
-    """Teach cutlass_library's emitters our activation epilogues (idempotent)."""
+def _epilogue_functor(activation: str) -> enum.Enum:
+    """The `EpilogueFunctor`-like member for `activation`, registered with cutlass_library's 2.x
+    emitters (they read `EpilogueFunctorTag[member]`: the extension point for epilogues beyond its
+    LinearCombination/Clamp). Names a template with LinearCombination's <ElementOutput, Count,
+    ElementAccumulator, ElementCompute> signature, defined by `_epilogue_alias`."""
     load_cutlass_library()
     from cutlass_library.library import EpilogueFunctorTag
 
-    for member in _Activation:
-        # A template with LinearCombination's <ElementOutput, Count, ElementAccumulator,
-        # ElementCompute> signature, as the emitter instantiates it.
-        EpilogueFunctorTag[member] = f"RelaxCutlassEpilogue_{member.value}"
+    member = enum.Enum(f"RelaxCutlassEpilogue_{activation}", {activation: activation})[activation]
+    EpilogueFunctorTag[member] = f"RelaxCutlassEpilogue_{activation}"
+    return member
 
 
 def _epilogue_alias(activation: str) -> str:
@@ -93,7 +91,6 @@ def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element
         TileDescription,
     )  # fmt: skip
 
-    _register_epilogues()
     t, activation = kernel.tile, kernel.epilogue.activation
     mi = MathInstruction(
         list(t.instruction),
@@ -104,7 +101,7 @@ def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element
         MathOperation.multiply_add,
     )
     tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
-    functor = EpilogueFunctor.LinearCombination if activation == "identity" else _Activation(activation)
+    functor = EpilogueFunctor.LinearCombination if activation == "identity" else _epilogue_functor(activation)
     return tile, functor, getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
 
 
@@ -297,6 +294,8 @@ def emit_kernel(kernel: GemmKernel | Conv2dKernel) -> Source:
     else:
         parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
         args, args_type = GEMM_ARGS, "RelaxCutlassGemmArgs"
+    # Custom activation functors (relax_cutlass.extend) are defined before the types that use them.
+    parts["instance"] = kernel.epilogue.definitions() + parts["instance"]
     exact = kernel.target in ARCH_SPECIFIC
     text = KERNEL_TU.substitute(
         name=kernel.name,

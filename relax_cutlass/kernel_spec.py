@@ -31,6 +31,9 @@ class Activation:
     # CUTLASS skips the source (bias) load when it can; "heavy" functors tell the epilogue to
     # evaluate them once per fragment rather than inline per element.
     is_heavy: bool = False
+    # C++ defining `functor` (a template over the element or Array type), which every kernel TU
+    # using it must contain: set for custom activations (relax_cutlass.extend), empty for CUTLASS's.
+    definition: str = ""
 
 
 ACTIVATIONS: dict[str, Activation] = {
@@ -81,6 +84,11 @@ class Epilogue:
 
     def describe(self) -> str:
         return "+".join(self.parts()) or "none"
+
+    def definitions(self) -> str:
+        """The C++ definitions of the custom functors this epilogue uses (empty for built-in ones)."""
+        names = dict.fromkeys((self.activation, self.residual_activation))
+        return "".join(ACTIVATIONS[name].definition for name in names)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ as a broadcast add), with weights as parameters that `bind_weights` turns into c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import tvm
@@ -25,6 +26,18 @@ ACTIVATION_BUILDERS = {
     # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
     "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
 }
+
+
+ActivationBuilder = Callable[[relax.BlockBuilder, relax.Expr], relax.Expr]
+
+
+def _activation_builder(activation: str | ActivationBuilder) -> ActivationBuilder:
+    """A named builder from ACTIVATION_BUILDERS, or the caller's own `(bb, x) -> expr`."""
+    if callable(activation):
+        return activation
+    if activation not in ACTIVATION_BUILDERS:
+        raise ValueError(f"unknown activation {activation!r}: one of {sorted(ACTIVATION_BUILDERS)} or a callable")
+    return ACTIVATION_BUILDERS[activation]
 
 
 def _scalar(value: float, dtype: str) -> relax.Expr:
@@ -58,7 +71,7 @@ def dense_epilogue_model(
     k: int,
     *,
     bias: bool = True,
-    activation: str = "identity",
+    activation: str | ActivationBuilder = "identity",
     residual: bool = False,
     residual_relu: bool = False,
     transposed: bool = True,
@@ -85,7 +98,7 @@ def dense_epilogue_model(
     with bb.function("main", params):
         with bb.dataflow():
             y = dense(bb, x, w, b, transposed=transposed)
-            y = ACTIVATION_BUILDERS[activation](bb, y)
+            y = _activation_builder(activation)(bb, y)
             if residual:
                 y = bb.emit(relax.op.add(y, r))
                 if residual_relu:
@@ -109,7 +122,7 @@ def conv2d_epilogue_model(
     padding: int | tuple[int, ...] = 1,
     dilation: int = 1,
     bias: bool = True,
-    activation: str = "identity",
+    activation: str | ActivationBuilder = "identity",
     residual: bool = False,
     residual_relu: bool = False,
     layout: str = "NCHW",
@@ -144,7 +157,7 @@ def conv2d_epilogue_model(
             )  # fmt: skip
             if bias:
                 y = bb.emit(relax.op.add(y, bb.emit(reshape(b, [1, k, 1, 1] if nchw else [1, 1, 1, k]))))
-            y = ACTIVATION_BUILDERS[activation](bb, y)
+            y = _activation_builder(activation)(bb, y)
             if residual:
                 y = bb.emit(relax.op.add(y, res))
                 if residual_relu:

@@ -2,10 +2,50 @@
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from tvm import relax
 
 from .patterns import fusion_patterns
+
+NOT_FUSED_ATTR = "relax_cutlass.not_fused"
+
+
+class FusionLog:
+    """The larger fusions refused at each root that a smaller pattern then offloaded, and why.
+
+    FuseOpsByPattern tries the patterns largest first and checks every structural match; a root's
+    decisions therefore arrive as refusals, then the one pattern that was applied.
+    """
+
+    def __init__(self) -> None:
+        self._roots: dict[relax.Var, dict] = {}
+
+    def record(self, spec, ctx: relax.transform.PatternCheckContext, problems: list[str]) -> None:
+        root = ctx.annotated_expr["root"]
+        var = ctx.value_to_bound_var.get(root)
+        if var is None:
+            return
+        entry = self._roots.setdefault(var, {"root": _describe(var, root), "refused": [], "fused_as": None})
+        if entry["fused_as"] is not None:
+            return
+        if not problems:
+            entry["fused_as"] = spec.name
+        elif all(r["pattern"] != spec.name for r in entry["refused"]):
+            entry["refused"].append({"pattern": spec.name, "reasons": problems})
+
+    def rows(self) -> list[dict]:
+        return [e for e in self._roots.values() if e["fused_as"] and e["refused"]]
+
+
+def _describe(var: relax.Var, call: relax.Call) -> str:
+    shapes = " x ".join(
+        "(" + ", ".join(str(d.value) if hasattr(d, "value") else str(d) for d in a.ty.shape) + ")"
+        for a in call.args
+        if isinstance(a.ty, relax.TensorType) and a.ty.shape is not None
+    )
+    return f"{var.name} = {call.op.name}({shapes})"
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.PartitionForCutlass")
@@ -14,7 +54,8 @@ class PartitionForCutlass:
 
     Constants stay bound inside the regions (LiftConstants then turns tensor constants into
     parameters and keeps scalar ones as kernel literals). Regions that fail a legality rule stay in
-    TVM; `relax_cutlass.offload_report` says why.
+    TVM, and a larger fusion refused in favour of a smaller one is logged under the module attribute
+    `relax_cutlass.not_fused`; `relax_cutlass.offload_report` shows both, with the reasons.
 
     Parameters
     ----------
@@ -29,5 +70,9 @@ class PartitionForCutlass:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relax.transform.ConvertToDataflow()(mod)
-        mod = relax.transform.FuseOpsByPattern(fusion_patterns(), bind_constants=True, annotate_codegen=True)(mod)
-        return mod.with_attr("relax_cutlass.arch", self.arch)
+        log = FusionLog()
+        mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
+        previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []
+        return mod.with_attr("relax_cutlass.arch", self.arch).with_attr(
+            NOT_FUSED_ATTR, json.dumps(previous + log.rows())
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -22,6 +23,8 @@ CODEGEN = "relax_cutlass"
 SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
 SUPPORTED_OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
 ACCUMULATOR_DTYPES = ("float16", "float32")
+# Built-in fused activations; `relax_cutlass.extend.register_activation` adds more (see
+# `fused_activations`).
 FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
 # conv2d: NHWC activations x OHWI filters (what ConvertToNHWC produces).
 CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
@@ -80,7 +83,7 @@ def all_gemm_specs() -> list[GemmPatternSpec]:
         for bt, bias, act, res, res_relu, cast in itertools.product(
             (True, False),
             (True, False),
-            ("identity", *FUSED_ACTIVATIONS),
+            ("identity", *fused_activations()),
             (True, False),
             (True, False),
             (True, False),
@@ -113,7 +116,7 @@ def all_conv2d_specs() -> list[Conv2dPatternSpec]:
     specs = [
         Conv2dPatternSpec(bias, act, res, res_relu)
         for bias, act, res, res_relu in itertools.product(
-            (True, False), ("identity", *FUSED_ACTIVATIONS), (True, False), (True, False)
+            (True, False), ("identity", *fused_activations()), (True, False), (True, False)
         )
         if res or not res_relu
     ]
@@ -161,16 +164,33 @@ def _hardswish_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     return mul(x, div(clamped, c_six)) | mul(div(clamped, c_six), x) | div(mul(x, clamped), c_six)
 
 
+# name -> builder(x, annotations) of the activation's pattern; custom activations are added by
+# `relax_cutlass.extend.register_activation`.
+ACTIVATION_PATTERNS: dict[str, Callable[[DFPattern, dict[str, DFPattern]], DFPattern]] = {
+    "relu": lambda x, ann: is_op("relax.nn.relu")(x),
+    "gelu": lambda x, ann: is_op("relax.nn.gelu")(x) | _gelu_erf_decomposed(x, ann),
+    "gelu_tanh": lambda x, ann: is_op("relax.nn.gelu_tanh")(x),
+    "silu": lambda x, ann: is_op("relax.nn.silu")(x) | is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)),
+    "sigmoid": lambda x, ann: is_op("relax.sigmoid")(x),
+    "hardswish": lambda x, ann: _hardswish_decomposed(x, ann),
+}
+# Annotation key of a custom activation's scalar constant -> (the value it must have, activation).
+CUSTOM_CONSTANTS: dict[str, tuple[float, str]] = {}
+
+
+def fused_activations() -> tuple[str, ...]:
+    """The built-in fused activations, then the registered custom ones."""
+    return FUSED_ACTIVATIONS + tuple(name for name in ACTIVATION_PATTERNS if name not in FUSED_ACTIVATIONS)
+
+
+def clear_caches() -> None:
+    """Forget the built patterns and specs (after the set of activations changed)."""
+    for cached in (gemm_pattern, conv2d_pattern, spec_by_name):
+        cached.cache_clear()
+
+
 def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
-    builders = {
-        "relu": lambda: is_op("relax.nn.relu")(x),
-        "gelu": lambda: is_op("relax.nn.gelu")(x) | _gelu_erf_decomposed(x, ann),
-        "gelu_tanh": lambda: is_op("relax.nn.gelu_tanh")(x),
-        "silu": lambda: is_op("relax.nn.silu")(x) | is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)),
-        "sigmoid": lambda: is_op("relax.sigmoid")(x),
-        "hardswish": lambda: _hardswish_decomposed(x, ann),
-    }
-    return builders[name]()
+    return ACTIVATION_PATTERNS[name](x, ann)
 
 
 def _epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPattern:
@@ -307,6 +327,11 @@ def epilogue_problems(
     n = _shape(root)[-1] if _shape(root) else None
     if out_dtype not in SUPPORTED_OUTPUT_DTYPES:
         problems.append(f"output dtype {out_dtype} is not one of {SUPPORTED_OUTPUT_DTYPES}")
+    if not _same_shape(_shape(root), out_shape):
+        problems.append(
+            f"the epilogue changes the shape {[str(d) for d in _shape(root)]} to {[str(d) for d in out_shape]}; "
+            "a kernel epilogue is elementwise"
+        )
     if not spec.cast and dtype_of(root) != out_dtype:
         problems.append("output dtype differs from the matmul's")
     if spec.cast and dtype_of(root) == out_dtype:
@@ -351,11 +376,12 @@ def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
         expected |= {"hardswish_three": (3.0, "hardswish"), "hardswish_six": (6.0, "hardswish")}
     if "hardswish_low" in ann:
         expected |= {"hardswish_low": (0.0, "hardswish"), "hardswish_high": (6.0, "hardswish")}
+    expected |= {key: CUSTOM_CONSTANTS[key] for key in ann if key in CUSTOM_CONSTANTS}
     problems = []
     for key, (want, what) in expected.items():
         got = _scalar(ann[key])
         if got is None or not math.isclose(got, want, rel_tol=2e-3, abs_tol=1e-6):
-            problems.append(f"decomposed activation constant {key}={got} is not {want:.6f}: not an {what}")
+            problems.append(f"activation constant {key}={got} is not {want:.6g}, so the expression is not {what}")
     if "hardswish_clip" in ann:
         clip = ann["hardswish_clip"]
         # TVM 0.27 keeps clip's bounds as IntImm / FloatImm arguments.
@@ -420,18 +446,29 @@ def region_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[s
     return problems or epilogue_problems(spec, ann, out)
 
 
-def _make_check(spec: GemmPatternSpec | Conv2dPatternSpec):
-    from tvm.relax.backend.utils import has_leaking_intermediate_variables
+def _make_check(spec: GemmPatternSpec | Conv2dPatternSpec, log=None):
+    """The pattern check: offload iff `check_problems` finds none; `log.record(spec, ctx, problems)`
+    sees every decision (PartitionForCutlass uses it to report refused fusions)."""
 
     def check(ctx: relax.transform.PatternCheckContext) -> bool:
-        if has_leaking_intermediate_variables(ctx):
-            return False
-        ann = dict(ctx.annotated_expr)
-        if spec.residual and not _residual_independent(ann, ctx):
-            return False
-        return not region_problems(spec, ann, ctx.matched_expr)
+        problems = check_problems(spec, ctx)
+        if log is not None:
+            log.record(spec, ctx, problems)
+        return not problems
 
     return check
+
+
+def check_problems(spec: GemmPatternSpec | Conv2dPatternSpec, ctx: relax.transform.PatternCheckContext) -> list[str]:
+    """Why the structurally matched region `ctx` must not be offloaded as `spec` (empty: it may)."""
+    from tvm.relax.backend.utils import has_leaking_intermediate_variables
+
+    if has_leaking_intermediate_variables(ctx):
+        return ["an intermediate value of the region is also used outside it (a fused kernel does not produce it)"]
+    ann = dict(ctx.annotated_expr)
+    if spec.residual and not _residual_independent(ann, ctx):
+        return ["the residual is computed from the region's own output"]
+    return region_problems(spec, ann, ctx.matched_expr)
 
 
 def _residual_independent(ann, ctx) -> bool:
@@ -447,6 +484,6 @@ def _residual_independent(ann, ctx) -> bool:
     return not _has_dependency(from_var=residual, to_var=root_var, var_usages=ctx.var_usages)
 
 
-def fusion_patterns() -> list[relax.transform.FusionPattern]:
-    """All relax_cutlass patterns, in priority order, for FuseOpsByPattern."""
-    return [relax.transform.FusionPattern(spec.name, *pattern_of(spec), _make_check(spec)) for spec in all_specs()]
+def fusion_patterns(log=None) -> list[relax.transform.FusionPattern]:
+    """All relax_cutlass patterns, in priority order, for FuseOpsByPattern (`log`: see _make_check)."""
+    return [relax.transform.FusionPattern(spec.name, *pattern_of(spec), _make_check(spec, log)) for spec in all_specs()]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
@@ -15,11 +15,18 @@ from .patterns import conv2d_problems, matmul_problems
 
 @dataclass(frozen=True)
 class OffloadReport:
+    """offloaded: one row per offloaded function; left_in_tvm: GEMM/conv2d ops that stayed in TVM,
+    with the reasons; not_fused: offloaded roots where a larger fusion (their epilogue) was refused,
+    with the pattern refused, the reasons, and the pattern offloaded instead."""
+
     offloaded: list[dict]
     left_in_tvm: list[dict]
+    not_fused: list[dict] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"offloaded": self.offloaded, "left_in_tvm": self.left_in_tvm}, indent=2)
+        return json.dumps(
+            {"offloaded": self.offloaded, "left_in_tvm": self.left_in_tvm, "not_fused": self.not_fused}, indent=2
+        )
 
     def __str__(self) -> str:
         sites = sum(r.get("calls", 1) for r in self.offloaded)
@@ -45,6 +52,12 @@ class OffloadReport:
             )
         for r in self.left_in_tvm:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
+        for r in self.not_fused:
+            largest = r["refused"][0]
+            lines.append(
+                f"  [not fused] {r['root']}: {largest['pattern']} refused ({'; '.join(largest['reasons'])}); "
+                f"offloaded as {r['fused_as']}"
+            )
         return "\n".join(lines)
 
 
@@ -114,7 +127,7 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
-        return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod))
+        return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod), _not_fused(mod))
     arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
     if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
         mod = PartitionForCutlass(arch)(ConvertToNHWC()(FoldLinearReshapes()(mod)))
@@ -122,7 +135,15 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     opts = CodegenOptions.create(arch, **options)
     calls = call_counts(mod)
     regions = plan_regions([f for _, f in offloaded_functions(mod)], opts)
-    return OffloadReport([r.report_row() | {"calls": calls[r.symbol]} for r in regions], _left_in_tvm(mod))
+    rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
+    return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
+
+
+def _not_fused(mod: tvm.IRModule) -> list[dict]:
+    from .partition import NOT_FUSED_ATTR
+
+    attrs = mod.attrs or {}
+    return json.loads(str(attrs[NOT_FUSED_ATTR])) if NOT_FUSED_ATTR in attrs else []
 
 
 __all__ = ["OffloadReport", "offload_report"]

@@ -275,3 +275,62 @@ $extra_checks
 }  // namespace
 TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)
+
+# A custom activation (relax_cutlass.extend) as the functor CUTLASS's epilogues instantiate: over
+# the compute element (float) for the 2.x traits, and over Array<float, N> for the 2.x generic and
+# residual-block epilogues and the SM90 EVT compute node.
+ACTIVATION_FUNCTOR = Template("""\
+// custom activation $name: $expression
+template <typename T>
+struct $functor {
+  static const bool kIsHeavy = true;
+  CUTLASS_HOST_DEVICE T operator()(T const& value) const {
+    float const x = static_cast<float>(value);
+    return static_cast<T>($expression);
+  }
+};
+template <typename T, int N>
+struct $functor<cutlass::Array<T, N>> {
+  static const bool kIsHeavy = true;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
+    $functor<T> scalar;
+    cutlass::Array<T, N> result;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) result[i] = scalar(value[i]);
+    return result;
+  }
+};
+""")
+
+# check_activation's program: the functor evaluated on the host, elementwise and through the Array
+# form the kernels use; the device side is compiled (for the target arch) but never launched.
+ACTIVATION_CHECK_PROGRAM = Template("""\
+#include <cmath>
+#include <cstdio>
+#include "cutlass/cutlass.h"
+#include "cutlass/array.h"
+
+namespace {
+$definition
+__global__ void device_compile_check(float* values) {
+  $functor<cutlass::Array<float, 8>> op;
+  cutlass::Array<float, 8> v;
+  for (int i = 0; i < 8; ++i) v[i] = values[i];
+  v = op(v);
+  for (int i = 0; i < 8; ++i) values[i] = v[i];
+}
+}  // namespace
+
+int main() {
+  static const float inputs[] = {$inputs};
+  constexpr int kCount = sizeof(inputs) / sizeof(inputs[0]);
+  $functor<float> scalar;
+  $functor<cutlass::Array<float, 1>> vector;
+  for (int i = 0; i < kCount; ++i) {
+    cutlass::Array<float, 1> v;
+    v[0] = inputs[i];
+    std::printf("%.9g %.9g\\n", scalar(inputs[i]), vector(v)[0]);
+  }
+  return 0;
+}
+""")
