@@ -1,5 +1,7 @@
 """Teach relax_cutlass a new fused activation: the Relax pattern to match and the C++ to fuse.
 
+Example::
+
     from tvm.relax.dpl import is_op
     from relax_cutlass.extend import register_activation, check_activation
 
@@ -17,6 +19,7 @@ From then on every GEMM and conv2d pattern also matches `<root> [+ bias] -> quic
 epilogue. Register before the partition runs; the registry is per process.
 
 What keeps a custom activation from being silently wrong:
+
 - the pattern may use only `x`, scalar constants made with `const(value)` (whose values the
   partition checks), and elementwise ops from `ELEMENTWISE_OPS`; anything else is refused here;
 - a matched region whose epilogue changes the shape stays in TVM (patterns.epilogue_problems);
@@ -82,12 +85,19 @@ def register_activation(
 ) -> Activation:
     """Register activation `name` for every GEMM and conv2d epilogue.
 
-    pattern: `pattern(x, const)` -> the DFPattern of the activation applied to `x` (the GEMM or
-        conv output, after the bias). Scalar constants must be `const(value)`: a region matches only
-        if the graph's constant has that value. Use `|` for alternative forms.
-    expression: a C++ expression of `float x` giving the activation in fp32 (device and host code:
-        expf, tanhf, erff, fmaxf, ... and float literals such as 1.702f).
-    replace: allow re-registering `name` (built-in activations can never be replaced).
+    Parameters
+    ----------
+    name
+        lower_snake_case; becomes part of composite, C++ and kernel names.
+    pattern
+        `pattern(x, const)` -> the DFPattern of the activation applied to `x` (the GEMM or conv
+        output, after the bias). Scalar constants must be `const(value)`: a region matches only if
+        the graph's constant has that value. Use `|` for alternative forms.
+    expression
+        A C++ expression of `float x` giving the activation in fp32 (device and host code: expf,
+        tanhf, erff, fmaxf, ... and float literals such as 1.702f).
+    replace
+        Allow re-registering `name` (built-in activations can never be replaced).
     """
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"activation name {name!r} must be lower_snake_case (it becomes part of C++ and kernel names)")

@@ -25,6 +25,10 @@ ACTIVATION_BUILDERS = {
     "hardswish": lambda bb, x: _hardswish(bb, x),
     # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
     "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
+    # QuickGELU, x * sigmoid(1.702 x), as CLIP exports it: not built in (tutorial 02 registers it).
+    "quick_gelu": lambda bb, x: bb.emit(
+        multiply(x, bb.emit(sigmoid(bb.emit(multiply(x, _scalar(1.702, x.ty.dtype))))))
+    ),
 }
 
 
@@ -172,7 +176,7 @@ def bert_encoder_layer(
 ) -> tvm.IRModule:
     """One BERT-large encoder layer, as torch.export + from_exported_program would produce it.
 
-    main(x: (batch, seq, hidden), *weights) -> (batch, seq, hidden); attention score matmuls are
+    ``main(x: (batch, seq, hidden), *weights) -> (batch, seq, hidden)``; attention score matmuls are
     batched (ND x ND) and stay in TVM; the six dense layers are offload candidates.
     """
     head_dim = hidden // heads

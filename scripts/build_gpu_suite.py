@@ -34,6 +34,22 @@ from relax_cutlass.models import (  # noqa: E402
     dense_epilogue_model,
 )
 
+
+def register_quick_gelu() -> None:
+    """The custom activation of tutorial 02 (relax_cutlass.extend), for the custom-epilogue cases."""
+    from tvm.relax.dpl import is_op
+
+    from relax_cutlass.extend import register_activation, registered_activations
+
+    if "quick_gelu" not in registered_activations():
+        mul, sigmoid = is_op("relax.multiply"), is_op("relax.sigmoid")
+        register_activation(
+            "quick_gelu", lambda x, const: mul(x, sigmoid(mul(x, const(1.702)))), "x / (1.0f + expf(-1.702f * x))"
+        )
+
+
+register_quick_gelu()
+
 # Correctness cases: (name, model kwargs, codegen options, runs (symbolic dims), checks)
 TEST_M, TEST_N, TEST_K = 1000, 256, 384
 TEST_CASES = [
@@ -46,6 +62,8 @@ TEST_CASES = [
     ("dense_bias_silu", dict(activation="silu"), {}),
     ("dense_bias_sigmoid", dict(activation="sigmoid"), {}),
     ("dense_bias_hardswish", dict(activation="hardswish"), {}),
+    ("dense_bias_quick_gelu_custom", dict(activation="quick_gelu"), {}),
+    ("dense_bias_quick_gelu_custom_res_relu", dict(activation="quick_gelu", residual=True, residual_relu=True), {}),
     ("dense_bias_residual", dict(residual=True), {}),
     ("dense_bias_residual_relu", dict(residual=True, residual_relu=True), {}),
     ("dense_bias_gelu_residual", dict(activation="gelu", residual=True), {}),
@@ -103,6 +121,7 @@ CONV_TEST_CASES = [
     ("conv2d_bias_sigmoid", dict(activation="sigmoid"), {}),
     ("conv2d_bias_hardswish", dict(activation="hardswish"), {}),
     ("conv2d_bias_gelu", dict(activation="gelu"), {}),
+    ("conv2d_bias_quick_gelu_custom", dict(activation="quick_gelu"), {}),
     ("conv2d_bias_residual", dict(residual=True), {}),
     ("conv2d_bias_residual_relu", dict(residual=True, residual_relu=True), {}),
     ("conv2d_bias_silu_residual_relu", dict(activation="silu", residual=True, residual_relu=True), {}),

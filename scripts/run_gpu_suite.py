@@ -62,6 +62,7 @@ ACT = {
     "silu": F.silu,
     "sigmoid": torch.sigmoid,
     "hardswish": F.hardswish,
+    "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t),  # the custom activation of tutorial 02
 }
 
 
