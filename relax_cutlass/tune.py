@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-MODELS = ("bert", "bench", "resnet50", "conv_bench")
+MODELS = ("bert", "bench", "resnet50", "conv_bench", "bert_large")
 RESNET_BATCHES = (32, 1)
+BERT_LARGE_BATCHES = (8, 1)  # x seq: the BERT-large benchmark's shapes
 
 
 def _model_modules(model: str, batch: int, seq: int) -> list:
@@ -42,6 +43,10 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
             for b in (32, 1)
             for hw, c in stages
         ]
+    if model == "bert_large":  # transformers BERT-large as benchmarked; one layer has every GEMM shape
+        from .torch_models import bert_module
+
+        return [bind_float16(*bert_module(batch=b, seq=seq, layers=1)) for b in BERT_LARGE_BATCHES]
     from .torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
 
     return [bind_float16(*resnet50_module(batch=b)) for b in RESNET_BATCHES]
@@ -68,7 +73,7 @@ def build(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
     ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
     ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--batch", type=int, default=8, help="BERT batch (ResNet-50: batch 32 and 1)")
+    ap.add_argument("--batch", type=int, default=8, help="bert's batch (bert_large: 8 and 1; ResNet-50: 32 and 1)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES)
     ap.add_argument("--out", type=Path, default=Path("build/tune"))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -143,6 +145,15 @@ CONV_SYMBOLIC_RUNS = [{"n": 1}, {"n": 5}]
 CONV_STAGES = ((56, 64), (28, 128), (14, 256), (7, 512))
 CONV_BATCHES = (32, 1)
 RESNET_BATCHES = (32, 1)
+# BERT-large encoder benchmark: (batch, seq) and the layer count.
+BERT_SHAPES = ((8, 128), (1, 128))
+BERT_LAYERS = 24
+
+
+def bert_flops(batch: int, seq: int, layers: int, hidden: int = 1024, ffn: int = 4096) -> int:
+    """Multiply-add FLOPs of a BERT encoder: the six dense layers plus attention's two matmuls."""
+    tokens = batch * seq
+    return layers * (2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn) + 2 * 2 * tokens * seq * hidden)
 
 
 def conv_case_model(kwargs: dict) -> tuple[tvm.IRModule, bool]:
@@ -156,27 +167,40 @@ def stage_model(batch: int, hw: int, channels: int) -> tvm.IRModule:
     return conv2d_epilogue_model(batch, hw, hw, channels, channels, activation="relu", layout="NHWC")
 
 
-def shippable_resnet50(batch: int) -> tvm.IRModule:
-    """ResNet-50 from PyTorch (torch.export + from_exported_program), weights bound, batch norm
-    folded, NHWC, float16: then every folded weight turned back into a named parameter.
+def shippable(mod: tvm.IRModule, weights: dict) -> tvm.IRModule:
+    """The model with its weights bound, folded and in float16 (bind_float16: the
+    bind_params_by_name + FoldConstant scenario), then every folded weight turned back into a
+    named parameter.
 
-    50 MB of float16 weights per library would not fit what can be carried to the GPU host, so
-    both builds (relax_cutlass and TVM's) take the folded weights as parameters and the GPU host
-    regenerates them by name (bench/gpu_common.random_array); the graph is the bound model's.
+    A real model's float16 weights (50 MB for ResNet-50, 670 MB for BERT-large) cannot be carried
+    to the GPU host, so both builds (relax_cutlass and TVM's) take the folded weights as parameters
+    and the GPU host regenerates them by name (bench/gpu_common.random_array); the graph, and what
+    relax_cutlass offloads and fuses, is the bound model's.
     """
-    from relax_cutlass.torch_models import resnet50_module
-
-    mod, weights = resnet50_module(batch=batch, image=224)
     func = bind_float16(mod, weights)["main"]
 
     def name(index: int, const) -> str:
         shape = [int(d) for d in const.ty.shape.values]
-        return f"p{index}_{'b' if sum(d > 1 for d in shape) == 1 else 'w'}"  # per-channel vector or filter
+        return f"p{index}_{'b' if sum(d > 1 for d in shape) == 1 else 'w'}"  # a vector, or a weight
 
     lifter = _ConstantsToParams(name=name)
     body = lifter.visit_expr(func.body)
     params = [*func.params, *(var for var, _ in lifter.lifted)]
     return tvm.IRModule({"main": relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)})
+
+
+def shippable_resnet50(batch: int) -> tvm.IRModule:
+    """ResNet-50 from PyTorch (torch.export + from_exported_program), batch norm folded, NHWC."""
+    from relax_cutlass.torch_models import resnet50_module
+
+    return shippable(*resnet50_module(batch=batch, image=224))
+
+
+def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
+    """The Hugging Face transformers BERT-large encoder (random init) through torch.export."""
+    from relax_cutlass.torch_models import bert_module
+
+    return shippable(*bert_module(batch=batch, seq=seq, layers=layers))
 
 
 def target(arch: str) -> tvm.target.Target:
@@ -279,13 +303,12 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
     ap.add_argument(
-        "--only", choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet"], action="append"
+        "--only", choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert"], action="append"
     )
     ap.add_argument(
         "--pack",
         action="store_true",
-        help="also write <out>.tar.xz to carry to the GPU host "
-        "(xz dedupes the static CUDA runtime each library carries)",
+        help="also write <out>.tar.xz to carry to the GPU host: the sections built by this call only",
     )
     ap.add_argument("--tuning-db", default="", help="also build bench/model cases with this tuning database")
     args = ap.parse_args()
@@ -302,7 +325,7 @@ def main() -> None:
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet")
+    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert")
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
@@ -351,6 +374,8 @@ def main() -> None:
         ]
     resnets = {b: shippable_resnet50(b) for b in RESNET_BATCHES} if "resnet" in only else {}
     jobs += [(mod, False, opts, ("auto",)) for mod in resnets.values() for opts in tuned_options]
+    berts = {shape: shippable_bert_large(*shape, BERT_LAYERS) for shape in BERT_SHAPES} if "bert" in only else {}
+    jobs += [(mod, False, opts, ("auto",)) for mod in berts.values() for opts in tuned_options]
     prewarm(jobs, args.arch)
 
     if "conv" in only:
@@ -378,6 +403,20 @@ def main() -> None:
             entry = build_pair(f"resnet50_n{batch}", mod, out, args.arch, False, {}, families=model_families)
             entry.update(batch=batch, runs=[{}])
             manifest["resnet"].append(entry)
+
+    if "bert" in only:
+        print(f"BERT-large encoder (transformers -> torch.export -> Relax), {BERT_LAYERS} layers:", flush=True)
+        for (batch, seq), mod in berts.items():
+            entry = build_pair(f"bert_large_b{batch}_s{seq}", mod, out, args.arch, False, {}, families=model_families)
+            entry.update(
+                batch=batch,
+                seq=seq,
+                layers=BERT_LAYERS,
+                flops=bert_flops(batch, seq, BERT_LAYERS),
+                offloaded_flops=sum(2 * math.prod(r["mnk"]) * r["calls"] for r in entry["offloaded"]),
+                runs=[{}],
+            )
+            manifest["bert"].append(entry)
 
     if "tests" in only:
         print("correctness cases:", flush=True)
@@ -420,11 +459,29 @@ def main() -> None:
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"wrote {manifest_path}")
     if args.pack:
-        import subprocess
+        pack(out, manifest, only)
 
-        archive = out.with_suffix(".tar.xz")
-        subprocess.run(f"tar -cf - -C {out.parent} {out.name} | xz -9 -T0 > {archive}", shell=True, check=True)
-        print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
+
+def pack(out: Path, manifest: dict, sections: set[str]) -> None:
+    """Write <out>.tar.xz holding only the sections built now: their libraries and a manifest of
+    just those sections (what is carried to the GPU host is limited; xz dedupes the static CUDA
+    runtime every library carries)."""
+    import shutil
+    import subprocess
+
+    stage = out.parent / f"{out.name}-pack"
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / out.name).mkdir(parents=True)
+    packed = {"arch": manifest["arch"]} | {k: (v if k in sections else []) for k, v in manifest.items() if k != "arch"}
+    (stage / out.name / "manifest.json").write_text(json.dumps(packed, indent=1))
+    names = {case["name"] for key in sections for case in manifest.get(key, [])}
+    for lib in out.iterdir():
+        if lib.suffix == ".so" and lib.name.split(".", 1)[0] in names:
+            os.link(lib, stage / out.name / lib.name)
+    archive = out.with_suffix(".tar.xz")
+    subprocess.run(f"tar -cf - -C {stage} {out.name} | xz -9 -T0 > {archive}", shell=True, check=True)
+    shutil.rmtree(stage)
+    print(f"wrote {archive} ({archive.stat().st_size / 2**20:.1f} MiB, sections {sorted(sections)})")
 
 
 if __name__ == "__main__":

@@ -472,6 +472,51 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
+def bert_case(case: dict, build: Path, use_compile: bool) -> dict:
+    """The transformers BERT-large encoder end to end: relax_cutlass vs TVM's build (same graph and
+    weights) vs torch eager / torch.compile running transformers' BertEncoder (written in plain
+    torch here, since this host has no transformers; tests/test_models.py checks it is the same
+    computation) in fp16 with its default sdpa attention."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relax_cutlass"))
+    import torch_models  # torch + numpy only: the package itself needs the TVM compiler
+
+    values = inputs_for(case["tvm_params"], {}, 1)
+    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
+    offloaded = case["offloaded"]
+    row = {
+        "name": case["name"],
+        "batch": case["batch"],
+        "seq": case["seq"],
+        "layers": case["layers"],
+        "offloaded_regions": sum(r["calls"] for r in offloaded),
+        "regions_with_fused_gelu": sum(r["calls"] for r in offloaded if "gelu" in r["epilogue"]),
+        "left_in_tvm": len(case["left_in_tvm"]),
+        "offloaded_flop_fraction": case["offloaded_flops"] / case["flops"],
+        "err_vs_tvm": rel_error(got, ref),
+    }
+    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
+    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    if "tuned" in case.get("families", []):
+        _time_tuned(row, case, build, values)
+        row["err_tuned_vs_tvm"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), ref)
+        row["ok"] &= row["err_tuned_vs_tvm"] <= TOL_VS_TVM
+    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    model = torch_models.bert_encoder_torch(layers=case["layers"]).half().cuda()
+    x = torch.from_numpy(values[case["tvm_params"][0]["name"]]).cuda().half()
+    with torch.no_grad():
+        row["torch_eager_ms"] = time_torch(lambda: model(x), repeat=10, number=10)
+        if use_compile:
+            compiled = torch.compile(model)
+            row["torch_compile_ms"] = time_torch(lambda: compiled(x), repeat=10, number=10)
+    row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
+    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
+    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    if "torch_compile_ms" in row:
+        row["speedup_vs_torch_compile"] = row["torch_compile_ms"] / row["relax_cutlass_ms"]
+    return row
+
+
 # (header, key, format) of the summary table printed last.
 COLUMNS = [
     ("case", "name", "36s"),
@@ -499,7 +544,7 @@ def print_summary(results: dict) -> None:
     )
     print(" ".join(f"{h:>{f.split('.')[0].rstrip('sf')}}" for h, _, f in COLUMNS))
     rows = results["bench"] + results.get("conv_bench", [])
-    rows += [r for key in ("model", "resnet") for r in results.get(key, []) if "error" not in r]
+    rows += [r for key in ("model", "resnet", "bert") for r in results.get(key, []) if "error" not in r]
     for row in rows:
         cells = []
         for _, key, fmt in COLUMNS:
@@ -509,7 +554,7 @@ def print_summary(results: dict) -> None:
         print(" ".join(cells))
 
 
-SECTIONS = ("tests", "conv", "bench", "conv_bench", "sweep", "model", "resnet")
+SECTIONS = ("tests", "conv", "bench", "conv_bench", "sweep", "model", "resnet", "bert")
 
 
 def _guarded(results: dict, key: str, case: dict, fn, *args) -> None:
@@ -573,7 +618,7 @@ def main() -> int:
                 f"sweep k={key[0]} n={key[1]} m={key[2]}: "
                 + ", ".join(f"{r['tile']} {r['tflops']:.0f}" for r in rows[:4])
             )
-    for key, fn in (("model", model_case), ("resnet", resnet_case)):
+    for key, fn in (("model", model_case), ("resnet", resnet_case), ("bert", bert_case)):
         for case in manifest.get(key, []) if key in only else []:
             _guarded(results, key, case, fn, build, use_compile)
             save()

@@ -1,5 +1,6 @@
 """Real models through real frontends: ResNet-50 written in PyTorch, torch.export, Relax, offload."""
 
+import numpy as np
 import pytest
 import tvm
 from harness import compare_on_cpu, random_inputs
@@ -63,6 +64,20 @@ def test_transformers_bert_encoder_offloads_every_dense_and_fuses_gelu():
     assert sorted(r["epilogue"] for r in report.offloaded).count("bias+gelu") == 2
     assert all(r["mnk"][0] == 32 for r in report.offloaded)  # M = batch x seq, reshapes folded
     assert len(report.left_in_tvm) == 4 and all(r["op"] == "batched matmul" for r in report.left_in_tvm)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_plain_torch_bert_is_the_transformers_encoder(attention):
+    """The BERT benchmark's torch peer (the GPU host has no transformers) computes exactly what
+    transformers' BertEncoder computes, with its weights loaded by name."""
+    import torch
+
+    reference = torch_models.bert_encoder(layers=2, hidden=64, heads=4, ffn=128)
+    ours = torch_models.bert_encoder_torch(layers=2, hidden=64, heads=4, ffn=128, attention=attention)
+    ours.load_state_dict(reference.encoder.state_dict(), strict=True)
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 16, 64)).astype("float32"))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
 def test_llama_style_gated_mlp():
