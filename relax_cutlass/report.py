@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import tvm
@@ -25,14 +26,32 @@ class OffloadReport:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"offloaded": self.offloaded, "left_in_tvm": self.left_in_tvm, "not_fused": self.not_fused}, indent=2
+            {
+                "offloaded": self.offloaded,
+                "left_in_tvm": self.left_in_tvm,
+                "not_fused": self.not_fused,
+                "offloaded_flop_fraction": self.offloaded_flop_fraction,
+            },
+            indent=2,
         )
+
+    @property
+    def offloaded_flop_fraction(self) -> float | None:
+        """The offloaded share of the module's GEMM and conv2d FLOPs (call sites counted), or None
+        when a symbolic shape makes a count unknown."""
+        done = [2 * math.prod(r["mnk"]) * r.get("calls", 1) for r in self.offloaded if isinstance(r["mnk"][0], int)]
+        left = [r.get("flops") for r in self.left_in_tvm]
+        if len(done) != len(self.offloaded) or None in left or not done + left:
+            return None
+        return sum(done) / (sum(done) + sum(left))
 
     def __str__(self) -> str:
         sites = sum(r.get("calls", 1) for r in self.offloaded)
+        fraction = self.offloaded_flop_fraction
         lines = [
             f"relax_cutlass offload report: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
             f"{len(self.left_in_tvm)} candidate(s) left in TVM"
+            + (f"; {100 * fraction:.1f}% of the GEMM/conv2d FLOPs offloaded" if fraction is not None else "")
         ]
         for r in self.offloaded:
             m, n, k = r["mnk"]
@@ -81,6 +100,24 @@ def _shapes(call: relax.Call) -> list[str]:
     return [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args]
 
 
+def _static_shape(expr: relax.Expr) -> list[int] | None:
+    shape = getattr(expr.ty, "shape", None)
+    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
+    return [int(d) for d in dims] if dims is not None and all(hasattr(d, "value") for d in dims) else None
+
+
+def _flops(call: relax.Call) -> int | None:
+    """Multiply-add FLOPs of a matmul (2 x output elements x K) or conv2d (2 x output elements x
+    C/groups x R x S); None when a shape is symbolic."""
+    out, lhs, rhs = _static_shape(call), _static_shape(call.args[0]), _static_shape(call.args[1])
+    if out is None or lhs is None or rhs is None:
+        return None
+    if call.op.name == "relax.nn.conv2d":
+        out_channels = rhs[str(call.attrs.kernel_layout).index("O")]
+        return 2 * math.prod(out) * math.prod(rhs) // out_channels
+    return 2 * math.prod(out) * lhs[-1]
+
+
 def _matmul_row(name: str, call: relax.Call, var2val) -> dict:
     rhs = call.args[1]
     producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
@@ -92,7 +129,13 @@ def _matmul_row(name: str, call: relax.Call, var2val) -> dict:
     reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
     rank = len(rhs.ty.shape.values) if getattr(rhs.ty, "shape", None) is not None else 0
     op = "batched matmul" if rank > 2 else ("dense" if transposed else "matmul")
-    return {"function": name, "op": op, "shapes": _shapes(call), "reasons": reasons or [NOT_MATCHED]}
+    return {
+        "function": name,
+        "op": op,
+        "shapes": _shapes(call),
+        "flops": _flops(call),
+        "reasons": reasons or [NOT_MATCHED],
+    }
 
 
 def _conv2d_row(name: str, call: relax.Call, _var2val) -> dict:
@@ -100,6 +143,7 @@ def _conv2d_row(name: str, call: relax.Call, _var2val) -> dict:
         "function": name,
         "op": "conv2d",
         "shapes": _shapes(call),
+        "flops": _flops(call),
         "reasons": conv2d_problems(call) or [NOT_MATCHED],
     }
 

@@ -31,6 +31,11 @@ def test_resnet50_offloads_every_conv_but_the_rgb_stem(resnet50):
     assert [r["op"] for r in report.offloaded if r["op"] != "conv2d"] == ["matmul"]  # the classifier
     (stem,) = report.left_in_tvm
     assert stem["op"] == "conv2d" and "C=3" in stem["reasons"][0]
+    # The stem: 7x7/2 over 3 channels into 64, at 32x32 -> 16x16 outputs.
+    assert stem["flops"] == 2 * 16 * 16 * 64 * 3 * 7 * 7
+    offloaded = sum(2 * r["mnk"][0] * r["mnk"][1] * r["mnk"][2] * r["calls"] for r in report.offloaded)
+    assert report.offloaded_flop_fraction == pytest.approx(offloaded / (offloaded + stem["flops"]))
+    assert 0.97 < report.offloaded_flop_fraction < 1
 
 
 def _op_names(func):
@@ -64,6 +69,10 @@ def test_transformers_bert_encoder_offloads_every_dense_and_fuses_gelu():
     assert sorted(r["epilogue"] for r in report.offloaded).count("bias+gelu") == 2
     assert all(r["mnk"][0] == 32 for r in report.offloaded)  # M = batch x seq, reshapes folded
     assert len(report.left_in_tvm) == 4 and all(r["op"] == "batched matmul" for r in report.left_in_tvm)
+    tokens, hidden, ffn, seq = 32, 64, 128, 16
+    dense = 2 * 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)  # 2 layers
+    attention = 2 * 2 * (2 * tokens * seq * hidden)  # 2 layers x (q @ k^T, probs @ v)
+    assert report.offloaded_flop_fraction == pytest.approx(dense / (dense + attention))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -84,8 +93,9 @@ def test_llama_style_gated_mlp():
     mod, weights = torch_models.llama_mlp_module(tokens=16, hidden=64, intermediate=176)
     mod = bind_float16(mod, weights)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
-    epilogues = sorted(r["epilogue"] for r in relax_cutlass.offload_report(rewritten).offloaded)
-    assert epilogues == ["none", "none", "silu"]  # gate + silu fused; up; down
+    report = relax_cutlass.offload_report(rewritten)
+    assert sorted(r["epilogue"] for r in report.offloaded) == ["none", "none", "silu"]  # gate+silu; up; down
+    assert report.offloaded_flop_fraction == 1.0
 
 
 def test_onnx_model_through_the_onnx_frontend():
@@ -102,6 +112,7 @@ def test_onnx_model_through_the_onnx_frontend():
         "matmul:bias+relu",
     ]
     assert not report.left_in_tvm
+    assert report.offloaded_flop_fraction == 1.0
 
 
 def test_fold_linear_reshapes_only_folds_the_exact_flatten():
