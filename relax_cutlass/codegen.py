@@ -97,7 +97,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
     regions = []
     for func in functions:
         symbol = str(func.attrs["global_symbol"])
-        spec, roles, problem, composite = analyze(func, symbol, options.accumulator)
+        spec, roles, problem, composite, aliases = analyze(func, symbol, options.accumulator)
         if isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
                 problem, spec.epilogue, options.arch, 1, options.family, options.tile, db
@@ -109,7 +109,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
                 problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile, db
             )
             extra = {"dispatch": _m_dispatch(problem, spec.epilogue, options, db)}
-        regions.append(make_region(func, symbol, kernel, roles, composite, **extra))
+        regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
     return regions
 
 

@@ -314,9 +314,9 @@ _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBf
 
 def _gemm_glue_function(region: GemmRegion) -> str:
     p = region.kernel.problem
-    roles = region.arg_roles
-    params = ", ".join(f"TensorView {role}" for role in roles) + ", TensorView out"
-    checks = _tensor_checks(region, ("lhs", "rhs", "out", "residual"))
+    roles = region.roles
+    params = ", ".join(f"TensorView {role}" for role in region.arg_roles) + ", TensorView out"
+    checks = _role_aliases(region) + _tensor_checks(region, ("lhs", "rhs", "out", "residual"))
     extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.n}, bias);'] if "bias" in roles else []
     extra += _residual_checks(roles)
     rhs_dims = (p.n, p.k) if p.b_transposed else (p.k, p.n)
@@ -347,6 +347,11 @@ def _launch(region: GemmRegion) -> str:
     return call
 
 
+def _role_aliases(region: GemmRegion | Conv2dRegion) -> str:
+    """A name for each second role of a parameter (the residual that is also the lhs)."""
+    return "".join(f"  const TensorView& {alias} = {role};\n" for alias, role in region.role_aliases)
+
+
 def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, ...]) -> str:
     """One CheckTensor line per argument: dtype, device, contiguity, and the kernel's alignment."""
     alignment = region.kernel.problem.alignment
@@ -370,12 +375,12 @@ def _residual_checks(roles) -> list[str]:
 
 def _conv2d_glue_function(region: Conv2dRegion) -> str:
     p = region.kernel.problem
-    roles = region.arg_roles
+    roles = region.roles
     extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.k}, bias);'] if "bias" in roles else []
     return CONV2D_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
-        params=", ".join(f"TensorView {role}" for role in roles) + ", TensorView out",
-        checks=_tensor_checks(region, ("data", "weight", "out", "residual")),
+        params=", ".join(f"TensorView {role}" for role in region.arg_roles) + ", TensorView out",
+        checks=_role_aliases(region) + _tensor_checks(region, ("data", "weight", "out", "residual")),
         h=p.h, w=p.w, c=p.c, k=p.k, r=p.r, s=p.s, p=p.p, q=p.q,
         pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
         dilation_h=p.dilation[0], dilation_w=p.dilation[1], split_k=region.split_k,

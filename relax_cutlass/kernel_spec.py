@@ -254,6 +254,14 @@ class _Region:
     out_shape: tuple[int | str, ...]
     out_dtype: str
     composite: str
+    # (role, role of the parameter that also plays it): one tensor in two roles, as the residual of
+    # y = act(x @ w + b) + x is the lhs.
+    role_aliases: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def roles(self) -> set[str]:
+        """Every role some parameter plays."""
+        return set(self.arg_roles) | {alias for alias, _ in self.role_aliases}
 
     def _row(self, op: str, mnk: list, details: dict) -> dict:
         """The report row: what every region reports, with `details` before the kernel columns."""

@@ -30,7 +30,9 @@ def _shape(expr) -> tuple[int | str, ...]:
 
 
 def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
-    """-> (spec, roles, GemmProblem | Conv2dProblem, composite) for one offloaded function, validated again."""
+    """-> (spec, roles, GemmProblem | Conv2dProblem, composite, aliases) for one offloaded function,
+    validated again. `roles` has one role per parameter; `aliases` the (role, parameter's role) pairs
+    of a parameter that plays a second role."""
     composite = composite_of(func)
     name = str(composite.attrs["Composite"])
     spec = spec_by_name().get(name)
@@ -49,6 +51,7 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
 
     params = list(composite.params)
     roles: list[str | None] = [None] * len(params)
+    aliases: list[tuple[str, str]] = []  # (role, role of the parameter that also plays it)
     for role in ROLES:
         if role not in ann:
             continue
@@ -59,7 +62,11 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
                 "relax_cutlass.transform.LiftConstants() before codegen so tensor constants become "
                 "parameters (generated C++ never embeds tensor data)"
             )
-        roles[next(i for i, p in enumerate(params) if expr.same_as(p))] = role
+        index = next(i for i, p in enumerate(params) if expr.same_as(p))
+        if roles[index] is None:
+            roles[index] = role
+        else:  # one tensor in two roles, e.g. y = act(x @ w + b) + x: the residual is the lhs
+            aliases.append((role, roles[index]))
     if None in roles:
         raise RegionError(
             f"{symbol}: parameters {[p.name for p, r in zip(params, roles, strict=True) if r is None]} have no role"
@@ -68,7 +75,7 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     problem = (_conv2d_problem if isinstance(spec, Conv2dPatternSpec) else _gemm_problem)(
         spec, ann, out_expr, accumulator
     )
-    return spec, tuple(roles), problem, composite
+    return spec, tuple(roles), problem, composite, tuple(aliases)
 
 
 def _accumulator(root, inputs, requested: str) -> str:
@@ -112,13 +119,14 @@ def _conv2d_problem(spec, ann, out_expr, accumulator: str) -> Conv2dProblem:
 
 
 def make_region(
-    func: relax.Function, symbol: str, kernel: GemmKernel | Conv2dKernel, roles, composite, **extra
+    func: relax.Function, symbol: str, kernel: GemmKernel | Conv2dKernel, roles, composite, aliases=(), **extra
 ) -> GemmRegion | Conv2dRegion:
     record = Conv2dRegion if isinstance(kernel, Conv2dKernel) else GemmRegion
     return record(
         symbol=symbol,
         kernel=kernel,
         arg_roles=roles,
+        role_aliases=aliases,
         arg_shapes=tuple(_shape(p) for p in composite.params),
         arg_dtypes=tuple(dtype_of(p) for p in composite.params),
         out_shape=_shape(composite.body.body),

@@ -203,6 +203,24 @@ def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
     return shippable(*bert_module(batch=batch, seq=seq, layers=layers))
 
 
+def graph_cases() -> list[tuple[str, tvm.IRModule, bool, list[dict]]]:
+    """A fixed sample of the property tests' random graphs (tests/graphs.py), for the GPU: the later,
+    more complex examples of a derandomized draw. -> (name, module, bind weights, runs)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from graphs import CONV_GRAPH, GEMM_GRAPH, conv_graph, fixed_sample, gemm_graph
+
+    cases = []
+    for i, ex in enumerate(fixed_sample(GEMM_GRAPH, 48)[-10:]):
+        runs = [{"b": 1}, {"b": 3}] if ex["batch"] == "b" else [{}]
+        mod = gemm_graph(ex["batch"], ex["rows"], ex["features"], ex["layers"])
+        cases.append((f"graph_gemm_{i}", mod, ex["bind"], runs))
+    for i, ex in enumerate(fixed_sample(CONV_GRAPH, 24)[-5:]):
+        runs = [{"n": 1}, {"n": 2}] if ex["batch"] == "n" else [{}]
+        mod = conv_graph(ex["batch"], ex["size"], ex["channels"], ex["layers"])
+        cases.append((f"graph_conv_{i}", mod, False, runs))
+    return cases
+
+
 def target(arch: str) -> tvm.target.Target:
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
 
@@ -303,7 +321,9 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
     ap.add_argument(
-        "--only", choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert"], action="append"
+        "--only",
+        choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs"],
+        action="append",
     )
     ap.add_argument(
         "--pack",
@@ -311,6 +331,9 @@ def main() -> None:
         help="also write <out>.tar.xz to carry to the GPU host: the sections built by this call only",
     )
     ap.add_argument("--tuning-db", default="", help="also build bench/model cases with this tuning database")
+    ap.add_argument(
+        "--pack-existing", action="store_true", help="build nothing: pack the --only sections already built"
+    )
     args = ap.parse_args()
     TUNING_DB[0] = args.tuning_db
     if args.tuning_db:  # symbolic M dispatching among tuned M buckets at run time
@@ -325,14 +348,17 @@ def main() -> None:
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert")
+    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs")
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
     if manifest_path.exists():  # rebuild only the sections asked for
         previous = json.loads(manifest_path.read_text())
         if previous.get("arch") == args.arch:
-            manifest |= {k: previous.get(k, []) for k in sections if k not in only}
+            manifest |= {k: previous.get(k, []) for k in sections if k not in only or args.pack_existing}
+    if args.pack_existing:
+        pack(out, manifest, only)
+        return
 
     jobs = []
     if "tests" in only:
@@ -364,6 +390,8 @@ def main() -> None:
         jobs += [(sweep_models[SWEEP_KN[0]], False, {"tile": tile}, ("auto",)) for tile in SWEEP_TILES]
     if "conv" in only:
         jobs += [(*conv_case_model(kwargs), options, ("auto",)) for _, kwargs, options in CONV_TEST_CASES]
+    graphs = graph_cases() if "graphs" in only else []
+    jobs += [(mod, bind_weights, {}, ("auto",)) for _, mod, bind_weights, _ in graphs]
     tuned_options = [{}, {"tuning_db": args.tuning_db}] if args.tuning_db else [{}]
     if "conv_bench" in only:
         jobs += [
@@ -386,6 +414,13 @@ def main() -> None:
             entry["runs"] = CONV_SYMBOLIC_RUNS if kwargs.get("n") == "n" else [{}]
             entry["spec"] = CONV_BASE | {k: v for k, v in kwargs.items() if k != "bind"} | {"options": options}
             manifest["conv"].append(entry)
+
+    if graphs:
+        print("random graphs (the property tests' fixed GPU sample):", flush=True)
+        for name, mod, bind_weights, runs in graphs:
+            entry = build_pair(name, mod, out, args.arch, bind_weights, {})
+            entry["runs"] = runs
+            manifest["graphs"].append(entry)
 
     if "conv_bench" in only:
         print("conv2d benchmark cases (ResNet-50 3x3 stages, conv + bias + relu, NHWC):", flush=True)

@@ -1,4 +1,5 @@
-"""CutlassCodegen structure, options, emitted C++ and the offload report (no compiler run)."""
+"""CutlassCodegen structure, options, emitted C++ and the offload report (no nvcc run; the host glue
+is compiled with the host compiler)."""
 
 import json
 import os
@@ -143,6 +144,40 @@ def test_glue_checks_every_argument():
         assert f'CheckTensor(fn, "{role}"' in glue
     assert "TVMFFIEnvGetStream(kDLCUDA" in glue
     assert '"bias size"' in glue and '"residual dim"' in glue
+
+
+def _residual_is_lhs_model(shape, conv: bool) -> tvm.IRModule:
+    """y = relu(op(x) + b) + x: the block input is both the op's input and the residual."""
+    x = relax.Var("x", relax.TensorType(shape, "float16"))
+    c = shape[-1]
+    w = relax.Var("w", relax.TensorType([c, 3, 3, c] if conv else [c, c], "float16"))
+    b = relax.Var("b", relax.TensorType([c], "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            if conv:
+                y = relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="OHWI")
+            else:
+                y = relax.op.matmul(x, bb.emit(relax.op.permute_dims(w)))
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(bb.emit(y), b))))
+            out = bb.emit_output(bb.emit(relax.op.add(y, x)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("conv", [False, True], ids=["gemm", "conv2d"])
+def test_glue_compiles_when_the_residual_is_the_input(conv):
+    """A diamond whose residual is the op's own input: one parameter in two roles (found by the GPU
+    suite's random graphs, where the glue did not compile)."""
+    from relax_cutlass.compile import compile_all
+
+    mod = _residual_is_lhs_model([2, 8, 8, 16] if conv else [64, 32], conv)
+    (region,) = regions_of(mod)
+    assert region.role_aliases == (("residual", "data" if conv else "lhs"),)
+    assert region.kernel.epilogue.describe() == "bias+relu+residual_add"
+    glue = emit_glue([region], "aliased")
+    assert "const TensorView& residual = " in glue.text
+    ((_, cached),) = compile_all([glue], 80).values()  # the host compiler; raises CompileError
 
 
 def test_compile_errors_carry_log_and_source(tmp_path, monkeypatch):

@@ -7,70 +7,14 @@ and every legal-looking root op that stayed in TVM must come with a reason."""
 from __future__ import annotations
 
 import tvm
+from graphs import CONV_GRAPH, GEMM_GRAPH, conv_graph, gemm_graph
 from harness import compare_on_cpu, offload_for_cpu, random_inputs
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.models import ACTIVATION_BUILDERS, bind_weights, random_weights
-from relax_cutlass.patterns import FUSED_ACTIVATIONS
+from relax_cutlass.models import bind_weights, random_weights
 from relax_cutlass.regions import analyze
-
-# quick_gelu is not built in: unregistered, it must stay in TVM untouched.
-ACTIVATIONS = ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed", "quick_gelu"]
-WIDTHS = [8, 12, 16, 24, 32, 7, 13]  # odd widths must stay in TVM, with a reason
-
-LAYER = st.fixed_dictionaries(
-    {
-        "kind": st.sampled_from(["dense", "matmul"]),
-        "width": st.sampled_from(WIDTHS),
-        "bias": st.booleans(),
-        "activation": st.sampled_from(ACTIVATIONS),
-        "residual": st.integers(-1, 3),  # index of an earlier node of the same shape, -1: none
-        "residual_relu": st.booleans(),
-    }
-)
-
-
-def _gemm_graph(batch, rows: int, features: int, layers: list[dict]) -> tvm.IRModule:
-    """x -> layer -> layer ... where a layer may add an earlier node (a diamond) after its epilogue."""
-    b = tvm.tirx.Var("b", "int64") if batch == "b" else batch
-    x = relax.Var("x", relax.TensorType([b, rows, features], "float16"))
-    weights, params = [], [x]
-    width = features
-    for i, layer in enumerate(layers):
-        shape = [layer["width"], width] if layer["kind"] == "dense" else [width, layer["width"]]
-        weights.append(relax.Var(f"l{i}_w", relax.TensorType(shape, "float16")))
-        params.append(weights[-1])
-        if layer["bias"]:
-            params.append(relax.Var(f"l{i}_b", relax.TensorType([layer["width"]], "float16")))
-        width = layer["width"]
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            nodes, width, cursor = [x], features, 1
-            for layer in layers:
-                w = params[cursor]
-                cursor += 1
-                y = nodes[-1]
-                wt = bb.emit(relax.op.permute_dims(w)) if layer["kind"] == "dense" else w
-                y = bb.emit(relax.op.matmul(y, wt))
-                if layer["bias"]:
-                    y = bb.emit(relax.op.add(y, params[cursor]))
-                    cursor += 1
-                y = ACTIVATION_BUILDERS[layer["activation"]](bb, y)
-                same = [n for n in nodes if int(n.ty.shape.values[-1]) == layer["width"]]
-                if layer["residual"] >= 0 and same:
-                    y = bb.emit(relax.op.add(y, same[layer["residual"] % len(same)]))
-                    if layer["residual_relu"]:
-                        y = bb.emit(relax.op.nn.relu(y))
-                nodes.append(y)
-                width = layer["width"]
-            out = bb.emit_output(nodes[-1])
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _check_offload(mod: tvm.IRModule, **dims) -> None:
@@ -86,70 +30,15 @@ def _check_offload(mod: tvm.IRModule, **dims) -> None:
 
 
 @settings(max_examples=130, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(
-    batch=st.one_of(st.integers(1, 3), st.just("b")),
-    rows=st.integers(1, 9),
-    features=st.sampled_from([8, 16, 10, 9]),
-    layers=st.lists(LAYER, min_size=1, max_size=4),
-    bind=st.booleans(),
-)
+@given(**GEMM_GRAPH)
 def test_random_gemm_graphs(batch, rows, features, layers, bind):
-    mod = _gemm_graph(batch, rows, features, layers)
+    mod = gemm_graph(batch, rows, features, layers)
     if bind:
         mod = bind_weights(mod, random_weights(mod, skip=("x",)))
     _check_offload(mod, b=2)
 
 
-CONV_LAYER = st.fixed_dictionaries(
-    {
-        "channels": st.sampled_from([8, 16, 12, 6, 5]),
-        "kernel": st.sampled_from([1, 3]),
-        "stride": st.sampled_from([1, 1, 2]),
-        "bias": st.booleans(),
-        "activation": st.sampled_from([a for a in ACTIVATIONS if a != "gelu_decomposed"]),
-        "residual": st.booleans(),  # add the block input when shapes allow (a ResNet diamond)
-    }
-)
-
-
-def _conv_graph(batch, size: int, channels: int, layers: list[dict]) -> tvm.IRModule:
-    """An NCHW chain of conv blocks, as the PyTorch frontend writes them, with residual diamonds."""
-    n = tvm.tirx.Var("n", "int64") if batch == "n" else batch
-    x = relax.Var("x", relax.TensorType([n, channels, size, size], "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y, c, hw = x, channels, size
-            for i, layer in enumerate(layers):
-                k, r, stride = layer["channels"], layer["kernel"], layer["stride"]
-                w = relax.const(random_weights_array((k, c, r, r), i), "float16")
-                out = bb.emit(relax.op.nn.conv2d(y, w, strides=stride, padding=r // 2))
-                if layer["bias"]:
-                    b = relax.const(random_weights_array((1, k, 1, 1), 100 + i), "float16")
-                    out = bb.emit(relax.op.add(out, b))
-                out = ACTIVATION_BUILDERS[layer["activation"]](bb, out)
-                new_hw = (hw + 2 * (r // 2) - r) // stride + 1
-                if layer["residual"] and (k, new_hw) == (c, hw):
-                    out = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(out, y))))
-                y, c, hw = out, k, new_hw
-            result = bb.emit_output(y)
-        bb.emit_func_output(result)
-    return bb.get()
-
-
-def random_weights_array(shape, seed):
-    import numpy as np
-
-    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-    return (np.random.default_rng(seed).uniform(-1, 1, size=shape) / np.sqrt(fan_in)).astype("float16")
-
-
 @settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(
-    batch=st.one_of(st.integers(1, 2), st.just("n")),
-    size=st.integers(4, 9),
-    channels=st.sampled_from([8, 16, 6, 3]),
-    layers=st.lists(CONV_LAYER, min_size=1, max_size=3),
-)
+@given(**CONV_GRAPH)
 def test_random_conv_graphs(batch, size, channels, layers):
-    _check_offload(_conv_graph(batch, size, channels, layers), n=2)
+    _check_offload(conv_graph(batch, size, channels, layers), n=2)
