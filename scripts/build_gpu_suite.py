@@ -204,17 +204,18 @@ def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
 
 
 def graph_cases() -> list[tuple[str, tvm.IRModule, bool, list[dict]]]:
-    """A fixed sample of the property tests' random graphs (tests/graphs.py), for the GPU: the later,
-    more complex examples of a derandomized draw. -> (name, module, bind weights, runs)."""
+    """A fixed sample of the property tests' random graphs (tests/graphs.py), for the GPU: from a
+    derandomized draw, the examples that together cover the most offloadable layer kinds, epilogues,
+    residual diamonds, batch kinds and weight bindings. -> (name, module, bind weights, runs)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from graphs import CONV_GRAPH, GEMM_GRAPH, conv_graph, fixed_sample, gemm_graph
+    from graphs import CONV_GRAPH, GEMM_GRAPH, conv_features, conv_graph, diverse_sample, gemm_features, gemm_graph
 
     cases = []
-    for i, ex in enumerate(fixed_sample(GEMM_GRAPH, 48)[-10:]):
+    for i, ex in enumerate(diverse_sample(GEMM_GRAPH, gemm_features, 10)):
         runs = [{"b": 1}, {"b": 3}] if ex["batch"] == "b" else [{}]
         mod = gemm_graph(ex["batch"], ex["rows"], ex["features"], ex["layers"])
         cases.append((f"graph_gemm_{i}", mod, ex["bind"], runs))
-    for i, ex in enumerate(fixed_sample(CONV_GRAPH, 24)[-5:]):
+    for i, ex in enumerate(diverse_sample(CONV_GRAPH, conv_features, 5)):
         runs = [{"n": 1}, {"n": 2}] if ex["batch"] == "n" else [{}]
         mod = conv_graph(ex["batch"], ex["size"], ex["channels"], ex["layers"])
         cases.append((f"graph_conv_{i}", mod, False, runs))

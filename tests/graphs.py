@@ -143,3 +143,35 @@ def fixed_sample(strategies: dict, count: int) -> list[dict]:
 
     collect()
     return found[:count]
+
+
+def gemm_features(example: dict) -> set:
+    """What a GEMM graph exercises: the offloadable layers' (kind, bias, activation, residual) and
+    the graph's batch kind and weight binding."""
+    features, width = {("symbolic" if example["batch"] == "b" else "static", example["bind"])}, example["features"]
+    for layer in example["layers"]:
+        if width % 2 == 0 and layer["width"] % 2 == 0:
+            residual = layer["residual"] >= 0 and (layer["residual_relu"] and "relu" or "add")
+            features.add((layer["kind"], layer["bias"], layer["activation"], residual))
+        width = layer["width"]
+    return features
+
+
+def conv_features(example: dict) -> set:
+    features, channels = {"symbolic" if example["batch"] == "n" else "static"}, example["channels"]
+    for layer in example["layers"]:
+        if channels % 2 == 0 and layer["channels"] % 2 == 0:
+            features.add((layer["kernel"], layer["stride"], layer["bias"], layer["activation"], layer["residual"]))
+        channels = layer["channels"]
+    return features
+
+
+def diverse_sample(strategies: dict, features, count: int, pool: int = 300) -> list[dict]:
+    """`count` examples from a fixed draw of `pool`, picked greedily to cover the most features."""
+    candidates, chosen, covered = fixed_sample(strategies, pool), [], set()
+    for _ in range(count):
+        best = max(candidates, key=lambda e: len(features(e) - covered))
+        chosen.append(best)
+        covered |= features(best)
+        candidates.remove(best)
+    return chosen
