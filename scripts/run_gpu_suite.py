@@ -431,28 +431,21 @@ def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
-def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
-    """ResNet-50 end to end: relax_cutlass vs TVM's build (same graph and weights) vs torch."""
+def _torch_models():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relax_cutlass"))
     import torch_models  # torch + numpy only: the package itself needs the TVM compiler
 
+    return torch_models
+
+
+def _end_to_end(case: dict, build: Path, use_compile: bool, details: dict, torch_peer) -> dict:
+    """A whole model: relax_cutlass vs TVM's build of the same graph with the same weights (error,
+    then times, tuned kernels too when built), vs `torch_peer(values) -> (module, input)` in torch
+    eager and torch.compile."""
     values = inputs_for(case["tvm_params"], {}, 1)
     vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
     got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
-    offloaded = case["offloaded"]
-    row = {
-        "name": case["name"],
-        "batch": case["batch"],
-        # Counted by call site: with weights as parameters, same-shaped convs share one function.
-        "offloaded_regions": sum(r["calls"] for r in offloaded),
-        "offloaded_convs": sum(r["calls"] for r in offloaded if r["op"] == "conv2d"),
-        "convs_with_fused_residual": sum(
-            r["calls"] for r in offloaded if r["op"] == "conv2d" and "residual" in r["epilogue"]
-        ),
-        "convs_with_split_k": sum(r["calls"] for r in offloaded if r["op"] == "conv2d" and r["conv"]["split_k"] > 1),
-        "left_in_tvm": [r["op"] + ": " + "; ".join(r["reasons"]) for r in case["left_in_tvm"]],
-        "err_vs_tvm": rel_error(got, ref),
-    }
+    row = {"name": case["name"], **details, "err_vs_tvm": rel_error(got, ref)}
     row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
     if "tuned" in case.get("families", []):
@@ -460,61 +453,60 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
         row["err_tuned_vs_tvm"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), ref)
         row["ok"] &= row["err_tuned_vs_tvm"] <= TOL_VS_TVM
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
-    model = torch_models.resnet50().half().cuda().to(memory_format=torch.channels_last)
-    x = torch.from_numpy(values["x"]).cuda().half().contiguous(memory_format=torch.channels_last)
+    model, x = torch_peer(values)
     with torch.no_grad():
         row["torch_eager_ms"] = time_torch(lambda: model(x), repeat=10, number=10)
         if use_compile:
             compiled = torch.compile(model)
             row["torch_compile_ms"] = time_torch(lambda: compiled(x), repeat=10, number=10)
-    row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
-    row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
-    return row
-
-
-def bert_case(case: dict, build: Path, use_compile: bool) -> dict:
-    """The transformers BERT-large encoder end to end: relax_cutlass vs TVM's build (same graph and
-    weights) vs torch eager / torch.compile running transformers' BertEncoder (written in plain
-    torch here, since this host has no transformers; tests/test_models.py checks it is the same
-    computation) in fp16 with its default sdpa attention."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relax_cutlass"))
-    import torch_models  # torch + numpy only: the package itself needs the TVM compiler
-
-    values = inputs_for(case["tvm_params"], {}, 1)
-    vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
-    got, ref = run(vm_c, case["cutlass_params"], values), run(vm_t, case["tvm_params"], values)
-    offloaded = case["offloaded"]
-    row = {
-        "name": case["name"],
-        "batch": case["batch"],
-        "seq": case["seq"],
-        "layers": case["layers"],
-        "offloaded_regions": sum(r["calls"] for r in offloaded),
-        "regions_with_fused_gelu": sum(r["calls"] for r in offloaded if "gelu" in r["epilogue"]),
-        "left_in_tvm": len(case["left_in_tvm"]),
-        "offloaded_flop_fraction": case["offloaded_flops"] / case["flops"],
-        "err_vs_tvm": rel_error(got, ref),
-    }
-    row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM
-    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
-    if "tuned" in case.get("families", []):
-        _time_tuned(row, case, build, values)
-        row["err_tuned_vs_tvm"] = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), ref)
-        row["ok"] &= row["err_tuned_vs_tvm"] <= TOL_VS_TVM
-    row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
-    model = torch_models.bert_encoder_torch(layers=case["layers"]).half().cuda()
-    x = torch.from_numpy(values[case["tvm_params"][0]["name"]]).cuda().half()
-    with torch.no_grad():
-        row["torch_eager_ms"] = time_torch(lambda: model(x), repeat=10, number=10)
-        if use_compile:
-            compiled = torch.compile(model)
-            row["torch_compile_ms"] = time_torch(lambda: compiled(x), repeat=10, number=10)
-    row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
+    if "flops" in case:
+        row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
     row["speedup_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_ms"]
     row["speedup_vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
     if "torch_compile_ms" in row:
         row["speedup_vs_torch_compile"] = row["torch_compile_ms"] / row["relax_cutlass_ms"]
     return row
+
+
+def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
+    """ResNet-50 end to end; torch runs the same architecture in fp16 channels_last."""
+    convs = [r for r in case["offloaded"] if r["op"] == "conv2d"]
+    details = {
+        "batch": case["batch"],
+        # Counted by call site: with weights as parameters, same-shaped convs share one function.
+        "offloaded_regions": sum(r["calls"] for r in case["offloaded"]),
+        "offloaded_convs": sum(r["calls"] for r in convs),
+        "convs_with_fused_residual": sum(r["calls"] for r in convs if "residual" in r["epilogue"]),
+        "convs_with_split_k": sum(r["calls"] for r in convs if r["conv"]["split_k"] > 1),
+        "left_in_tvm": [r["op"] + ": " + "; ".join(r["reasons"]) for r in case["left_in_tvm"]],
+    }
+
+    def peer(values):
+        model = _torch_models().resnet50().half().cuda().to(memory_format=torch.channels_last)
+        return model, torch.from_numpy(values["x"]).cuda().half().contiguous(memory_format=torch.channels_last)
+
+    return _end_to_end(case, build, use_compile, details, peer)
+
+
+def bert_case(case: dict, build: Path, use_compile: bool) -> dict:
+    """The transformers BERT-large encoder end to end; torch runs transformers' BertEncoder (written
+    in plain torch, since this host has no transformers; tests/test_models.py checks it is the same
+    computation) in fp16 with its default sdpa attention."""
+    details = {
+        "batch": case["batch"],
+        "seq": case["seq"],
+        "layers": case["layers"],
+        "offloaded_regions": sum(r["calls"] for r in case["offloaded"]),
+        "regions_with_fused_gelu": sum(r["calls"] for r in case["offloaded"] if "gelu" in r["epilogue"]),
+        "left_in_tvm": len(case["left_in_tvm"]),
+        "offloaded_flop_fraction": case["offloaded_flops"] / case["flops"],
+    }
+
+    def peer(values):
+        model = _torch_models().bert_encoder_torch(layers=case["layers"]).half().cuda()
+        return model, torch.from_numpy(values[case["tvm_params"][0]["name"]]).cuda().half()
+
+    return _end_to_end(case, build, use_compile, details, peer)
 
 
 # (header, key, format) of the summary table printed last.
