@@ -29,7 +29,7 @@ def _cases():
     if not MANIFEST.exists():
         return []
     manifest = json.loads(MANIFEST.read_text())
-    return manifest.get("tests", []) + manifest.get("conv", [])
+    return manifest.get("tests", []) + manifest.get("conv", []) + manifest.get("graphs", [])
 
 
 gpu_skip = None if _gpu_available() else "no NVIDIA GPU visible"
@@ -65,6 +65,8 @@ def test_manifest_covers_every_epilogue():
         assert any(n.startswith("dense") and epilogue in n for n in names), epilogue
     for epilogue in ("relu", "gelu", "silu", "sigmoid", "hardswish", "residual", "residual_relu"):
         assert any(n.startswith("conv2d") and epilogue in n for n in names), epilogue
+    assert any(n.startswith("dense") and "custom" in n for n in names)  # relax_cutlass.extend
+    assert any(n.startswith("graph_") for n in names)  # the property tests' GPU sample
 
 
 @pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
