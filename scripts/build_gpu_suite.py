@@ -222,6 +222,18 @@ def graph_cases() -> list[tuple[str, tvm.IRModule, bool, list[dict]]]:
     return cases
 
 
+def frontend_cases() -> list[tuple[str, tvm.IRModule]]:
+    """The real models of the CPU tests that have no benchmark of their own, at realistic sizes:
+    a LLaMA-7B-sized gated MLP through torch.export, and the ONNX model through the ONNX frontend."""
+    from relax_cutlass.models import onnx_conv_mlp, to_float16
+    from relax_cutlass.torch_models import llama_mlp_module
+
+    return [
+        ("llama_mlp_t512_h4096_i11008", shippable(*llama_mlp_module(tokens=512, hidden=4096, intermediate=11008))),
+        ("onnx_conv_mlp", to_float16(onnx_conv_mlp()[0])),  # weights stay bound: a few KB
+    ]
+
+
 def target(arch: str) -> tvm.target.Target:
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
 
@@ -286,6 +298,7 @@ def build_pair(
         "tvm_params": params_of(mod),
         "offloaded": report.offloaded,
         "left_in_tvm": report.left_in_tvm,
+        "offloaded_flop_fraction": report.offloaded_flop_fraction,
         "build_seconds": {"offload": t_offload, "tvm": t_ref},
         "families": list(families),
         "sm80_kernels": sm80_kernels if "sm80" in families else [],
@@ -323,7 +336,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
     ap.add_argument(
         "--only",
-        choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs"],
+        choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs", "frontends"],
         action="append",
     )
     ap.add_argument(
@@ -349,7 +362,7 @@ def main() -> None:
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs")
+    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs", "frontends")
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
@@ -393,6 +406,8 @@ def main() -> None:
         jobs += [(*conv_case_model(kwargs), options, ("auto",)) for _, kwargs, options in CONV_TEST_CASES]
     graphs = graph_cases() if "graphs" in only else []
     jobs += [(mod, bind_weights, {}, ("auto",)) for _, mod, bind_weights, _ in graphs]
+    frontends = frontend_cases() if "frontends" in only else []
+    jobs += [(mod, False, {}, ("auto",)) for _, mod in frontends]
     tuned_options = [{}, {"tuning_db": args.tuning_db}] if args.tuning_db else [{}]
     if "conv_bench" in only:
         jobs += [
@@ -422,6 +437,13 @@ def main() -> None:
             entry = build_pair(name, mod, out, args.arch, bind_weights, {})
             entry["runs"] = runs
             manifest["graphs"].append(entry)
+
+    if frontends:
+        print("real models through the torch.export and ONNX frontends:", flush=True)
+        for name, mod in frontends:
+            entry = build_pair(name, mod, out, args.arch, False, {})
+            entry["runs"] = [{}]
+            manifest["frontends"].append(entry)
 
     if "conv_bench" in only:
         print("conv2d benchmark cases (ResNet-50 3x3 stages, conv + bias + relu, NHWC):", flush=True)

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 py=.venv/bin/python
 tuning_db=""
 if [ "${1:-}" = "--tuning-db" ]; then tuning_db=$2; fi
-sections=${SECTIONS:-"tests conv graphs bench model conv_bench resnet bert"}
+sections=${SECTIONS:-"tests conv graphs frontends bench model conv_bench resnet bert"}
 [ -d .gpu ] || PYTHON=$py ../shared/gpu/make-bundle
 only=(); for s in $sections; do only+=(--only "$s"); done
 if [ -z "$tuning_db" ]; then

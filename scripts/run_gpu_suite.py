@@ -527,7 +527,7 @@ COLUMNS = [
 
 
 def print_summary(results: dict) -> None:
-    tests = results["tests"] + results.get("conv", []) + results.get("graphs", [])
+    tests = results["tests"] + [r for key in ("conv", "graphs", "frontends") for r in results.get(key, [])]
     print(f"\n{results['device']}  arch {results['arch']}  torch {results['torch']}")
     print(
         f"correctness: {sum(r['ok'] for r in tests)}/{len(tests)} checks ok, "
@@ -546,7 +546,7 @@ def print_summary(results: dict) -> None:
         print(" ".join(cells))
 
 
-SECTIONS = ("tests", "conv", "graphs", "bench", "conv_bench", "sweep", "model", "resnet", "bert")
+SECTIONS = ("tests", "conv", "graphs", "frontends", "bench", "conv_bench", "sweep", "model", "resnet", "bert")
 
 
 def _guarded(results: dict, key: str, case: dict, fn, *args) -> None:
@@ -583,7 +583,7 @@ def main() -> int:
     def save():  # partial results survive a timeout
         (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
 
-    for key in ("tests", "conv", "graphs"):
+    for key in ("tests", "conv", "graphs", "frontends"):
         for case in manifest.get(key, []) if key in only else []:
             _guarded(results, key, case, check_case, build)
             ok = all(r["ok"] for r in results[key] if r["case"] == case["name"])

@@ -29,7 +29,7 @@ def _cases():
     if not MANIFEST.exists():
         return []
     manifest = json.loads(MANIFEST.read_text())
-    return manifest.get("tests", []) + manifest.get("conv", []) + manifest.get("graphs", [])
+    return [case for key in ("tests", "conv", "graphs", "frontends") for case in manifest.get(key, [])]
 
 
 gpu_skip = None if _gpu_available() else "no NVIDIA GPU visible"
