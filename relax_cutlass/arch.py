@@ -47,6 +47,14 @@ def detect_arch() -> int:
     return int(major) * 10 + int(minor)
 
 
+def local_gpu_arch() -> int | None:
+    """The SM of GPU 0 when one is visible, else None (never raises: used to decide, not to fail)."""
+    try:
+        return detect_arch()
+    except (RuntimeError, ValueError, OSError):
+        return None
+
+
 # Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg), which run on that SM only.
 ARCH_SPECIFIC = (90, 100)
 

@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ import tvm_ffi
 from tvm import relax
 
 from .arch import parse_arch
-from .compile import compile_all, link_relocatable
+from .compile import cache_dir, compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
 from .kernel_spec import Conv2dProblem, Conv2dRegion, GemmRegion
 from .patterns import ACCUMULATOR_DTYPES, CODEGEN
@@ -43,10 +44,13 @@ class CodegenOptions:
     tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
     # Tuning database (JSON lines) whose measured choices win over the heuristic.
     tuning_db: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_TUNING_DB", ""))
+    # Problems the database misses: "auto" profiles them when this machine's GPU is the target
+    # (recording into tuning_db, else <cache dir>/tuning.jsonl); "never": the heuristic.
+    profile: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_PROFILE", "auto"))
 
     @staticmethod
     def create(arch="sm_80", **options) -> CodegenOptions:
-        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile", "tuning_db"}
+        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile", "tuning_db", "profile"}
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -55,7 +59,10 @@ class CodegenOptions:
         acc = options.get("accumulator", "float32")
         if acc not in ACCUMULATOR_DTYPES:
             raise ValueError(f"accumulator={acc!r}: use one of {ACCUMULATOR_DTYPES}")
-        return CodegenOptions(arch=parse_arch(arch), **options)
+        created = CodegenOptions(arch=parse_arch(arch), **options)
+        if created.profile not in ("auto", "never"):
+            raise ValueError(f"profile={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
+        return created
 
     def to_map(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -72,6 +79,7 @@ class CodegenOptions:
             family=str(values.get("family", "auto")),
             tile=str(values.get("tile", "")),
             tuning_db=str(values.get("tuning_db", "")),
+            profile=str(values.get("profile", "auto")),
         )
 
 
@@ -92,12 +100,15 @@ def _read_database(path: str, _version) -> TuningDatabase:
 
 
 def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
-    """Offloaded functions -> region records (kernel chosen for each)."""
+    """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
+    analyzed = [(func, str(func.attrs["global_symbol"])) for func in functions]
+    analyzed = [(func, symbol, *analyze(func, symbol, options.accumulator)) for func, symbol in analyzed]
+    if _profiles_here(options):
+        options = dataclasses.replace(options, tuning_db=options.tuning_db or str(cache_dir() / "tuning.jsonl"))
+        _profile_misses([a[4] for a in analyzed], options)
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
-    for func in functions:
-        symbol = str(func.attrs["global_symbol"])
-        spec, roles, problem, composite, aliases = analyze(func, symbol, options.accumulator)
+    for func, symbol, spec, roles, problem, composite, aliases in analyzed:
         if isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
                 problem, spec.epilogue, options.arch, 1, options.family, options.tile, db
@@ -111,6 +122,40 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
             extra = {"dispatch": _m_dispatch(problem, spec.epilogue, options, db)}
         regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
     return regions
+
+
+def _profiles_here(options: CodegenOptions) -> bool:
+    """Profile database misses during this build? Only when it compiles, picks kernels freely, and
+    this machine's GPU is the target: an sm_80 library measured on an H100 would be tuned wrongly."""
+    if options.profile == "never" or not options.compile or options.tile:
+        return False
+    from .arch import local_gpu_arch
+
+    return local_gpu_arch() == options.arch
+
+
+def _profile_misses(problems: list, options: CodegenOptions) -> None:
+    """Profile (candidates without epilogue, checked, timed on the local GPU) every problem the
+    database has no record for, and append the records; progress goes to stderr."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from .profile import build_profiler, plan_jobs
+    from .profile_runner import run_profiler
+
+    db = _database(options.tuning_db)
+    jobs = [job for job in plan_jobs(problems, options.arch, options.family) if db.lookup(job.key) is None]
+    if not jobs:
+        return
+
+    def progress(line: str) -> None:
+        print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
+
+    progress(f"profiling {len(jobs)} problem(s) without a tuning record on the local GPU -> {options.tuning_db}")
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        build_profiler(jobs, options.arch, Path(tmp), options.jobs)
+        run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
 
 
 def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:

@@ -14,7 +14,7 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     `arch="auto"` detects the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
-    accumulator, m_hint, jobs, compile, family, tile.
+    accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
     """
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []

@@ -176,7 +176,8 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
         mod = PartitionForCutlass(arch)(ConvertToNHWC()(FoldLinearReshapes()(mod)))
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
-    opts = CodegenOptions.create(arch, **options)
+    # A report previews the plan; it never runs the GPU (the build itself profiles, see CodegenOptions).
+    opts = CodegenOptions.create(arch, **({"profile": "never"} | options))
     calls = call_counts(mod)
     regions = plan_regions([f for _, f in offloaded_functions(mod)], opts)
     rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]

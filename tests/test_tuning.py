@@ -209,3 +209,90 @@ def test_conv2d_profiling_candidates_try_split_k_where_tiles_underfill():
     jobs = plan_jobs([Conv2dProblem(n=1, **STAGE4), Conv2dProblem(n=None, **STAGE4)], 90, limit=4)
     assert len(jobs) == 1 and jobs[0].key.op == "conv2d"  # symbolic batch: not tuned
     assert all(k.epilogue == Epilogue() for k in jobs[0].kernels)
+
+
+class _FakeGpu:
+    """Stands in for the local GPU: the profiler build and run, recording the second-ranked
+    candidate of every job (so a tuned choice differs from the heuristic's)."""
+
+    def __init__(self, monkeypatch, arch: int):
+        import relax_cutlass.arch
+        import relax_cutlass.profile
+        import relax_cutlass.profile_runner
+
+        self.built: list = []
+        monkeypatch.setattr(relax_cutlass.arch, "local_gpu_arch", lambda: arch)
+        monkeypatch.setattr(relax_cutlass.profile, "build_profiler", self.build)
+        monkeypatch.setattr(relax_cutlass.profile_runner, "run_profiler", self.run)
+
+    def build(self, jobs, arch, out, jobs_parallel=None):
+        self.built.append(jobs)
+        self.jobs = jobs
+
+    def run(self, directory, db_path, repeat=7, log=print):
+        records = []
+        for number, job in enumerate(self.jobs, 1):
+            tile = job.candidates[1][0].tile.describe()
+            records.append(TuningRecord(job.key, tile, 0.01, candidates={tile: 0.01}, device="fake GPU"))
+            log(f"[{number}/{len(self.jobs)}] {tile}")
+        TuningDatabase(db_path).add(records)
+        return records
+
+
+def _regions(mod, **options):
+    from relax_cutlass.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.constants import offloaded_functions
+    from relax_cutlass.transform import LiftConstants, PartitionForCutlass
+
+    part = LiftConstants()(PartitionForCutlass("sm_80")(mod))
+    options = {"profile": "auto"} | options  # conftest sets RELAX_CUTLASS_PROFILE=never for the others
+    return plan_regions([f for _, f in offloaded_functions(part)], CodegenOptions.create("sm_80", **options))
+
+
+def test_a_build_on_the_target_gpu_profiles_database_misses_once(monkeypatch, tmp_path, capsys):
+    gpu = _FakeGpu(monkeypatch, arch=80)
+    db = tmp_path / "tuning.jsonl"
+    mod = dense_epilogue_model(512, 1024, 256, activation="gelu")
+    (region,) = _regions(mod, tuning_db=str(db))
+    (jobs,) = gpu.built
+    assert len(jobs) == 1 and all(k.epilogue == Epilogue() for k, _ in jobs[0].candidates)  # no epilogue
+    assert region.kernel.selected_by == "tuned" and region.kernel.epilogue.activation == "gelu"
+    assert region.kernel.tile.describe() == jobs[0].candidates[1][0].tile.describe()
+    assert "profiling 1 problem(s)" in capsys.readouterr().err
+    _regions(mod, tuning_db=str(db))  # a rebuild hits the records: nothing is profiled again
+    assert len(gpu.built) == 1
+
+
+def test_without_a_database_the_records_go_to_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("RELAX_CUTLASS_TUNING_DB", raising=False)
+    _FakeGpu(monkeypatch, arch=80)
+    (region,) = _regions(dense_epilogue_model(512, 1024, 256))
+    assert region.kernel.selected_by == "tuned" and (tmp_path / "tuning.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "gpu_arch,options",
+    [
+        (90, {}),  # an H100 would measure an sm_80 library wrongly
+        (None, {}),  # no GPU: the heuristic, and the report says so
+        (80, {"profile": "never"}),
+        (80, {"compile": False}),  # a dry run touches no GPU
+        (80, {"tile": "tb128x128x32_w2x2x1_s5_swz8"}),
+    ],
+)
+def test_no_profiling_unless_a_free_choice_is_built_on_the_target_gpu(monkeypatch, tmp_path, gpu_arch, options):
+    gpu = _FakeGpu(monkeypatch, arch=gpu_arch)
+    (region,) = _regions(dense_epilogue_model(512, 1024, 256), tuning_db=str(tmp_path / "db.jsonl"), **options)
+    assert not gpu.built and region.kernel.selected_by in ("heuristic", "pinned")
+
+
+def test_the_report_never_profiles(monkeypatch):
+    gpu = _FakeGpu(monkeypatch, arch=80)
+    report = relax_cutlass.offload_report(dense_epilogue_model(512, 1024, 256), arch="sm_80")
+    assert not gpu.built and report.offloaded[0]["selected_by"] == "heuristic"
+
+
+def test_bad_profile_option_is_named():
+    with pytest.raises(ValueError, match="profile='sometimes'"):
+        relax_cutlass.offload_pipeline("sm_80", profile="sometimes")
