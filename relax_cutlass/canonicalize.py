@@ -16,13 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-
-def _dims(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    values = getattr(shape, "values", None)
-    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
-        return None
-    return [int(d) for d in values]
+from .patterns import static_shape
 
 
 def _pattern():
@@ -40,20 +34,20 @@ def _rewrite(func: relax.Function) -> relax.Function:
     out, x, flat, cast, gemm, weight, bias, biased = _pattern()
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        xs, fs, os_ = _dims(m[x]), _dims(m[flat]), _dims(orig)
+        xs, fs, os_ = static_shape(m[x]), static_shape(m[flat]), static_shape(orig)
         if xs is None or fs is None or os_ is None or len(xs) < 3 or len(fs) != 2:
             return orig
         lead = xs[:-1]
         # Only the exact flatten of the leading dims, and the exact restore of them.
         if fs != [math.prod(lead), xs[-1]] or os_[:-1] != lead or len(os_) != len(xs):
             return orig
-        if len(_dims(m[weight]) or []) != 2:
+        if len(static_shape(m[weight]) or []) != 2:
             return orig
         lhs = relax.op.astype(m[x], str(m[cast].ty.dtype)) if cast in m else m[x]
         y = relax.op.matmul(lhs, m[weight], out_dtype=str(m[gemm].ty.dtype))
         if biased in m:
             b = m[bias]
-            bias_dims = _dims(b)
+            bias_dims = static_shape(b)
             if bias_dims is None or math.prod(bias_dims) != os_[-1]:
                 return orig
             y = relax.op.add(y, b)

@@ -101,14 +101,15 @@ def _read_database(path: str, _version) -> TuningDatabase:
 
 def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
     """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
-    analyzed = [(func, str(func.attrs["global_symbol"])) for func in functions]
-    analyzed = [(func, symbol, *analyze(func, symbol, options.accumulator)) for func, symbol in analyzed]
+    symbols = [str(func.attrs["global_symbol"]) for func in functions]
+    # (spec, roles, problem, composite, aliases) per function
+    analyzed = [analyze(func, symbol, options.accumulator) for func, symbol in zip(functions, symbols, strict=True)]
     if _profiles_here(options):
         options = dataclasses.replace(options, tuning_db=options.tuning_db or str(cache_dir() / "tuning.jsonl"))
-        _profile_misses([a[4] for a in analyzed], options)
+        _profile_misses([problem for _, _, problem, _, _ in analyzed], options)
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
-    for func, symbol, spec, roles, problem, composite, aliases in analyzed:
+    for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
         if isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
                 problem, spec.epilogue, options.arch, 1, options.family, options.tile, db

@@ -26,9 +26,7 @@ ACTIVATION_BUILDERS = {
     # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
     "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
     # QuickGELU, x * sigmoid(1.702 x), as CLIP exports it: not built in (tutorial 02 registers it).
-    "quick_gelu": lambda bb, x: bb.emit(
-        multiply(x, bb.emit(sigmoid(bb.emit(multiply(x, _scalar(1.702, x.ty.dtype))))))
-    ),
+    "quick_gelu": lambda bb, x: quick_gelu(bb, x),
 }
 
 
@@ -54,6 +52,12 @@ def _gelu_decomposed(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
     e = bb.emit(astype(erf(bb.emit(astype(scaled, "float32"))), dtype))
     one_plus = bb.emit(relax.op.add(e, _scalar(1.0, dtype)))
     return bb.emit(multiply(bb.emit(multiply(x, _scalar(0.5, dtype))), one_plus))
+
+
+def quick_gelu(bb: relax.BlockBuilder, x: relax.Expr, scale: float = 1.702) -> relax.Expr:
+    """x * sigmoid(scale * x), the way a frontend writes QuickGELU (scale 1.702)."""
+    scaled = bb.emit(multiply(x, _scalar(scale, x.ty.dtype)))
+    return bb.emit(multiply(x, bb.emit(sigmoid(scaled))))
 
 
 def _hardswish(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:

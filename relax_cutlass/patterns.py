@@ -259,6 +259,15 @@ def _static_int(dim) -> int | None:
     return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
 
 
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The tensor shape of `expr` as ints; None when it is unknown or has a symbolic dim."""
+    values = getattr(getattr(expr.ty, "shape", None), "values", None)
+    if values is None:
+        return None
+    dims = [_static_int(d) for d in values]
+    return None if None in dims else dims
+
+
 def _shape(expr: relax.Expr) -> list:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:

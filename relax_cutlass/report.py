@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from .constants import offloaded_functions
-from .patterns import conv2d_problems, matmul_problems
+from .patterns import conv2d_problems, matmul_problems, static_shape
 
 
 @dataclass(frozen=True)
@@ -100,16 +100,10 @@ def _shapes(call: relax.Call) -> list[str]:
     return [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args]
 
 
-def _static_shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(expr.ty, "shape", None)
-    dims = list(shape.values) if shape is not None and hasattr(shape, "values") else None
-    return [int(d) for d in dims] if dims is not None and all(hasattr(d, "value") for d in dims) else None
-
-
 def _flops(call: relax.Call) -> int | None:
     """Multiply-add FLOPs of a matmul (2 x output elements x K) or conv2d (2 x output elements x
     C/groups x R x S); None when a shape is symbolic."""
-    out, lhs, rhs = _static_shape(call), _static_shape(call.args[0]), _static_shape(call.args[1])
+    out, lhs, rhs = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])
     if out is None or lhs is None or rhs is None:
         return None
     if call.op.name == "relax.nn.conv2d":

@@ -3,13 +3,15 @@ C++ for every kernel family, and the nvcc check of the expression."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from harness import compare_on_cpu, random_inputs
-from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 import relax_cutlass
+from relax_cutlass import models
 from relax_cutlass.emit import emit_kernel
 from relax_cutlass.extend import (
     ActivationCheckError,
@@ -28,16 +30,6 @@ QUICK_GELU_CXX = "x / (1.0f + expf(-1.702f * x))"
 def quick_gelu_pattern(x, const):
     """x * sigmoid(1.702 * x), as CLIP's QuickGELU is exported."""
     return is_op("relax.multiply")(x, is_op("relax.sigmoid")(is_op("relax.multiply")(x, const(1.702))))
-
-
-def quick_gelu_graph(scale: float = 1.702):
-    """QuickGELU as CLIP exports it (models.ACTIVATION_BUILDERS["quick_gelu"]), with any scale."""
-
-    def build(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
-        scaled = bb.emit(relax.op.multiply(x, relax.const(scale, x.ty.dtype)))
-        return bb.emit(relax.op.multiply(x, bb.emit(relax.op.sigmoid(scaled))))
-
-    return build
 
 
 def quick_gelu_reference(x: np.ndarray) -> np.ndarray:
@@ -104,7 +96,7 @@ def test_dense_quick_gelu_is_fused_and_computes_the_same_on_cpu(quick_gelu):
 
 
 def test_conv2d_quick_gelu_residual_is_fused_and_computes_the_same_on_cpu(quick_gelu):
-    mod = conv2d_epilogue_model(2, 8, 8, 16, 16, activation=quick_gelu_graph(), residual=True, residual_relu=True)
+    mod = conv2d_epilogue_model(2, 8, 8, 16, 16, activation="quick_gelu", residual=True, residual_relu=True)
     mod = bind_weights(mod, random_weights(mod))
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     (row,) = relax_cutlass.offload_report(rewritten, arch="sm_80").offloaded
@@ -112,7 +104,7 @@ def test_conv2d_quick_gelu_residual_is_fused_and_computes_the_same_on_cpu(quick_
 
 
 def test_a_different_constant_is_not_fused_and_the_report_says_why(quick_gelu):
-    mod = dense_epilogue_model(64, 96, 80, activation=quick_gelu_graph(scale=1.5))
+    mod = dense_epilogue_model(64, 96, 80, activation=functools.partial(models.quick_gelu, scale=1.5))
     mod = bind_weights(mod, random_weights(mod))
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)
