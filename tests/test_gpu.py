@@ -105,15 +105,15 @@ def test_profiler_times_only_correct_candidates(tmp_path):
 
     manifest = json.loads((TUNE / "profile.json").read_text())
     job = manifest["jobs"][0]
-    job["b_transposed"] = not job["b_transposed"]  # the kernels still read B as built: wrong result
-    wrong = dict(manifest, jobs=[job])
+    # The kernels still read B as built: a wrong result. (A copy: the right run below needs the job.)
+    wrong = dict(manifest, jobs=[dict(job, b_transposed=not job["b_transposed"])])
     (tmp_path / "profile.json").write_text(json.dumps(wrong))
     (tmp_path / manifest["library"]).symlink_to(TUNE / manifest["library"])
     messages = []
     records = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=1, log=messages.append)
     assert not records  # B read with the wrong stride: every candidate computes a wrong product
     assert any("rejected" in m or "no candidate passed" in m for m in messages), messages
-    right = dict(manifest, jobs=[manifest["jobs"][0]])
+    right = dict(manifest, jobs=[job])
     (tmp_path / "profile.json").write_text(json.dumps(right))
     records = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=3, log=messages.append)
     assert len(records) == 1 and records[0].ms > 0
