@@ -9,6 +9,7 @@ relax_cutlass vs TVM's default build vs torch eager (cuBLAS) vs torch.compile, t
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -432,11 +433,18 @@ def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
+@functools.cache
 def _torch_models():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "relax_cutlass"))
-    import torch_models  # torch + numpy only: the package itself needs the TVM compiler
+    """relax_cutlass/torch_models.py (torch + numpy only) loaded as a file: importing the package
+    needs the TVM compiler, and putting its folder on sys.path would shadow the standard library's
+    `select` and `profile` with relax_cutlass's modules of those names."""
+    import importlib.util
 
-    return torch_models
+    path = Path(__file__).resolve().parent.parent / "relax_cutlass" / "torch_models.py"
+    spec = importlib.util.spec_from_file_location("relax_cutlass_torch_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _end_to_end(case: dict, build: Path, use_compile: bool, details: dict, torch_peer) -> dict:
