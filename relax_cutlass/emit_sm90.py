@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from .kernel_spec import ACTIVATIONS, CUTLASS_ELEMENT, DTYPE_BITS, GemmKernel
+from .kernel_spec import (
+    ACTIVATIONS,
+    CUTLASS_ELEMENT,
+    DTYPE_BITS,
+    SPLIT_K_MAX_SLICES,
+    SPLIT_K_MIN_ITERATIONS,
+    GemmKernel,
+)
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,37 @@ SCHEDULES = {
     ),
     "pingpong": ("cutlass::gemm::KernelTmaWarpSpecializedPingpong", "cutlass::epilogue::TmaWarpSpecialized"),
 }
-TILE_SCHEDULERS = {"default": "cutlass::gemm::PersistentScheduler", "streamk": "cutlass::gemm::StreamKScheduler"}
+TILE_SCHEDULERS = {
+    "default": "cutlass::gemm::PersistentScheduler",
+    "streamk": "cutlass::gemm::StreamKScheduler",
+    "splitk": "cutlass::gemm::StreamKScheduler",  # in split-K mode: SPLIT_K_ARGUMENTS
+}
+
+# Split-K slices, chosen per call from the problem and the GPU's SM count (so one kernel object
+# serves any M, a symbolic one included): only when the output tiles fill less than half of the
+# SMs; each slice keeps >= SPLIT_K_MIN_ITERATIONS main-loop iterations. The stream-K scheduler
+# reduces the slices' partial sums (deterministically) before the epilogue, which thus runs once
+# per tile: every epilogue, residual included, is exact under split-K.
+SPLIT_K_ARGUMENTS = Template("""
+  {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return Fail("SM count query", cutlass::Status::kErrorInternal);
+    }
+    const int tiles = ((m + ${tm} - 1) / ${tm}) * ((n + ${tn} - 1) / ${tn});
+    const int iterations = (k + ${tk} - 1) / ${tk};
+    int splits = 1;
+    if (2 * tiles <= sms) {
+      splits = sms / tiles < ${max_slices} ? sms / tiles : ${max_slices};
+      splits = iterations / ${min_iterations} < splits ? iterations / ${min_iterations} : splits;
+      splits = splits < 1 ? 1 : splits;
+    }
+    arguments.hw_info.sm_count = sms;
+    arguments.scheduler.splits = splits;
+    arguments.scheduler.decomposition_mode =
+        Gemm::GemmKernel::TileScheduler::DecompositionMode::SplitK;
+  }""")
 
 
 def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
@@ -146,6 +183,11 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
         tree_args=tree.args,
         c_ptr="p->residual" if epi.residual else "nullptr",
     )
+    if t.scheduler == "splitk":
+        arguments += SPLIT_K_ARGUMENTS.substitute(
+            tm=t.threadblock[0], tn=t.threadblock[1], tk=t.threadblock[2],
+            max_slices=SPLIT_K_MAX_SLICES, min_iterations=SPLIT_K_MIN_ITERATIONS,
+        )  # fmt: skip
     return {
         "includes": SM90_INCLUDES,
         "instance": instance,

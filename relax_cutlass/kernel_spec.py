@@ -113,13 +113,20 @@ class GemmProblem:
         return 2 * (m if m is not None else (self.m or 0)) * self.n * self.k
 
 
+# SM90 split-K (TileConfig.scheduler == "splitk"): the most slices, and the fewest main-loop
+# iterations a slice keeps. The slice count itself is set per call (emit_sm90.SPLIT_K_ARGUMENTS).
+SPLIT_K_MAX_SLICES = 16
+SPLIT_K_MIN_ITERATIONS = 4
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """One kernel configuration (a cutlass_library TileDescription plus schedule, flattened).
 
     SM80 (CUTLASS 2.x): threadblock, warps, stages, swizzle. SM90 (CUTLASS 3.x): threadblock is
     the CTA tile, plus the cluster shape, the warp-specialized schedule ("cooperative" or
-    "pingpong") and the tile scheduler ("default" persistent or "streamk"); stages=0 lets the
+    "pingpong") and the tile scheduler ("default" persistent, "streamk", or "splitk": the stream-K
+    scheduler in split-K mode, its slice count set at run time from the shape); stages=0 lets the
     collective builder fill the shared memory left by the epilogue.
     """
 
@@ -131,13 +138,13 @@ class TileConfig:
     split_k: int = 1
     cluster: tuple[int, int, int] = (1, 1, 1)
     schedule: str = "multistage"  # SM80: "multistage"; SM90: "cooperative" | "pingpong"
-    scheduler: str = "default"  # SM90: "default" | "streamk"
+    scheduler: str = "default"  # SM90: "default" | "streamk" | "splitk"
 
     def describe(self) -> str:
         tb = "x".join(map(str, self.threadblock))
         if self.schedule != "multistage":
             cluster = "x".join(map(str, self.cluster))
-            return f"tb{tb}_c{cluster}_{self.schedule}" + ("_streamk" if self.scheduler == "streamk" else "")
+            return f"tb{tb}_c{cluster}_{self.schedule}" + ("" if self.scheduler == "default" else f"_{self.scheduler}")
         warps = "x".join(map(str, self.warps))
         split = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         return f"tb{tb}_w{warps}_s{self.stages}_swz{self.swizzle}{split}"

@@ -20,7 +20,15 @@ from string import Template
 from .arch import SM_COUNT
 from .compile import Source, compile_all, link_relocatable
 from .emit import emit_kernel
-from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
+from .kernel_spec import (
+    SPLIT_K_MIN_ITERATIONS,
+    Conv2dKernel,
+    Conv2dProblem,
+    Epilogue,
+    GemmKernel,
+    GemmProblem,
+    TileConfig,
+)
 from .select import (
     SM90_HEURISTIC_TILES,
     SMEM_LIMIT,
@@ -67,7 +75,21 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
         rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
     ranked = [chosen] + sorted((t for t in pool if t != chosen), key=rank)
+    if family == 90 and _under_fills(problem, arch):
+        # Split-K is never the heuristic's choice (measured slower on BERT-large's shapes), but an
+        # under-filled problem with a long main loop is where it can win: always time it there.
+        split = next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE)
+        ranked = [ranked[0], split] + [t for t in ranked[1:] if t != split]
     return ranked[:limit]
+
+
+SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the split-K candidate's CTA tile and cluster
+
+
+def _under_fills(problem: GemmProblem, arch: int) -> bool:
+    """128x128 tiles fill less than half of the SMs and the main loop is long enough to cut."""
+    tiles = -(-(problem.m or 1024) // 128) * -(-problem.n // 128)
+    return 2 * tiles <= SM_COUNT.get(arch, 132) and -(-problem.k // 64) >= 2 * SPLIT_K_MIN_ITERATIONS
 
 
 def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:

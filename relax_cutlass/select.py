@@ -26,7 +26,14 @@ import math
 from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
-from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
+from .kernel_spec import (
+    Conv2dKernel,
+    Conv2dProblem,
+    Epilogue,
+    GemmKernel,
+    GemmProblem,
+    TileConfig,
+)
 from .tuning import conv2d_key, gemm_key, m_bucket
 
 # Shared memory a CTA may use, per SM generation (bytes).
@@ -101,7 +108,8 @@ SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecia
 @functools.cache
 def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
-    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler."""
+    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler, and
+    for every stream-K one its split-K variant (the same scheduler in another run-time mode)."""
     tiles = {
         TileConfig(
             threadblock=tuple(op.tile_description.tile_shape),
@@ -113,6 +121,7 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
         for op in _gemms("GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator)
         if op.kernel_schedule.name in SM90_SCHEDULES
     }
+    tiles.update({dataclasses.replace(t, scheduler="splitk"): None for t in tiles if t.scheduler == "streamk"})
     return _stable(tiles)
 
 
@@ -220,6 +229,11 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     record = db.lookup(gemm_key(problem, arch, native, m))
     if record is None:
         return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
+    # A record measured before the heuristic's current kernel was a candidate (an older candidate
+    # set) cannot show that its winner beats it: the heuristic stands until the problem is re-tuned.
+    heuristic = choose_kernel(dataclasses.replace(problem, m=m), epilogue, arch, m_hint, family).tile.describe()
+    if record.candidates and heuristic not in record.candidates:
+        return f"tuning record for M={m} N={problem.n} K={problem.k} never timed {heuristic}: heuristic (re-tune)"
     candidates = (
         candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
         if native == 90
@@ -253,13 +267,20 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     """SM90, from the sweep above: with a short main loop (K <= 2048) and at least two waves of
     128x128 tiles, the ping-pong schedule (one warpgroup's epilogue overlaps the other's main loop)
     on 128x128 tiles; otherwise cooperative kernels ranked by the wave model, ties to 256x128 with
-    a 1x2 cluster (best or within 3% of the best on every swept shape)."""
+    a 1x2 cluster (best or within 3% of the best on every swept shape).
+
+    Never split-K, although under-filled problems look made for it: on the H100, BERT-large's
+    split-K GEMMs (CUTLASS's stream-K scheduler in split-K mode, 128x128 tiles) ran slower than
+    data-parallel tiles at batch 8 (1.55 vs 1.45 ms for its 120 1024-row projections) and much
+    slower at batch 1 (2.25 vs 1.37 ms for M=128), workspace memsets included. Split-K stays a
+    profiling candidate for under-filled problems (profile.gemm_candidates) and a `tile=` choice.
+    """
     m = problem.m or m_hint
-    candidates = [
-        t for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
-        if t.scheduler == "default" and t.threadblock in SM90_HEURISTIC_TILES
-    ]  # fmt: skip
-    waves_128 = math.ceil(m / 128) * math.ceil(problem.n / 128) / SM_COUNT.get(arch, 132)
+    pool = candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+    candidates = [t for t in pool if t.scheduler == "default" and t.threadblock in SM90_HEURISTIC_TILES]
+    tiles_m, tiles_n = math.ceil(m / 128), math.ceil(problem.n / 128)
+    sms = SM_COUNT.get(arch, 132)
+    waves_128 = tiles_m * tiles_n / sms
     if problem.k <= 2048 and waves_128 >= 2:
         pingpong = [t for t in candidates if t.schedule == "pingpong" and (t.threadblock, t.cluster) == SM90_PINGPONG]
         if pingpong:

@@ -1,5 +1,7 @@
 """SM90 (Hopper) kernel path: candidates, choice, fallback, emitted CUTLASS 3.x source."""
 
+import dataclasses
+
 import pytest
 
 import relax_cutlass
@@ -7,8 +9,16 @@ from relax_cutlass.codegen import CodegenOptions, plan_regions
 from relax_cutlass.constants import offloaded_functions
 from relax_cutlass.emit import emit_kernel
 from relax_cutlass.emit_sm90 import epilogue_tree
-from relax_cutlass.kernel_spec import ACTIVATIONS, Epilogue, GemmKernel, GemmProblem, TileConfig
+from relax_cutlass.kernel_spec import (
+    ACTIVATIONS,
+    SPLIT_K_MIN_ITERATIONS,
+    Epilogue,
+    GemmKernel,
+    GemmProblem,
+    TileConfig,
+)
 from relax_cutlass.models import dense_epilogue_model
+from relax_cutlass.profile import gemm_candidates
 from relax_cutlass.select import candidate_tiles_sm90, choose_kernel
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
@@ -22,14 +32,18 @@ def region(mod, arch="sm_90a", **options):
 def test_candidates_come_from_cutlass_library_sm90_generator():
     tiles = candidate_tiles_sm90("float32")
     assert {t.schedule for t in tiles} == {"cooperative", "pingpong"}
-    assert {t.scheduler for t in tiles} == {"default", "streamk"}
+    assert {t.scheduler for t in tiles} == {"default", "streamk", "splitk"}
+    # split-K is the stream-K scheduler in another mode: one per stream-K configuration
+    assert {dataclasses.replace(t, scheduler="streamk") for t in tiles if t.scheduler == "splitk"} == {
+        t for t in tiles if t.scheduler == "streamk"
+    }
     assert {t.cluster for t in tiles} >= {(2, 1, 1), (1, 2, 1)}
     assert (128, 256, 64) in {t.threadblock for t in tiles}
 
 
 @pytest.mark.parametrize(
     "m,k,n,expected",
-    [  # the best (or within 3% of the best) configuration of the H100 sweep for each shape
+    [  # the best (or within 3% of the best) configuration of the H100 sweeps for each shape
         (1024, 1024, 4096, "tb256x128x64_c1x2x1_cooperative"),
         (4096, 1024, 4096, "tb128x128x64_c2x1x1_pingpong"),
         (8192, 1024, 4096, "tb128x128x64_c2x1x1_pingpong"),
@@ -43,10 +57,34 @@ def test_heuristic_follows_the_measured_sweep(m, k, n, expected):
     assert kernel.arch == 90 and kernel.tile.describe() == expected
 
 
-def test_heuristic_never_picks_256x256_or_stream_k():
-    for m, k, n in [(m, k, n) for m in (1, 1024, 8192) for k in (64, 1024, 8192) for n in (256, 4096, 16384)]:
+def test_heuristic_never_picks_256x256_stream_k_or_split_k():
+    for m, k, n in [(m, k, n) for m in (1, 128, 1024, 8192) for k in (64, 1024, 8192) for n in (256, 4096, 16384)]:
         tile = choose_kernel(GemmProblem(m, n, k, True), Epilogue(), 90).tile
         assert tile.threadblock != (256, 256, 64) and tile.scheduler == "default"
+
+
+def test_split_k_is_profiled_where_tiles_under_fill_the_gpu():
+    """Measured slower than data-parallel tiles on BERT-large's shapes, split-K is not the
+    heuristic's choice, but the profiler times it wherever it could win."""
+    small = [t.describe() for t in gemm_candidates(GemmProblem(128, 1024, 4096, True), 90, 90, 6)]
+    assert small[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
+    large = [t.describe() for t in gemm_candidates(GemmProblem(8192, 1024, 4096, True), 90, 90, 6)]
+    assert not any(name.endswith("_splitk") for name in large)
+
+
+@pytest.mark.parametrize("m", [128, 1, "m"])
+def test_split_k_kernel_sets_its_slices_per_call(m):
+    """The slice count is computed in the kernel object from the call's shape and the device's SM
+    count, so one object serves a symbolic M too; the residual epilogue stays exact (the
+    scheduler reduces the partial sums before the epilogue)."""
+    epilogue = Epilogue(bias=True, activation="gelu", residual=True)
+    problem = GemmProblem(None if m == "m" else m, 1024, 4096, True)
+    kernel = choose_kernel(problem, epilogue, 90, tile="tb128x128x64_c1x2x1_cooperative_splitk")
+    assert kernel.name.endswith("_cooperative_splitk_bias_gelu_residual_add")
+    text = emit_kernel(kernel).text
+    assert "cutlass::gemm::StreamKScheduler" in text
+    assert "DecompositionMode::SplitK" in text and "cudaDevAttrMultiProcessorCount" in text
+    assert f"iterations / {SPLIT_K_MIN_ITERATIONS}" in text
 
 
 def test_sm90_target_uses_sm90_kernels():

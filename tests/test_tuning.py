@@ -26,8 +26,23 @@ PROBLEM = GemmProblem(m=4096, n=4096, k=1024, b_transposed=True)
 
 
 def _record(problem=PROBLEM, tile="tb128x256x64_c1x2x1_cooperative", arch=90, ms=0.05):
+    """A record as the profiler writes it: the heuristic's kernel is always among the timed."""
     key = gemm_key(problem, arch, 90, problem.m)
-    return TuningRecord(key, tile, ms, candidates={tile: ms}, device="test GPU")
+    heuristic = choose_kernel(problem, Epilogue(), arch).tile.describe()
+    return TuningRecord(key, tile, ms, candidates={heuristic: ms * 1.2, tile: ms}, device="test GPU")
+
+
+def test_a_record_that_never_timed_the_heuristics_kernel_is_not_trusted(tmp_path):
+    """Records from an older candidate set cannot show that their winner beats today's
+    heuristic choice: the heuristic stands, and says why."""
+    heuristic = choose_kernel(PROBLEM, Epilogue(), 90)
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    old = TuningRecord(gemm_key(PROBLEM, 90, 90, PROBLEM.m), "tb128x256x64_c1x2x1_cooperative", 0.02,
+                       candidates={"tb128x256x64_c1x2x1_cooperative": 0.02}, device="test GPU")  # fmt: skip
+    db.add([old])
+    kernel = choose_kernel(PROBLEM, Epilogue(bias=True), 90, db=db)
+    assert kernel.selected_by == "heuristic" and kernel.tile == heuristic.tile
+    assert f"never timed {heuristic.tile.describe()}" in kernel.note and "re-tune" in kernel.note
 
 
 def test_key_covers_what_the_choice_depends_on():
@@ -232,8 +247,9 @@ class _FakeGpu:
     def run(self, directory, db_path, repeat=7, log=print):
         records = []
         for number, job in enumerate(self.jobs, 1):
-            tile = job.candidates[1][0].tile.describe()
-            records.append(TuningRecord(job.key, tile, 0.01, candidates={tile: 0.01}, device="fake GPU"))
+            tile, heuristic = job.candidates[1][0].tile.describe(), job.candidates[0][0].tile.describe()
+            timed = {heuristic: 0.02, tile: 0.01}
+            records.append(TuningRecord(job.key, tile, 0.01, candidates=timed, device="fake GPU"))
             log(f"[{number}/{len(self.jobs)}] {tile}")
         TuningDatabase(db_path).add(records)
         return records
