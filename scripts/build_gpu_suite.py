@@ -54,6 +54,7 @@ register_quick_gelu()
 
 # Correctness cases: (name, model kwargs, codegen options, runs (symbolic dims), checks)
 TEST_M, TEST_N, TEST_K = 1000, 256, 384
+SPLIT_K = {"tile": "tb128x128x64_c1x2x1_cooperative_splitk"}  # an SM90 configuration: no sm80 build
 TEST_CASES = [
     ("dense", dict(bias=False), {}),
     ("dense_bias", dict(), {}),
@@ -90,6 +91,11 @@ TEST_CASES = [
     ("dense_nk_bias_gelu_unbound", dict(activation="gelu", bind=False), {}),
     ("dense_nk_bias_residual_relu_unbound", dict(residual=True, residual_relu=True, bind=False), {}),
     ("dense_nk_bias_gelu_symbolic_m_unbound", dict(activation="gelu", m="m", bind=False), {}),
+    # SM90 split-K (a profiling candidate, pinned here): slices reduced before the epilogue.
+    ("dense_bias_gelu_splitk_m128_k4096", dict(activation="gelu", m=128, n=1024, k=4096), SPLIT_K),
+    ("dense_bias_residual_relu_splitk_m128", dict(residual=True, residual_relu=True, m=128, n=1024, k=4096), SPLIT_K),
+    # The slice count follows the call's M: 16 slices at m=1, none at m=4096.
+    ("dense_bias_silu_splitk_symbolic_m", dict(activation="silu", m="m", n=1024, k=2048), SPLIT_K),
 ]
 SYMBOLIC_RUNS = [{"m": 1}, {"m": 777}, {"m": 4096}]
 
@@ -379,8 +385,9 @@ def main() -> None:
         for _, kwargs, options in TEST_CASES:
             kw = dict(m=TEST_M, n=TEST_N, k=TEST_K) | kwargs
             bind_weights = kw.pop("bind", True)
+            families = ("auto",) if "tile" in options else FAMILIES
             jobs.append(
-                (dense_epilogue_model(kw.pop("m"), kw.pop("n"), kw.pop("k"), **kw), bind_weights, options, FAMILIES)
+                (dense_epilogue_model(kw.pop("m"), kw.pop("n"), kw.pop("k"), **kw), bind_weights, options, families)
             )
     if "bench" in only:
         shapes = [(m, k, n) for m in BENCH_M for k, n in BENCH_KN] + list(BENCH_EXTRA)
@@ -482,7 +489,8 @@ def main() -> None:
             kw = dict(m=TEST_M, n=TEST_N, k=TEST_K) | kwargs
             bind_weights = kw.pop("bind", True)
             mod = dense_epilogue_model(kw.pop("m"), kw.pop("n"), kw.pop("k"), **kw)
-            entry = build_pair(name, mod, out, args.arch, bind_weights, options, families=FAMILIES)
+            families = ("auto",) if "tile" in options else FAMILIES
+            entry = build_pair(name, mod, out, args.arch, bind_weights, options, families=families)
             entry["runs"] = SYMBOLIC_RUNS if kwargs.get("m") == "m" else [{}]
             entry["spec"] = {k: v for k, v in kwargs.items() if k not in ("batch", "bind")} | {"options": options}
             manifest["tests"].append(entry)
