@@ -42,12 +42,17 @@ from .select import (
     choose_kernel,
     choose_split_k,
     estimate_cost,
+    output_tiles,
     sm90_fallback_reason,
+    under_fills,
 )
 from .templates import CONV2D_ARGS, GEMM_ARGS
 from .tuning import M_BUCKETS, TuningKey, conv2d_key, gemm_key
 
 DEFAULT_MAX_CANDIDATES = 6  # per problem class (--max-candidates)
+
+
+SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the SM90 split-K candidate's CTA tile and cluster
 
 
 def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) -> list[TileConfig]:
@@ -75,7 +80,7 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
         rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
     ranked = [chosen] + sorted((t for t in pool if t != chosen), key=rank)
-    if family == 90 and _under_fills(problem, arch):
+    if family == 90 and _splits_usefully(problem, arch):
         # Split-K is never the heuristic's choice (measured slower on BERT-large's shapes), but an
         # under-filled problem with a long main loop is where it can win: always time it there.
         split = next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE)
@@ -83,13 +88,12 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
     return ranked[:limit]
 
 
-SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the split-K candidate's CTA tile and cluster
-
-
-def _under_fills(problem: GemmProblem, arch: int) -> bool:
-    """128x128 tiles fill less than half of the SMs and the main loop is long enough to cut."""
-    tiles = -(-(problem.m or 1024) // 128) * -(-problem.n // 128)
-    return 2 * tiles <= SM_COUNT.get(arch, 132) and -(-problem.k // 64) >= 2 * SPLIT_K_MIN_ITERATIONS
+def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
+    """The split-K candidate's tiles under-fill the GPU and the main loop is long enough to cut."""
+    threadblock = SPLIT_K_TILE[0]
+    iterations = -(-problem.k // threadblock[2])
+    tiles = output_tiles(problem.m or 1024, problem.n, threadblock)
+    return 2 * tiles <= SM_COUNT.get(arch, 132) and iterations >= 2 * SPLIT_K_MIN_ITERATIONS
 
 
 def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
@@ -115,10 +119,8 @@ def conv2d_candidates(problem: Conv2dProblem, arch: int, limit: int) -> list[tup
     gemm = problem.implicit_gemm()
     chosen, split = choose_conv2d_kernel(problem, Epilogue(), arch)
     candidates = [(chosen.tile, split)]
-    bm, bn, bk = chosen.tile.threadblock
-    ctas = -(-gemm.m // bm) * -(-gemm.n // bn)
-    if 2 * ctas <= SM_COUNT.get(arch, 108):
-        iterations = -(-gemm.k // bk)
+    if under_fills(gemm.m, gemm.n, chosen.tile.threadblock, arch):
+        iterations = -(-gemm.k // chosen.tile.threadblock[2])
         candidates += [(chosen.tile, s) for s in (1, 2, 4, 8, 16) if s != split and iterations >= 4 * s]
     tiles = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     for tile in sorted(tiles, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)):

@@ -26,14 +26,7 @@ import math
 from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
-from .kernel_spec import (
-    Conv2dKernel,
-    Conv2dProblem,
-    Epilogue,
-    GemmKernel,
-    GemmProblem,
-    TileConfig,
-)
+from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
 from .tuning import conv2d_key, gemm_key, m_bucket
 
 # Shared memory a CTA may use, per SM generation (bytes).
@@ -136,11 +129,20 @@ def _smem_bytes(tile: TileConfig) -> int:
     return tile.stages * (bm * bk + bk * bn) * 2
 
 
+def output_tiles(m: int, n: int, threadblock) -> int:
+    """CTA tiles covering an M x N output."""
+    return math.ceil(m / threadblock[0]) * math.ceil(n / threadblock[1])
+
+
+def under_fills(m: int, n: int, threadblock, arch: int) -> bool:
+    """The output tiles fill less than half of the SMs: where split-K can pay."""
+    return 2 * output_tiles(m, n, threadblock) <= SM_COUNT.get(arch, 108)
+
+
 def estimate_cost(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int = DEFAULT_M_HINT) -> float:
     """Relative run time of `tile` on `problem` under the heuristic in this module's docstring."""
     bm, bn, _ = tile.threadblock
-    m = problem.m or m_hint
-    ctas = math.ceil(m / bm) * math.ceil(problem.n / bn)
+    ctas = output_tiles(problem.m or m_hint, problem.n, tile.threadblock)
     # The busiest SM's share of tiles: CTAs co-resident on one SM share its tensor cores, so
     # quantization is per SM, not per CTA slot.
     tiles_on_busiest_sm = math.ceil(ctas / SM_COUNT.get(arch, 108))
@@ -272,15 +274,15 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     Never split-K, although under-filled problems look made for it: on the H100, BERT-large's
     split-K GEMMs (CUTLASS's stream-K scheduler in split-K mode, 128x128 tiles) ran slower than
     data-parallel tiles at batch 8 (1.55 vs 1.45 ms for its 120 1024-row projections) and much
-    slower at batch 1 (2.25 vs 1.37 ms for M=128), workspace memsets included. Split-K stays a
+    slower at batch 1 (2.25 vs 1.38 ms for M=128), workspace memsets included. Split-K stays a
     profiling candidate for under-filled problems (profile.gemm_candidates) and a `tile=` choice.
     """
     m = problem.m or m_hint
-    pool = candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
-    candidates = [t for t in pool if t.scheduler == "default" and t.threadblock in SM90_HEURISTIC_TILES]
-    tiles_m, tiles_n = math.ceil(m / 128), math.ceil(problem.n / 128)
-    sms = SM_COUNT.get(arch, 132)
-    waves_128 = tiles_m * tiles_n / sms
+    candidates = [
+        t for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+        if t.scheduler == "default" and t.threadblock in SM90_HEURISTIC_TILES
+    ]  # fmt: skip
+    waves_128 = output_tiles(m, problem.n, (128, 128)) / SM_COUNT.get(arch, 132)
     if problem.k <= 2048 and waves_128 >= 2:
         pingpong = [t for t in candidates if t.schedule == "pingpong" and (t.threadblock, t.cluster) == SM90_PINGPONG]
         if pingpong:
@@ -336,12 +338,11 @@ def choose_split_k(gemm: GemmProblem, tile: TileConfig, arch: int, epilogue: Epi
     """
     if epilogue.residual:
         return 1
-    bm, bn, bk = tile.threadblock
-    ctas = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
-    sms = SM_COUNT.get(arch, 108)
-    if 2 * ctas > sms:
+    if not under_fills(gemm.m, gemm.n, tile.threadblock, arch):
         return 1
-    split = min(MAX_SPLIT_K, sms // ctas, math.ceil(gemm.k / bk) // MIN_K_ITERATIONS_PER_SLICE)
+    ctas = output_tiles(gemm.m, gemm.n, tile.threadblock)
+    iterations = math.ceil(gemm.k / tile.threadblock[2])
+    split = min(MAX_SPLIT_K, SM_COUNT.get(arch, 108) // ctas, iterations // MIN_K_ITERATIONS_PER_SLICE)
     return split if split >= 2 else 1
 
 
