@@ -65,3 +65,24 @@ class FoldLinearReshapes:
             gv: _rewrite(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
+    """broadcast_to(x, shape of x) -> x. torch.export writes one before every batched matmul; left
+    in a fused region with a symbolic shape, it would become an R.Shape argument whose tensor
+    shape the region can no longer see."""
+    x = wildcard()
+    pattern = is_op("relax.broadcast_to")(x, wildcard())
+    analyzer = tvm.sym.Analyzer()
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        before, after = m[x].ty, orig.ty
+        if not (isinstance(before, relax.TensorType) and isinstance(after, relax.TensorType)):
+            return orig
+        if not (hasattr(before.shape, "values") and hasattr(after.shape, "values")):
+            return orig
+        a, b = list(before.shape.values), list(after.shape.values)
+        same = len(a) == len(b) and all(analyzer.can_prove_equal(p, q) for p, q in zip(a, b, strict=True))
+        return m[x] if same and before.dtype == after.dtype else orig
+
+    return rewrite_call(pattern, rewriter, func)

@@ -22,10 +22,10 @@ from tvm import relax
 from .arch import parse_arch
 from .compile import cache_dir, compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
-from .kernel_spec import Conv2dProblem, Conv2dRegion, GemmRegion
+from .kernel_spec import AttentionProblem, AttentionRegion, Conv2dProblem, Conv2dRegion, GemmRegion
 from .patterns import ACCUMULATOR_DTYPES, CODEGEN
 from .regions import analyze, make_region
-from .select import DEFAULT_M_HINT, choose_conv2d_kernel, choose_kernel
+from .select import DEFAULT_M_HINT, choose_attention_kernel, choose_conv2d_kernel, choose_kernel
 from .tuning import M_BUCKETS, TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
@@ -99,7 +99,7 @@ def _read_database(path: str, _version) -> TuningDatabase:
     return TuningDatabase(path)
 
 
-def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion]:
+def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion | AttentionRegion]:
     """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
     symbols = [str(func.attrs["global_symbol"]) for func in functions]
     # (spec, roles, problem, composite, aliases) per function
@@ -110,7 +110,9 @@ def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2d
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
     for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
-        if isinstance(problem, Conv2dProblem):
+        if isinstance(problem, AttentionProblem):
+            kernel, extra = choose_attention_kernel(problem, options.arch), {}
+        elif isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
                 problem, spec.epilogue, options.arch, 1, options.family, options.tile, db
             )
@@ -176,7 +178,7 @@ def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:
     return tuple(merged)
 
 
-def build_regions(regions: list[GemmRegion | Conv2dRegion], options: CodegenOptions, module_name: str):
+def build_regions(regions: list[GemmRegion | Conv2dRegion | AttentionRegion], options: CodegenOptions, module_name: str):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
     kernels = {k.name: k for r in regions for k in r.kernels}
     sources = [emit_kernel(k) for k in kernels.values()]

@@ -14,12 +14,26 @@ import functools
 from string import Template
 
 from .arch import ARCH_SPECIFIC
-from .compile import Source
+from .compile import Source, fmha_flags
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
-from .kernel_spec import ACTIVATIONS, DTYPE_BITS, Conv2dKernel, Conv2dRegion, GemmKernel, GemmRegion
+from .kernel_spec import (
+    ACTIVATIONS,
+    CUTLASS_ELEMENT,
+    DTYPE_BITS,
+    AttentionKernel,
+    AttentionRegion,
+    Conv2dKernel,
+    Conv2dRegion,
+    GemmKernel,
+    GemmRegion,
+)
 from .templates import (
+    ATTENTION_ARGS,
+    ATTENTION_GLUE_FUNCTION,
+    ATTENTION_KERNEL_TU,
+    CHECK_DEVICE,
     CONV2D_ARGS,
     CONV2D_ARGUMENTS,
     CONV2D_GLUE_FUNCTION,
@@ -283,12 +297,24 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
     }
 
 
-def emit_kernel(kernel: GemmKernel | Conv2dKernel) -> Source:
+def _check_device(kernel) -> str:
+    exact = kernel.target in ARCH_SPECIFIC
+    return Template(CHECK_DEVICE).substitute(
+        name=kernel.name,
+        arch=kernel.target,
+        arch_exact=str(exact).lower(),
+        arch_name=f"{kernel.target}{'a' if exact else ''}",
+    )
+
+
+def emit_kernel(kernel: GemmKernel | Conv2dKernel | AttentionKernel) -> Source:
     """The translation unit for one kernel configuration, exporting `<kernel.name>_run`.
 
     The object runs on exactly `kernel.target` for arch-specific targets (sm_90a), else on it and
     newer GPUs (SASS + PTX); `_run` checks that before launching.
     """
+    if isinstance(kernel, AttentionKernel):
+        return _attention_kernel(kernel)
     if isinstance(kernel, Conv2dKernel):
         parts, args, args_type = _conv2d_kernel_parts(kernel), CONV2D_ARGS, "RelaxCutlassConv2dArgs"
     else:
@@ -296,17 +322,24 @@ def emit_kernel(kernel: GemmKernel | Conv2dKernel) -> Source:
         args, args_type = GEMM_ARGS, "RelaxCutlassGemmArgs"
     # Custom activation functors (relax_cutlass.extend) are defined before the types that use them.
     parts["instance"] = kernel.epilogue.definitions() + parts["instance"]
-    exact = kernel.target in ARCH_SPECIFIC
     text = KERNEL_TU.substitute(
-        name=kernel.name,
-        gemm_args=args,
-        args_type=args_type,
-        arch=kernel.target,
-        arch_exact=str(exact).lower(),
-        arch_name=f"{kernel.target}{'a' if exact else ''}",
-        **parts,
+        name=kernel.name, gemm_args=args, args_type=args_type, check_device=_check_device(kernel), **parts
     )
     return Source(kernel.name, text, "cuda")
+
+
+def _attention_kernel(kernel: AttentionKernel) -> Source:
+    text = ATTENTION_KERNEL_TU.substitute(
+        name=kernel.name,
+        attention_args=ATTENTION_ARGS,
+        element=CUTLASS_ELEMENT[kernel.problem.element],
+        aligned=str(kernel.aligned).lower(),
+        queries=kernel.queries_per_block,
+        keys=kernel.keys_per_block,
+        max_k=kernel.max_head_dim,
+        check_device=_check_device(kernel),
+    )
+    return Source(kernel.name, text, "cuda", fmha_flags())
 
 
 _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBfloat"}
@@ -315,7 +348,7 @@ _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBf
 def _gemm_glue_function(region: GemmRegion) -> str:
     p = region.kernel.problem
     roles = region.roles
-    params = ", ".join(f"TensorView {role}" for role in region.arg_roles) + ", TensorView out"
+    params = _glue_params(region)
     checks = _role_aliases(region) + _tensor_checks(region, ("lhs", "rhs", "out", "residual"))
     extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.n}, bias);'] if "bias" in roles else []
     extra += _residual_checks(roles)
@@ -347,6 +380,16 @@ def _launch(region: GemmRegion) -> str:
     return call
 
 
+def _glue_params(region) -> str:
+    """The exported function's parameters: one per composite parameter (R.Shape ones, passed by
+    fused views with symbolic shapes, are taken and ignored), then the output."""
+    params = [
+        f"tvm::ffi::Shape {role}" if dtype == "shape" else f"TensorView {role}"
+        for role, dtype in zip(region.arg_roles, region.arg_dtypes, strict=True)
+    ]
+    return ", ".join([*params, "TensorView out"])
+
+
 def _role_aliases(region: GemmRegion | Conv2dRegion) -> str:
     """A name for each second role of a parameter (the residual that is also the lhs)."""
     return "".join(f"  const TensorView& {alias} = {role};\n" for alias, role in region.role_aliases)
@@ -357,6 +400,8 @@ def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, .
     alignment = region.kernel.problem.alignment
     checks = []
     for role, dtype in [*zip(region.arg_roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
+        if dtype == "shape":
+            continue
         code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
         align_bytes = max(1, alignment * bits // 8) if role in vector_roles else bits // 8
         checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
@@ -379,7 +424,7 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
     extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.k}, bias);'] if "bias" in roles else []
     return CONV2D_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
-        params=", ".join(f"TensorView {role}" for role in region.arg_roles) + ", TensorView out",
+        params=_glue_params(region),
         checks=_role_aliases(region) + _tensor_checks(region, ("data", "weight", "out", "residual")),
         h=p.h, w=p.w, c=p.c, k=p.k, r=p.r, s=p.s, p=p.p, q=p.q,
         pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
@@ -391,14 +436,41 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
     )  # fmt: skip
 
 
-def emit_glue(regions: list[GemmRegion | Conv2dRegion], module_name: str) -> Source:
+def _attention_glue_function(region: AttentionRegion) -> str:
+    p = region.kernel.problem
+    dims = {}
+    for prefix, positions in (("q", p.query_dims), ("k", p.key_dims), ("v", p.value_dims)):
+        for axis, position in zip("bsnh", positions, strict=True):
+            dims[f"{prefix}{axis}"] = position
+    return ATTENTION_GLUE_FUNCTION.substitute(
+        symbol=region.symbol,
+        params=_glue_params(region),
+        checks=_tensor_checks(region, ("query", "key", "value", "out")),
+        heads=p.heads,
+        head_dim=p.head_dim,
+        head_dim_value=p.head_dim_value,
+        scale=format(p.scale, ".9g"),
+        kernel=region.kernel.name,
+        **dims,
+    )
+
+
+def emit_glue(regions: list[GemmRegion | Conv2dRegion | AttentionRegion], module_name: str) -> Source:
     """Host glue exporting one TVM FFI function per region: checks, stream, launch."""
-    arg_types = {GemmRegion: "RelaxCutlassGemmArgs", Conv2dRegion: "RelaxCutlassConv2dArgs"}
+    arg_types = {
+        GemmRegion: "RelaxCutlassGemmArgs",
+        Conv2dRegion: "RelaxCutlassConv2dArgs",
+        AttentionRegion: "RelaxCutlassAttentionArgs",
+    }
     kernels = sorted({(k.name, arg_types[type(r)]) for r in regions for k in r.kernels})
     decls = "\n".join(f'extern "C" const char* {k}_run(const {t}* args, void* stream);' for k, t in kernels)
-    glue = {GemmRegion: _gemm_glue_function, Conv2dRegion: _conv2d_glue_function}
+    glue = {
+        GemmRegion: _gemm_glue_function,
+        Conv2dRegion: _conv2d_glue_function,
+        AttentionRegion: _attention_glue_function,
+    }
     text = GLUE_TU.substitute(
-        gemm_args=GEMM_ARGS + CONV2D_ARGS,
+        gemm_args=GEMM_ARGS + CONV2D_ARGS + ATTENTION_ARGS,
         kernel_decls=decls,
         functions="\n".join(glue[type(r)](r) for r in regions),
     )

@@ -328,3 +328,87 @@ class Conv2dRegion(_Region):
             "split_k": self.split_k,
         }
         return self._row("conv2d", [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k], {"conv": conv})
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.
+
+    Sizes are ints, or None where symbolic (read from the tensors at run time). Each *_dims
+    gives, for (batch, rows, heads, head dim), the dimension of that 4-D parameter which holds
+    it: (0, 1, 2, 3) is BSNH. The output is always (B, S, N, V) in memory.
+    """
+
+    batch: int | None
+    heads: int
+    seq_q: int | None
+    seq_kv: int | None
+    head_dim: int
+    head_dim_value: int
+    scale: float
+    element: str = "float16"
+    query_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
+    key_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
+    value_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
+    element_accumulator: str = "float32"  # the kernel's softmax and both products run in fp32
+
+    @property
+    def alignment(self) -> int:
+        """Widest vector access of q/k/v/out rows (in elements)."""
+        return widest_vector(self.head_dim, self.head_dim_value)
+
+    def flops(self) -> int | None:
+        if None in (self.batch, self.seq_q, self.seq_kv):
+            return None
+        return 2 * self.batch * self.heads * self.seq_q * self.seq_kv * (self.head_dim + self.head_dim_value)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One fused multi-head attention kernel (CUTLASS example 41, the xFormers forward kernel):
+    a CTA takes `queries_per_block` query rows of one head and streams the keys in blocks of
+    `keys_per_block`, with an online softmax. Only the dtype, the tile, the largest head dim
+    (`max_head_dim`) and whether rows are 16-byte aligned are compiled in."""
+
+    problem: AttentionProblem
+    queries_per_block: int
+    keys_per_block: int
+    max_head_dim: int
+    aligned: bool
+    arch: int = 80  # the SM80 tensor-op kernel; it is also what runs on sm_90a
+    target: int = 80
+    epilogue: Epilogue = Epilogue()  # none: the region is the whole attention
+    selected_by: str = field(default="heuristic", compare=False)
+    note: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
+        return (
+            f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
+            f"k{self.keys_per_block}_maxk{self.max_head_dim}"
+        )
+
+
+@dataclass(frozen=True)
+class AttentionRegion(_Region):
+    kernel: AttentionKernel
+
+    @property
+    def kernels(self) -> tuple[AttentionKernel, ...]:
+        return (self.kernel,)
+
+    def report_row(self) -> dict:
+        p = self.kernel.problem
+        attention = {
+            "batch": p.batch if p.batch is not None else "dynamic",
+            "heads": p.heads,
+            "seq_q": p.seq_q if p.seq_q is not None else "dynamic",
+            "seq_kv": p.seq_kv if p.seq_kv is not None else "dynamic",
+            "head_dim": p.head_dim,
+            "head_dim_value": p.head_dim_value,
+            "scale": p.scale,
+        }
+        # "mnk" of one head's first product, for the report's common columns.
+        mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
+        return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})

@@ -7,6 +7,7 @@ import json
 import tvm
 from tvm import relax
 
+from .canonicalize import drop_identity_broadcasts
 from .patterns import fusion_patterns
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
@@ -32,11 +33,23 @@ class FusionLog:
             return
         if not problems:
             entry["fused_as"] = spec.name
-        elif all(r["pattern"] != spec.name for r in entry["refused"]):
+            # A pattern whose tail is optional (attention's output views) is checked at each
+            # binding it reaches; a refusal of the shorter match is not a refusal of the fusion.
+            entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
+        else:
+            # The same pattern refused again at this root matched further (a later binding ends
+            # it): its reasons are the ones about the whole region.
+            entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
             entry["refused"].append({"pattern": spec.name, "reasons": problems})
 
     def rows(self) -> list[dict]:
-        return [e for e in self._roots.values() if e["fused_as"] and e["refused"]]
+        """Roots offloaded by a smaller pattern after refusals, and roots whose attention fusion
+        was refused: their matmuls stay in TVM, and the reason would otherwise be lost."""
+        return [
+            e
+            for e in self._roots.values()
+            if e["refused"] and (e["fused_as"] or any(".attention" in r["pattern"] for r in e["refused"]))
+        ]
 
 
 def _describe(var: relax.Var, call: relax.Call) -> str:
@@ -70,6 +83,9 @@ class PartitionForCutlass:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = relax.transform.ConvertToDataflow()(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
+                mod[gv] = drop_identity_broadcasts(func)
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []

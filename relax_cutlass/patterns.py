@@ -17,6 +17,7 @@ from tvm import relax
 from tvm.relax.backend.patterns import make_residual_block_pattern
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
+from .attention import ATTENTION_SPECS, AttentionPatternSpec, attention_pattern, attention_problems
 from .kernel_spec import Epilogue
 
 CODEGEN = "relax_cutlass"
@@ -123,9 +124,13 @@ def all_conv2d_specs() -> list[Conv2dPatternSpec]:
     return sorted(specs, key=lambda s: -s.size)
 
 
-def all_specs() -> list[GemmPatternSpec | Conv2dPatternSpec]:
-    """Every pattern, largest first (a stable sort keeps GEMM before conv2d at equal size)."""
-    return sorted([*all_gemm_specs(), *all_conv2d_specs()], key=lambda s: -s.size)
+PatternSpec = GemmPatternSpec | Conv2dPatternSpec | AttentionPatternSpec
+
+
+def all_specs() -> list[PatternSpec]:
+    """Every pattern, largest first (attention, whose matmuls no GEMM pattern may take alone, then
+    GEMM before conv2d at equal size: the sort is stable)."""
+    return sorted([*ATTENTION_SPECS, *all_gemm_specs(), *all_conv2d_specs()], key=lambda s: -s.size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +241,17 @@ def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPatt
 
 
 def pattern_of(spec) -> tuple[DFPattern, dict[str, DFPattern]]:
-    return conv2d_pattern(spec) if isinstance(spec, Conv2dPatternSpec) else gemm_pattern(spec)
+    builder = {Conv2dPatternSpec: conv2d_pattern, AttentionPatternSpec: _attention_pattern}.get(type(spec), gemm_pattern)
+    return builder(spec)
 
 
 @cache
-def spec_by_name() -> dict[str, GemmPatternSpec | Conv2dPatternSpec]:
+def _attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    return attention_pattern(spec)
+
+
+@cache
+def spec_by_name() -> dict[str, PatternSpec]:
     return {s.name: s for s in all_specs()}
 
 
@@ -446,8 +457,11 @@ def conv2d_problems(conv: relax.Call) -> list[str]:
     return problems
 
 
-def region_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[str]:
-    """All legality problems of one matched region: its root op, then its epilogue."""
+def region_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr, var2val=None) -> list[str]:
+    """All legality problems of one matched region: its root op, then its epilogue. `var2val`
+    (the bindings of the region) is needed by attention, whose rules follow chains of views."""
+    if isinstance(spec, AttentionPatternSpec):
+        return attention_problems(spec, ann, out, var2val or {})
     if isinstance(spec, Conv2dPatternSpec):
         problems = conv2d_problems(ann["root"])
     else:
@@ -455,7 +469,7 @@ def region_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list[s
     return problems or epilogue_problems(spec, ann, out)
 
 
-def _make_check(spec: GemmPatternSpec | Conv2dPatternSpec, log=None):
+def _make_check(spec: PatternSpec, log=None):
     """The pattern check: offload iff `check_problems` finds none; `log.record(spec, ctx, problems)`
     sees every decision (PartitionForCutlass uses it to report refused fusions)."""
 
@@ -468,16 +482,17 @@ def _make_check(spec: GemmPatternSpec | Conv2dPatternSpec, log=None):
     return check
 
 
-def check_problems(spec: GemmPatternSpec | Conv2dPatternSpec, ctx: relax.transform.PatternCheckContext) -> list[str]:
+def check_problems(spec: PatternSpec, ctx: relax.transform.PatternCheckContext) -> list[str]:
     """Why the structurally matched region `ctx` must not be offloaded as `spec` (empty: it may)."""
     from tvm.relax.backend.utils import has_leaking_intermediate_variables
 
     if has_leaking_intermediate_variables(ctx):
         return ["an intermediate value of the region is also used outside it (a fused kernel does not produce it)"]
     ann = dict(ctx.annotated_expr)
-    if spec.residual and not _residual_independent(ann, ctx):
+    if getattr(spec, "residual", False) and not _residual_independent(ann, ctx):
         return ["the residual is computed from the region's own output"]
-    return region_problems(spec, ann, ctx.matched_expr)
+    var2val = {var: value for value, var in ctx.value_to_bound_var.items()} | dict(ctx.matched_bindings)
+    return region_problems(spec, ann, ctx.matched_expr, var2val)
 
 
 def _residual_independent(ann, ctx) -> bool:

@@ -23,6 +23,7 @@ from .emit import emit_kernel
 from .kernel_spec import (
     SPLIT_K_MIN_ITERATIONS,
     Conv2dKernel,
+    AttentionProblem,
     Conv2dProblem,
     Epilogue,
     GemmKernel,
@@ -133,6 +134,8 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
     ProfileJobs, deduplicated by key. Candidates carry no epilogue."""
     jobs: dict[TuningKey, ProfileJob] = {}
     for problem in problems:
+        if isinstance(problem, AttentionProblem):
+            continue  # one configuration per head dim: nothing to choose between (see select)
         if isinstance(problem, Conv2dProblem):
             if problem.n is None:
                 continue  # symbolic batch: the heuristic (the report says so)

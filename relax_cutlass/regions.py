@@ -11,10 +11,22 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from .constants import composite_of
-from .kernel_spec import Conv2dKernel, Conv2dProblem, Conv2dRegion, GemmKernel, GemmProblem, GemmRegion
+from .attention import AttentionPatternSpec, attention_layout
+from .kernel_spec import (
+    AttentionKernel,
+    AttentionProblem,
+    AttentionRegion,
+    Conv2dKernel,
+    Conv2dProblem,
+    Conv2dRegion,
+    GemmKernel,
+    GemmProblem,
+    GemmRegion,
+)
 from .patterns import Conv2dPatternSpec, dtype_of, pattern_of, region_problems, spec_by_name
 
-ROLES = ("lhs", "rhs", "data", "weight", "bias", "residual")
+ROLES = ("lhs", "rhs", "data", "weight", "bias", "residual", "query", "key", "value")
+SHAPE_ROLE = "shape"  # prefix of the role of an R.Shape parameter
 
 
 class RegionError(ValueError):
@@ -26,7 +38,13 @@ def _dim(d) -> int | str:
 
 
 def _shape(expr) -> tuple[int | str, ...]:
+    if isinstance(expr.ty, relax.ShapeType):
+        return tuple(_dim(d) for d in expr.ty.values) if expr.ty.values is not None else ()
     return tuple(_dim(d) for d in expr.ty.shape.values)
+
+
+def _dtype(expr) -> str:
+    return "shape" if isinstance(expr.ty, relax.ShapeType) else dtype_of(expr)
 
 
 def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
@@ -40,12 +58,13 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
         raise RegionError(f"{symbol}: composite {name!r} is not a relax_cutlass pattern")
     pattern, annotations = pattern_of(spec)
     out = composite.body.body
-    matched = pattern.extract_matched_expr(out, get_var2val(composite))
+    var2val = get_var2val(composite)
+    matched = pattern.extract_matched_expr(out, var2val)
     if matched is None:
         raise RegionError(f"{symbol}: body of {name} no longer matches its pattern")
     ann = {key: matched[pat] for key, pat in annotations.items() if pat in matched}
     out_expr = matched[pattern]
-    problems = region_problems(spec, ann, out_expr)
+    problems = region_problems(spec, ann, out_expr, var2val)
     if problems:
         raise RegionError(f"{symbol}: {'; '.join(problems)}")
 
@@ -67,14 +86,22 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
             roles[index] = role
         else:  # one tensor in two roles, e.g. y = act(x @ w + b) + x: the residual is the lhs
             aliases.append((role, roles[index]))
+    for index, param in enumerate(params):
+        # A view with a symbolic shape (reshape to (batch * heads, S, H)) takes its shape as an
+        # argument once fused: the kernel reads sizes from the tensors, so it is only passed along.
+        if roles[index] is None and isinstance(param.ty, relax.ShapeType):
+            roles[index] = f"{SHAPE_ROLE}{index}"
     if None in roles:
         raise RegionError(
             f"{symbol}: parameters {[p.name for p, r in zip(params, roles, strict=True) if r is None]} have no role"
         )
 
-    problem = (_conv2d_problem if isinstance(spec, Conv2dPatternSpec) else _gemm_problem)(
-        spec, ann, out_expr, accumulator
-    )
+    if isinstance(spec, AttentionPatternSpec):
+        problem = _attention_problem(spec, ann, out_expr, var2val)
+    else:
+        problem = (_conv2d_problem if isinstance(spec, Conv2dPatternSpec) else _gemm_problem)(
+            spec, ann, out_expr, accumulator
+        )
     return spec, tuple(roles), problem, composite, tuple(aliases)
 
 
@@ -118,17 +145,45 @@ def _conv2d_problem(spec, ann, out_expr, accumulator: str) -> Conv2dProblem:
     )  # fmt: skip
 
 
+def _attention_problem(spec, ann, out_expr, var2val) -> AttentionProblem:
+    layout = attention_layout(spec, ann, out_expr, var2val)
+
+    def size(axis: str) -> int | None:
+        d = layout.sizes[axis]
+        return int(d) if hasattr(d, "value") else None
+
+    return AttentionProblem(
+        batch=size("B"),
+        heads=int(layout.sizes["N"]),
+        seq_q=size("S"),
+        seq_kv=size("T"),
+        head_dim=int(layout.sizes["H"]),
+        head_dim_value=int(layout.sizes["V"]),
+        scale=layout.scale,
+        element=dtype_of(ann["query"]),
+        query_dims=layout.query_dims,
+        key_dims=layout.key_dims,
+        value_dims=layout.value_dims,
+    )
+
+
 def make_region(
-    func: relax.Function, symbol: str, kernel: GemmKernel | Conv2dKernel, roles, composite, aliases=(), **extra
-) -> GemmRegion | Conv2dRegion:
-    record = Conv2dRegion if isinstance(kernel, Conv2dKernel) else GemmRegion
+    func: relax.Function,
+    symbol: str,
+    kernel: GemmKernel | Conv2dKernel | AttentionKernel,
+    roles,
+    composite,
+    aliases=(),
+    **extra,
+) -> GemmRegion | Conv2dRegion | AttentionRegion:
+    record = {Conv2dKernel: Conv2dRegion, AttentionKernel: AttentionRegion}.get(type(kernel), GemmRegion)
     return record(
         symbol=symbol,
         kernel=kernel,
         arg_roles=roles,
         role_aliases=aliases,
         arg_shapes=tuple(_shape(p) for p in composite.params),
-        arg_dtypes=tuple(dtype_of(p) for p in composite.params),
+        arg_dtypes=tuple(_dtype(p) for p in composite.params),
         out_shape=_shape(composite.body.body),
         out_dtype=dtype_of(composite.body.body),
         composite=str(composite.attrs["Composite"]),

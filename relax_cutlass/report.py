@@ -39,7 +39,7 @@ class OffloadReport:
     def offloaded_flop_fraction(self) -> float | None:
         """The offloaded share of the module's GEMM and conv2d FLOPs (call sites counted), or None
         when a symbolic shape makes a count unknown."""
-        done = [2 * math.prod(r["mnk"]) * r.get("calls", 1) for r in self.offloaded if isinstance(r["mnk"][0], int)]
+        done = [_row_flops(r) * r.get("calls", 1) for r in self.offloaded if _row_flops(r) is not None]
         left = [r.get("flops") for r in self.left_in_tvm]
         if len(done) != len(self.offloaded) or None in left or not done + left:
             return None
@@ -54,6 +54,9 @@ class OffloadReport:
             + (f"; {100 * fraction:.1f}% of the GEMM/conv2d FLOPs offloaded" if fraction is not None else "")
         ]
         for r in self.offloaded:
+            if r["op"] == "attention":
+                lines.append(_attention_line(r))
+                continue
             m, n, k = r["mnk"]
             dtypes = r["dtypes"]
             conv = r.get("conv")
@@ -73,11 +76,29 @@ class OffloadReport:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
         for r in self.not_fused:
             largest = r["refused"][0]
+            outcome = f"offloaded as {r['fused_as']}" if r["fused_as"] else "stays in TVM"
             lines.append(
-                f"  [not fused] {r['root']}: {largest['pattern']} refused ({'; '.join(largest['reasons'])}); "
-                f"offloaded as {r['fused_as']}"
+                f"  [not fused] {r['root']}: {largest['pattern']} refused ({'; '.join(largest['reasons'])}); {outcome}"
             )
         return "\n".join(lines)
+
+
+def _row_flops(row: dict) -> int | None:
+    """An offloaded row's FLOPs: attention rows carry theirs, GEMM/conv2d ones 2*M*N*K."""
+    if "flops" in row:
+        return row["flops"]
+    return 2 * math.prod(row["mnk"]) if all(isinstance(d, int) for d in row["mnk"]) else None
+
+
+def _attention_line(r: dict) -> str:
+    a = r["attention"]
+    return (
+        f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
+        f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} {r['dtypes']['query']}->"
+        f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
+        f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
+        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+    )
 
 
 def _calls(func: relax.Function, op_name: str) -> list[relax.Call]:

@@ -26,7 +26,16 @@ import math
 from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
-from .kernel_spec import Conv2dKernel, Conv2dProblem, Epilogue, GemmKernel, GemmProblem, TileConfig
+from .kernel_spec import (
+    AttentionKernel,
+    AttentionProblem,
+    Conv2dKernel,
+    Conv2dProblem,
+    Epilogue,
+    GemmKernel,
+    GemmProblem,
+    TileConfig,
+)
 from .tuning import conv2d_key, gemm_key, m_bucket
 
 # Shared memory a CTA may use, per SM generation (bytes).
@@ -382,3 +391,14 @@ def choose_conv2d_kernel(
         chosen, selected_by = min(legal, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)), "heuristic"
     kernel = Conv2dKernel(problem, epilogue, chosen, arch=80, target=arch, selected_by=selected_by, note=note)
     return kernel, choose_split_k(gemm, chosen, arch, epilogue)
+
+
+def choose_attention_kernel(problem: AttentionProblem, arch: int) -> AttentionKernel:
+    """The fused attention kernel for `problem`: xFormers' (and TVM's) tile rule. Head dims up to
+    64 take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay
+    in registers across the key loop. The SM80 kernel serves sm_90a too (the report says so)."""
+    widest = max(problem.head_dim, problem.head_dim_value)
+    queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
+    aligned = problem.alignment == 8
+    note = "SM80 fused attention kernel (no SM90 one yet)" if arch >= 90 else ""
+    return AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)

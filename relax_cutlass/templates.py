@@ -29,22 +29,8 @@ struct RelaxCutlassConv2dArgs {
 };
 """
 
-# One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
-# operator: a GEMM, or the implicit GEMM of a convolution.)
-KERNEL_TU = Template("""\
-// relax_cutlass generated kernel: $name
-#include <cstdint>
-#include <cstdio>
-#include <cuda_runtime.h>
-#include "cutlass/cutlass.h"
-$includes
-
-$gemm_args
-// Everything kernel-specific has internal linkage: CUTLASS keeps per-kernel state in template
-// statics, which must never be shared with another library holding the same kernel.
-namespace {
-$instance
-
+# Every kernel object's guard; a Template over name, arch, arch_exact and arch_name.
+CHECK_DEVICE = """\
 // Fails clearly, before any launch, when the current GPU cannot run this object's machine code
 // (e.g. an sm_90a library on an A100): otherwise CUTLASS reports only a generic launch error.
 const char* CheckDevice() {
@@ -63,7 +49,25 @@ const char* CheckDevice() {
                 "arch='auto' on this machine (or arch='sm_%d%d')", device, major, minor, major, minor);
   return message;
 }
+"""
 
+# One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
+# operator: a GEMM, or the implicit GEMM of a convolution.)
+KERNEL_TU = Template("""\
+// relax_cutlass generated kernel: $name
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+$includes
+
+$gemm_args
+// Everything kernel-specific has internal linkage: CUTLASS keeps per-kernel state in template
+// statics, which must never be shared with another library holding the same kernel.
+namespace {
+$instance
+
+$check_device
 // Formats "<kernel>: <step> failed: <CUTLASS status> (<CUDA error>)" into a per-thread buffer.
 const char* Fail(const char* step, cutlass::Status status) {
   static thread_local char message[512];
@@ -107,6 +111,7 @@ GLUE_TU = Template("""\
 // relax_cutlass generated host glue: shape/dtype checks, stream, launch.
 #include <cstdint>
 #include <string>
+#include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -151,6 +156,13 @@ void CheckTensor(const char* fn, const char* role, const TensorView& t, uint8_t 
     TVM_FFI_THROW(ValueError) << fn << ": " << role << " data is not " << alignment_bytes
                               << "-byte aligned, which the kernel's vector width requires";
   }
+}
+
+// The element stride of `dim` in a contiguous (checked) tensor.
+int64_t PackedStride(const TensorView& t, int dim) {
+  int64_t stride = 1;
+  for (int i = dim + 1; i < t.ndim(); ++i) stride *= t.size(i);
+  return stride;
 }
 
 void CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const TensorView& t) {
@@ -333,4 +345,146 @@ int main() {
   }
   return 0;
 }
+""")
+
+# The ABI of fused attention kernels: sizes, and for q/k/v the element strides of the batch, row
+# and head dimensions (the head dim itself is contiguous). The output is (B, S, N, V), packed.
+ATTENTION_ARGS = """\
+struct RelaxCutlassAttentionArgs {
+  int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_value;
+  const void* q; int64_t q_stride_b, q_stride_s, q_stride_n;
+  const void* k; int64_t k_stride_b, k_stride_s, k_stride_n;
+  const void* v; int64_t v_stride_b, v_stride_s, v_stride_n;
+  void* out;
+  float scale;
+};
+"""
+
+# One fused attention configuration -> one object exporting `<kernel>_run`: CUTLASS's
+# examples/41 forward kernel (xFormers' memory-efficient attention), launched as its own
+# example launches it.
+ATTENTION_KERNEL_TU = Template("""\
+// relax_cutlass generated kernel: $name
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+#include "kernel_forward.h"
+
+$attention_args
+namespace {
+// A TU-local kernel type, so no other library ever shares this kernel's symbols.
+struct Attention : AttentionKernel<$element, cutlass::arch::Sm80, /*isAligned=*/$aligned,
+                                   /*kQueriesPerBlock=*/$queries, /*kKeysPerBlock=*/$keys,
+                                   /*kMaxK=*/$max_k, /*kSupportsDropout=*/false,
+                                   /*kSupportsBias=*/false> {};
+
+$check_device
+const char* Fail(const char* step) {
+  static thread_local char message[512];
+  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
+                cudaGetErrorString(cudaGetLastError()));
+  return message;
+}
+}  // namespace
+
+// Returns nullptr on success, else a message that names the failing step.
+extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
+    const RelaxCutlassAttentionArgs* a, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (const char* error = CheckDevice()) return error;
+  using T = typename Attention::scalar_t;
+  typename Attention::Params p;
+  p.query_ptr = static_cast<T*>(const_cast<void*>(a->q));
+  p.key_ptr = static_cast<T*>(const_cast<void*>(a->k));
+  p.value_ptr = static_cast<T*>(const_cast<void*>(a->v));
+  p.output_ptr = static_cast<T*>(a->out);
+  p.logsumexp_ptr = nullptr;
+  p.scale = a->scale;
+  p.num_batches = static_cast<int32_t>(a->batch);
+  p.num_heads = static_cast<int32_t>(a->heads);
+  p.head_dim = static_cast<int32_t>(a->head_dim);
+  p.head_dim_value = static_cast<int32_t>(a->head_dim_value);
+  p.num_queries = static_cast<int32_t>(a->seq_q);
+  p.num_keys = static_cast<int32_t>(a->seq_kv);
+  p.custom_mask_type = Attention::NoCustomMask;
+  p.q_strideB = a->q_stride_b;
+  p.q_strideM = static_cast<int32_t>(a->q_stride_s);
+  p.q_strideH = static_cast<int32_t>(a->q_stride_n);
+  p.k_strideB = a->k_stride_b;
+  p.k_strideM = static_cast<int32_t>(a->k_stride_s);
+  p.k_strideH = static_cast<int32_t>(a->k_stride_n);
+  p.v_strideB = a->v_stride_b;
+  p.v_strideM = static_cast<int32_t>(a->v_stride_s);
+  p.v_strideH = static_cast<int32_t>(a->v_stride_n);
+  p.o_strideM = static_cast<int32_t>(a->head_dim_value * a->heads);
+  if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
+  void* workspace = nullptr;
+  if (Attention::kNeedsOutputAccumulatorBuffer) {
+    const size_t bytes = sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
+    if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) return Fail("output accumulator allocation");
+    p.output_accum_ptr = static_cast<typename Attention::output_accum_t*>(workspace);
+  }
+  constexpr auto kernel = attention_kernel_batched_impl<Attention>;
+  const int smem_bytes = sizeof(typename Attention::SharedStorage);
+  if (smem_bytes > 0xc000) {
+    // Per device: the opt-in to more than 48 KB of shared memory is a property of the context.
+    static bool configured[64] = {};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device >= 64 || !configured[device]) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+        return Fail("shared memory opt-in");
+      }
+      if (device < 64) configured[device] = true;
+    }
+  }
+  kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p);
+  const cudaError_t launched = cudaPeekAtLastError();
+  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+  if (launched != cudaSuccess) return Fail("kernel launch");
+  return nullptr;
+}
+""")
+
+ATTENTION_GLUE_FUNCTION = Template("""\
+namespace {
+void ${symbol}_impl($params) {
+  const char* fn = "$symbol";
+  const int device_id = out.device().device_id;
+$checks
+  CheckDim(fn, "query rank", query.ndim(), 4, query);
+  CheckDim(fn, "key rank", key.ndim(), 4, key);
+  CheckDim(fn, "value rank", value.ndim(), 4, value);
+  const int64_t batch = query.size($qb), seq_q = query.size($qs), seq_kv = key.size($ks);
+  CheckDim(fn, "query heads", query.size($qn), $heads, query);
+  CheckDim(fn, "query head dim", query.size($qh), $head_dim, query);
+  CheckDim(fn, "key batch", key.size($kb), batch, key);
+  CheckDim(fn, "key heads", key.size($kn), $heads, key);
+  CheckDim(fn, "key head dim", key.size($kh), $head_dim, key);
+  CheckDim(fn, "value batch", value.size($vb), batch, value);
+  CheckDim(fn, "value rows", value.size($vs), seq_kv, value);
+  CheckDim(fn, "value heads", value.size($vn), $heads, value);
+  CheckDim(fn, "value head dim", value.size($vh), $head_dim_value, value);
+  CheckDim(fn, "output elements", out.numel(), batch * seq_q * $heads * $head_dim_value, out);
+  if (batch == 0 || seq_q == 0) return;
+  if (seq_kv == 0) {
+    TVM_FFI_THROW(ValueError) << fn << ": attention over zero keys (shape " << ShapeStr(key) << ") is undefined";
+  }
+  if (batch > 65535 || query.numel() > INT32_MAX || key.numel() > INT32_MAX || value.numel() > INT32_MAX) {
+    TVM_FFI_THROW(ValueError) << fn << ": batch " << batch << " or a q/k/v tensor of over 2^31 elements is past "
+                              << "the fused attention kernel's 32-bit row strides and grid; split the batch";
+  }
+  RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
+      Data(query), PackedStride(query, $qb), PackedStride(query, $qs), PackedStride(query, $qn),
+      Data(key), PackedStride(key, $kb), PackedStride(key, $ks), PackedStride(key, $kn),
+      Data(value), PackedStride(value, $vb), PackedStride(value, $vs), PackedStride(value, $vn),
+      const_cast<void*>(Data(out)), ${scale}f};
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
+  if (const char* err = ${kernel}_run(&args, stream)) {
+    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
+  }
+}
+}  // namespace
+TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)

@@ -36,7 +36,7 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
     symbols = []
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
-        composite = composite_of(func).without_attr("Composite")
+        composite = _static_view_shapes(composite_of(func).without_attr("Composite"))
         vm = build_cpu(tvm.IRModule({"main": composite}))
 
         def serve(*args, _vm=vm):
@@ -46,6 +46,22 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
         tvm_ffi.register_global_func(symbol, serve, override=True)
         symbols.append(symbol)
     return symbols
+
+
+@relax.expr_functor.mutator
+class _ViewShapesFromTypes(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.reshape" and isinstance(call.args[1], relax.Var):
+            return relax.op.reshape(call.args[0], relax.ShapeExpr(call.ty.shape.values))
+        return call
+
+
+def _static_view_shapes(composite: relax.Function) -> relax.Function:
+    """A reshape with a symbolic target shape takes it as an R.Shape parameter once fused, and
+    TVM cannot legalize a reshape to a parameter: spell the shape out from the result's type (in
+    the symbolic vars the tensor parameters define). The kernels ignore those parameters anyway."""
+    return _ViewShapesFromTypes().visit_expr(composite)
 
 
 def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:

@@ -108,3 +108,25 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
 
     with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
         conv_fn(x, w, y, tvm_ffi.Shape(manifest["jobs"][1]["conv"]), 1, 1)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_fused_attention_exports(tmp_path, arch):
+    """softmax(q k^T * scale) v, as torch.export writes it and with a symbolic batch, through
+    nvcc (CUTLASS's fused attention kernel is a few seconds) into an exported library."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_attention import torch_export_attention
+
+    mod = torch_export_attention(b=2, s=16, n=4, h=64, symbolic_batch=True)
+    offloaded = relax_cutlass.offload_pipeline(arch)(mod)
+    (row,) = relax_cutlass.offload_report(offloaded).offloaded
+    assert row["op"] == "attention" and row["kernel"] == "sm80_fmha_f16_aligned_q64_k64_maxk64"
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm"))
+    lib = tmp_path / "attention.so"
+    ex.export_library(str(lib))
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert f"__tvm_ffi_{row['symbol']}" in symbols
+    assert "attention_kernel_batched_impl" not in symbols  # the kernel stays private to the library

@@ -1,0 +1,265 @@
+"""Fused attention regions: pattern, layout analysis, legality, report, emitted C++ (CPU only).
+
+Every accepted graph is checked two ways on the CPU: the rewritten module against the untouched
+one (harness), and the region's `AttentionProblem`, which is all the kernel is told, evaluated in
+numpy on the region's own inputs against the composite's output. The second is what catches a
+misread layout: the composite still computes the right thing, the kernel would not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from harness import _static_view_shapes, build_cpu, compare_on_cpu, offload_for_cpu, random_inputs, rel_error
+from tvm import relax
+
+from relax_cutlass.constants import composite_of, offloaded_functions
+from relax_cutlass.emit import emit_glue, emit_kernel
+from relax_cutlass.kernel_spec import AttentionProblem, AttentionRegion
+from relax_cutlass.regions import analyze, make_region
+from relax_cutlass.report import offload_report
+from relax_cutlass.select import choose_attention_kernel
+
+F16 = "float16"
+
+
+def _tensor(shape, dtype=F16):
+    return relax.TensorType(shape, dtype)
+
+
+def _c(value: float, dtype: str = "float32"):
+    return relax.const(value, dtype)
+
+
+def torch_export_attention(
+    b=2, s=8, n=2, h=8, t=None, *, symbolic_batch=False, softmax_axis=-1, out="bsnh", scale_op="multiply", cast=True
+):
+    """softmax(q k^T * scale) v as torch.export writes a Hugging Face BERT's eager attention:
+    split heads (reshape), permute to (B, N, S, H), k transposed by a second permute, no-op
+    broadcast_to + reshape to 3-D for the batched matmuls, fp16 scale, softmax in fp32."""
+    t = t or s
+    bb = relax.BlockBuilder()
+    batch = tvm.tirx.Var("batch", "int64") if symbolic_batch else b
+    x = relax.Var("x", _tensor((batch, s, n * h)))
+    y = relax.Var("y", _tensor((batch, t, n * h)))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            q = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (batch, s, n, h))), [0, 2, 1, 3]))
+            k = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (batch, t, n, h))), [0, 2, 1, 3]))
+            v = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y * _c(0.5, F16), (batch, t, n, h))), [0, 2, 1, 3]))
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(q, (batch, n, s, h))), (batch * n, s, h)))
+            k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(kt, (batch, n, h, t))), (batch * n, h, t)))
+            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=F16)), (batch, n, s, t)))
+            scale = bb.emit(relax.op.astype(_c(1 / np.sqrt(h) if scale_op == "multiply" else np.sqrt(h)), F16))
+            scaled = bb.emit(getattr(relax.op, scale_op)(scores, scale))
+            logits = bb.emit(relax.op.astype(scaled, "float32")) if cast else scaled
+            probs = bb.emit(relax.op.nn.softmax(logits, axis=softmax_axis))
+            probs3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(probs, (batch, n, s, t))), (batch * n, s, t)))
+            probs3 = bb.emit(relax.op.astype(probs3, F16)) if cast else probs3
+            v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(v, (batch, n, t, h))), (batch * n, t, h)))
+            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=F16)), (batch, n, s, h)))
+            if out == "bsnh":
+                ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(ctx, [0, 2, 1, 3])), (batch, s, n * h)))
+            gv = bb.emit_output(ctx)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def op_attention(b=2, s=8, n=2, h=8, t=None, scale=None, causal=None):
+    """R.nn.attention on BSNH tensors."""
+    t = t or s
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", _tensor((b, s, n, h)))
+    k = relax.Var("k", _tensor((b, t, n, h)))
+    v = relax.Var("v", _tensor((b, t, n, h)))
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            out = bb.emit(relax.op.nn.attention(q, k, v, scale=scale, causal_mask=causal))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def tvm_rewrite_form(b=2, s=8, n=2, h=8):
+    """TVM's own rewrite layout (relax.backend.patterns): BSNH -> permute -> reshape to 3-D, k then
+    transposed in 3-D; the scale is a divide; no casts; the output stays (B*N, S, H) -> BSNH."""
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", _tensor((b, s, n, h)))
+    k = relax.Var("k", _tensor((b, s, n, h)))
+    v = relax.Var("v", _tensor((b, s, n, h)))
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3])), (b * n, s, h)))
+            k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3])), (b * n, s, h)))
+            kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+            v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(v, [0, 2, 1, 3])), (b * n, s, h)))
+            scores = bb.emit(relax.op.divide(bb.emit(relax.op.matmul(q3, kt)), _c(np.sqrt(h), F16)))
+            ctx = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v3))
+            out = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(ctx, (b, n, s, h))), [0, 2, 1, 3]))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _regions(partitioned: tvm.IRModule) -> list[AttentionRegion]:
+    regions = []
+    for _, func in offloaded_functions(partitioned):
+        symbol = str(func.attrs["global_symbol"])
+        spec, roles, problem, composite, aliases = analyze(func, symbol)
+        if isinstance(problem, AttentionProblem):
+            regions.append(make_region(func, symbol, choose_attention_kernel(problem, 90), roles, composite, aliases))
+    return regions
+
+
+def kernel_model(problem: AttentionProblem, query, key, value) -> np.ndarray:
+    """What the kernel computes from its problem record alone, in float64: each operand read
+    through its (batch, rows, heads, head dim) positions, output (B, S, N, V)."""
+
+    def bsnh(array, dims):
+        return np.transpose(array.astype("float64"), dims)
+
+    q, k, v = bsnh(query, problem.query_dims), bsnh(key, problem.key_dims), bsnh(value, problem.value_dims)
+    scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bnst,btnv->bsnv", probs, v)
+
+
+def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int = 0, **dims) -> int:
+    """For each attention region: its composite on CPU vs `kernel_model` of its problem."""
+    checked = 0
+    for _, func in offloaded_functions(partitioned):
+        symbol = str(func.attrs["global_symbol"])
+        _, roles, problem, composite, _ = analyze(func, symbol)
+        if not isinstance(problem, AttentionProblem):
+            continue
+        composite = _static_view_shapes(composite.without_attr("Composite"))
+        rng = np.random.default_rng(rng_seed)
+        inputs, args = [], []
+        for param in composite.params:
+            values = param.ty.values if isinstance(param.ty, relax.ShapeType) else param.ty.shape.values
+            shape = [_evaluate(d, dims) for d in values]
+            if isinstance(param.ty, relax.ShapeType):
+                inputs.append(None)
+                args.append(tvm_ffi.Shape(shape))
+            else:
+                inputs.append(rng.uniform(-1, 1, size=shape).astype(str(param.ty.dtype)))
+                args.append(tvm.runtime.tensor(inputs[-1]))
+        expected = build_cpu(tvm.IRModule({"main": composite}))["main"](*args).numpy()
+        by_role = dict(zip(roles, inputs, strict=True))
+        got = kernel_model(problem, by_role["query"], by_role["key"], by_role["value"])
+        assert rel_error(got.reshape(expected.shape), expected) < 2e-2, symbol
+        checked += 1
+    return checked
+
+
+def _evaluate(dim, dims: dict[str, int]) -> int:
+    if hasattr(dim, "value"):
+        return int(dim.value)
+    analyzer = tvm.sym.Analyzer()
+    for var in tvm.tirx.analysis.undefined_vars(dim):
+        analyzer.bind(var, tvm.tirx.IntImm("int64", dims[var.name]))
+    return int(analyzer.simplify(dim))
+
+
+def _offloaded_attention(mod: tvm.IRModule) -> list[dict]:
+    return [r for r in offload_report(mod, arch="sm_90a").offloaded if r["op"] == "attention"]
+
+
+@pytest.mark.parametrize(
+    "builder, kwargs",
+    [
+        (torch_export_attention, {}),
+        (torch_export_attention, {"b": 1}),  # lone heads axis
+        (torch_export_attention, {"n": 1}),  # lone batch axis
+        (torch_export_attention, {"t": 12, "h": 16}),  # cross attention, other head dim
+        (torch_export_attention, {"scale_op": "divide"}),
+        (torch_export_attention, {"cast": False}),
+        (op_attention, {}),
+        (op_attention, {"t": 5}),
+        (tvm_rewrite_form, {}),
+    ],
+)
+def test_attention_is_offloaded_and_correct(builder, kwargs):
+    mod = builder(**kwargs)
+    rows = _offloaded_attention(mod)
+    assert len(rows) == 1, offload_report(mod, arch="sm_90a")
+    # Nothing of the attention is left in TVM: both matmuls are inside the region.
+    assert not offload_report(mod, arch="sm_90a").left_in_tvm
+    compare_on_cpu(mod, random_inputs(mod))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+def test_attention_op_with_an_explicit_scale():
+    """TVM's llvm legalization of R.nn.attention with `scale` returns float32 data for a float16
+    result (its batch_matmul mixes dtypes), so the reference here is numpy's."""
+    mod = op_attention(scale=0.3, t=5)
+    partitioned, _ = offload_for_cpu(mod)
+    (region,) = _regions(partitioned)
+    q, k, v = random_inputs(mod)
+    scores = np.einsum("bsnh,btnh->bnst", q.astype("float64"), k.astype("float64")) * 0.3
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = np.einsum("bnst,btnv->bsnv", probs / probs.sum(-1, keepdims=True), v.astype("float64"))
+    assert rel_error(kernel_model(region.kernel.problem, q, k, v), expected) < 1e-6
+    assert region.kernel.problem.scale == pytest.approx(0.3)
+
+
+def test_symbolic_batch_reads_sizes_at_run_time():
+    mod = torch_export_attention(symbolic_batch=True)
+    (row,) = _offloaded_attention(mod)
+    assert row["attention"]["batch"] == "dynamic"
+    for batch in (1, 3):
+        compare_on_cpu(mod, random_inputs(mod, batch=batch))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned, batch=3) == 1
+
+
+def test_scale_is_the_applied_one():
+    partitioned, _ = offload_for_cpu(torch_export_attention(h=16, scale_op="divide"))
+    (region,) = _regions(partitioned)
+    assert region.kernel.problem.scale == pytest.approx(0.25)
+    partitioned, _ = offload_for_cpu(op_attention(h=16))
+    (region,) = _regions(partitioned)
+    assert region.kernel.problem.scale == pytest.approx(0.25)  # R.nn.attention's default 1/sqrt(H)
+
+
+@pytest.mark.parametrize(
+    "builder, kwargs, reason",
+    [
+        (torch_export_attention, {"softmax_axis": 2}, "softmax over axis 2 is not over the keys"),
+        (torch_export_attention, {"out": "bnsh"}, "not BSNV"),
+        (torch_export_attention, {"h": 6}, "multiples of 4"),
+        (op_attention, {"causal": "TopLeft"}, "masked attention is not fused"),
+    ],
+)
+def test_unsupported_attention_stays_in_tvm_with_the_reason(builder, kwargs, reason):
+    mod = builder(**kwargs)
+    assert not _offloaded_attention(mod)
+    text = str(offload_report(mod, arch="sm_90a"))
+    assert reason in text, text
+    compare_on_cpu(mod, random_inputs(mod))  # whatever was offloaded instead is still right
+
+
+def test_emitted_kernel_and_glue():
+    partitioned, _ = offload_for_cpu(torch_export_attention(h=64))
+    (region,) = _regions(partitioned)
+    kernel = region.kernel
+    assert kernel.name == "sm80_fmha_f16_aligned_q64_k64_maxk64"
+    source = emit_kernel(kernel)
+    assert "AttentionKernel<cutlass::half_t, cutlass::arch::Sm80, /*isAligned=*/true" in source.text
+    assert any(flag.endswith("41_fused_multi_head_attention") for flag in source.extra_flags)
+    glue = emit_glue([region], "m").text
+    # The exported graph hands the kernel (B, S, N, H) tensors: batch, rows and heads are dims 0, 1, 2.
+    assert "query.size(0), seq_q = query.size(1), seq_kv = key.size(1)" in glue
+    assert "PackedStride(query, 2)" in glue and "0.125f" in glue
+
+
+def test_wide_heads_take_the_32x128_tile():
+    kernel = choose_attention_kernel(AttentionProblem(2, 8, 128, 128, 128, 128, 0.1), 80)
+    assert (kernel.queries_per_block, kernel.keys_per_block, kernel.max_head_dim) == (32, 128, 128)
+    narrow = choose_attention_kernel(AttentionProblem(2, 8, 128, 128, 36, 36, 0.1), 80)
+    assert not narrow.aligned and narrow.name.endswith("a4_q64_k64_maxk36")
