@@ -126,12 +126,17 @@ def _is_one(dim) -> bool:
     return isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1
 
 
+def _static(dim) -> int | None:
+    return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
+
+
 class _Tracer:
     """Follows views from one tensor to another, keeping each dimension's logical axes."""
 
     def __init__(self, var2val, sizes: dict[str, tvm.tirx.PrimExpr]):
         self.var2val = var2val
         self.sizes = sizes
+        self.children: dict[str, tuple[str, str]] = {}  # axis -> its two sub-axes, once split
         self.analyzer = tvm.sym.Analyzer()
 
     def equal(self, a, b) -> bool:
@@ -179,7 +184,8 @@ class _Tracer:
         return layout  # elementwise: astype, the scale, softmax (its axis is checked apart)
 
     def regroup(self, layout: Layout, new_dims: list, call) -> Layout:
-        """A reshape: the same axes in the same order, grouped into the new dimensions."""
+        """A reshape: the same axes in the same order, grouped into the new dimensions. A static
+        axis may be split (the head split of a (B, S, N*H) projection): it becomes two sub-axes."""
         axes = [a for group in layout for a in group]
         groups, i = [], 0
         for dim in new_dims:
@@ -188,19 +194,50 @@ class _Tracer:
                 continue
             group: list[str] = []
             size = tvm.tirx.IntImm("int64", 1)
-            while i < len(axes) and not (group and self.equal(size, dim)):
-                group.append(axes[i])
-                size = size * self.sizes[axes[i]]
+            while not (group and self.equal(size, dim)):
+                if i == len(axes):
+                    raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} does not regroup the axes")
+                axis = axes[i]
+                outer = self._split_off(axis, size, dim)
+                if outer is not None:
+                    axes[i : i + 1] = list(outer)
+                    axis = axes[i]
+                group.append(axis)
+                size = size * self.sizes[axis]
                 i += 1
-            if not group or not self.equal(size, dim):
-                raise _NotAttention(
-                    f"reshape to {[str(d) for d in new_dims]} splits an axis; only merging and splitting "
-                    "batch/head dimensions is fused"
-                )
             groups.append(tuple(group))
         if i != len(axes):
             raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} drops axes")
         return tuple(groups)
+
+    def _split_off(self, axis: str, size, dim) -> tuple[str, str] | None:
+        """If `axis` is larger than what dimension `dim` still needs after `size`, split it into
+        (that much, the rest) and return the two sub-axes; None when it fits whole."""
+        whole, need, have = (_static(e) for e in (self.sizes[axis], dim, size))
+        if None in (whole, need, have) or need % have or whole <= need // have:
+            return None
+        outer = need // have
+        if whole % outer:
+            raise _NotAttention(f"reshape to {dim} cuts axis {axis} of size {whole} unevenly")
+        parts = (f"{axis}.0", f"{axis}.1")
+        self.sizes[parts[0]] = tvm.tirx.IntImm("int64", outer)
+        self.sizes[parts[1]] = tvm.tirx.IntImm("int64", whole // outer)
+        self.children[axis] = parts
+        return parts
+
+    def leaves(self, axis: str) -> list[str]:
+        """`axis`, or the sub-axes it was split into, outermost first."""
+        return [leaf for part in self.children.get(axis, ()) for leaf in self.leaves(part)] or [axis]
+
+    def read(self, names: list[str], axis: str) -> tuple[int, int]:
+        """(dimension of the parameter, element factor within it) of a leaf axis: its stride is
+        the dimension's packed stride times the sizes of the leaves inside it after this one."""
+        for dim, root in enumerate(names):
+            leaves = self.leaves(root)
+            if axis in leaves:
+                inner = leaves[leaves.index(axis) + 1 :]
+                return dim, math.prod(_static(self.sizes[a]) for a in inner)
+        raise _NotAttention(f"axis {axis} belongs to no parameter dimension")
 
     def follow(self, layout: Layout, calls: list[relax.Call]) -> Layout:
         for call in calls:
@@ -208,14 +245,20 @@ class _Tracer:
         return layout
 
 
+# How the kernel reads one logical axis of an operand: (dimension of the parameter, element
+# factor within that dimension); its stride is the dimension's packed stride times the factor.
+AxisRead = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class AttentionLayout:
-    """What a matched region computes: operand layouts as the dimension of each parameter that
-    holds each logical axis (QUERY_AXES / KEY_AXES / VALUE_AXES order), sizes, scale."""
+    """What a matched region computes: for q, k and v, how each logical axis is read (in
+    QUERY_AXES / KEY_AXES / VALUE_AXES order) and the parameter's rank; sizes; the scale."""
 
-    query_dims: tuple[int, int, int, int]
-    key_dims: tuple[int, int, int, int]
-    value_dims: tuple[int, int, int, int]
+    query: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    key: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    value: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    ranks: tuple[int, int, int]
     sizes: dict  # logical axis -> PrimExpr
     scale: float
 
@@ -230,10 +273,12 @@ def _operand(tracer: _Tracer, param, matmul_arg, prefix: str, inner: tuple[str, 
     return list(names), layout
 
 
-def _assign(names: list[str], layout: Layout, roles: tuple[str, str], lone: str, what: str) -> dict[str, str]:
-    """Name the parameter's dims: the operand's last two dims take `roles`; its batch dims,
-    flattened, are B then N (a lone batch axis is `lone`: the other one has size 1). Dims of
-    size 1 left over take the roles left over (their strides never matter)."""
+def _assign(
+    tracer: _Tracer, names: list[str], layout: Layout, roles: tuple[str, str], lone: str, what: str
+) -> dict[str, str]:
+    """Name the operand's axes: its last two dims take `roles`; its batch axes, flattened, are B
+    then N (a lone batch axis is `lone`: the other one has size 1). Parameter dims of size 1 left
+    over take the roles left over (their strides never matter)."""
     assigned: dict[str, str] = {}
     for group, role in zip(layout[-2:], roles, strict=True):
         if group:
@@ -243,17 +288,19 @@ def _assign(names: list[str], layout: Layout, roles: tuple[str, str], lone: str,
         raise _NotAttention(f"{what} batches over {len(batch)} axes; attention has batch and heads")
     assigned |= dict(zip(batch, ("B", "N") if len(batch) == 2 else (lone,), strict=False))
     free = [r for r in ("B", "N", *roles) if r not in assigned.values()]
-    for axis in names:
-        if axis not in assigned:
-            if not free:
-                raise _NotAttention(f"{what} has more dimensions than attention's four")
-            assigned[axis] = free.pop(0)
+    for root in names:
+        leaves = tracer.leaves(root)
+        if any(leaf in assigned for leaf in leaves):
+            continue
+        if not free or not _is_one(tracer.sizes[root]):
+            raise _NotAttention(f"{what} has a dimension that is none of batch, heads, rows, head dim")
+        assigned[root] = free.pop(0)
     return assigned
 
 
-def _positions(names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple[int, int, int, int]:
-    by_role = {role: names.index(axis) for axis, role in assigned.items()}
-    return tuple(by_role[r] for r in order)
+def _reads(tracer: _Tracer, names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple:
+    by_role = {role: axis for axis, role in assigned.items()}
+    return tuple(tracer.read(names, by_role[role]) for role in order)
 
 
 def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
@@ -280,7 +327,8 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     if not isinstance(head_dim, tvm.tirx.IntImm):
         raise _NotAttention("the head dim must be static")
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(int(head_dim))
-    return AttentionLayout((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), dict(sizes), scale)
+    whole = ((0, 1), (1, 1), (2, 1), (3, 1))
+    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale)
 
 
 def _scalar_value(const, cast) -> float:
@@ -310,9 +358,9 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
     q_names, q_op = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"))
     k_names, k_op = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"))
     v_names, v_op = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"))
-    q_role = _assign(q_names, q_op, ("S", "H"), lone, "the query")
-    k_role = _assign(k_names, k_op, ("H", "T"), lone, "the key")
-    v_role = _assign(v_names, v_op, ("T", "V"), lone, "the value")
+    q_role = _assign(tracer, q_names, q_op, ("S", "H"), lone, "the query")
+    k_role = _assign(tracer, k_names, k_op, ("H", "T"), lone, "the key")
+    v_role = _assign(tracer, v_names, v_op, ("T", "V"), lone, "the value")
     sizes: dict[str, tvm.tirx.PrimExpr] = {}
     for roles, what in ((q_role, "query"), (k_role, "key"), (v_role, "value")):
         for axis, role in roles.items():
@@ -325,7 +373,7 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
     for layout, roles, what in ((k_op, k_role, "key"), (v_op, v_role, "value")):
         if tuple(tuple(roles[a] for a in g) for g in layout[:-2]) != q_batch:
             raise _NotAttention(f"the {what} operand is not batched like the query")
-    tracer.sizes = dict(sizes)
+    tracer.sizes |= sizes
     kept = tuple(a for a in ("S", "T", "V") if not _is_one(sizes[a]))
 
     def rows(role: str) -> tuple[str, ...]:
@@ -356,9 +404,10 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
     if "scaled_div" in ann and any(c.same_as(ann["scaled_div"]) for c in calls):
         scale = 1.0 / scale
     return AttentionLayout(
-        _positions(q_names, q_role, QUERY_AXES),
-        _positions(k_names, k_role, KEY_AXES),
-        _positions(v_names, v_role, VALUE_AXES),
+        _reads(tracer, q_names, q_role, QUERY_AXES),
+        _reads(tracer, k_names, k_role, KEY_AXES),
+        _reads(tracer, v_names, v_role, VALUE_AXES),
+        (len(q_names), len(k_names), len(v_names)),
         sizes,
         scale,
     )
@@ -381,8 +430,8 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
         dtype = str(ann[role].ty.dtype)
         if dtype not in ATTENTION_DTYPES:
             problems.append(f"{role} dtype is {dtype}; fused attention takes {'/'.join(ATTENTION_DTYPES)}")
-        if len(_shape_or_empty(ann[role])) != 4:
-            problems.append(f"{role} is not 4-D (batch, sequence, heads, head dim in some order)")
+        if not _shape_or_empty(ann[role]):
+            problems.append(f"{role} has no known shape")
     if problems:
         return problems
     if len({str(ann[r].ty.dtype) for r in ("query", "key", "value")} | {str(out.ty.dtype)}) != 1:
@@ -412,9 +461,18 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
         problems.append(f"head dims {h}/{hv} must be multiples of 4 (CUTLASS fMHA's narrowest vector)")
     if max(h, hv) > 512:
         problems.append(f"head dim {max(h, hv)} is over 512")
-    for dims, what in ((layout.query_dims, "query"), (layout.key_dims, "key"), (layout.value_dims, "value")):
-        if dims[3] != 3:
-            problems.append(f"the {what}'s head dim is not its innermost dimension (the kernel reads rows of it)")
+    operands = (("query", layout.query), ("key", layout.key), ("value", layout.value))
+    for (what, reads), rank in zip(operands, layout.ranks, strict=True):
+        if reads[3] != (rank - 1, 1):
+            problems.append(f"the {what}'s head dim is not its innermost axis (the kernel reads rows of it)")
+    operands = (("query", "BSNH", layout.query), ("key", "BTNH", layout.key), ("value", "BTNV", layout.value))
+    for what, axes, reads in operands:
+        held: dict[int, list[str]] = {}
+        for axis, (dim, _) in zip(axes, reads, strict=True):
+            if _static(layout.sizes[axis]) is None:
+                held.setdefault(dim, []).append(axis)
+        if any(len(symbolic) > 1 for symbolic in held.values()):
+            problems.append(f"the {what} merges two symbolic axes into one dimension")
     if not np.isfinite(layout.scale) or layout.scale == 0:
         problems.append(f"scale {layout.scale} is not a finite non-zero number")
     return problems

@@ -29,6 +29,7 @@ from .select import DEFAULT_M_HINT, choose_attention_kernel, choose_conv2d_kerne
 from .tuning import M_BUCKETS, TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
+Region = GemmRegion | Conv2dRegion | AttentionRegion
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def _read_database(path: str, _version) -> TuningDatabase:
     return TuningDatabase(path)
 
 
-def plan_regions(functions, options: CodegenOptions) -> list[GemmRegion | Conv2dRegion | AttentionRegion]:
+def plan_regions(functions, options: CodegenOptions) -> list[Region]:
     """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
     symbols = [str(func.attrs["global_symbol"]) for func in functions]
     # (spec, roles, problem, composite, aliases) per function
@@ -178,7 +179,7 @@ def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:
     return tuple(merged)
 
 
-def build_regions(regions: list[GemmRegion | Conv2dRegion | AttentionRegion], options: CodegenOptions, module_name: str):
+def build_regions(regions: list[Region], options: CodegenOptions, module_name: str):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
     kernels = {k.name: k for r in regions for k in r.kernels}
     sources = [emit_kernel(k) for k in kernels.values()]

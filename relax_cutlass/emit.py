@@ -436,22 +436,53 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
     )  # fmt: skip
 
 
+# The logical axes of each attention operand, in the order of its problem's *_reads.
+_ATTENTION_OPERANDS = (("query", "BSNH"), ("key", "BTNH"), ("value", "BTNV"))
+
+
 def _attention_glue_function(region: AttentionRegion) -> str:
+    """Sizes (static ones as literals, symbolic ones read from the one dimension that holds
+    them), a check of every dimension of q/k/v against the axes it holds, and the strides."""
     p = region.kernel.problem
-    dims = {}
-    for prefix, positions in (("q", p.query_dims), ("k", p.key_dims), ("v", p.value_dims)):
-        for axis, position in zip("bsnh", positions, strict=True):
-            dims[f"{prefix}{axis}"] = position
+    static = {"B": p.batch, "S": p.seq_q, "T": p.seq_kv, "N": p.heads, "H": p.head_dim, "V": p.head_dim_value}
+    names = {"B": "batch", "S": "seq_q", "T": "seq_kv"}
+    expr = {axis: str(v) if v is not None else names[axis] for axis, v in static.items()}
+    reads = {"query": p.query_reads, "key": p.key_reads, "value": p.value_reads}
+    ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
+    sizes, checks, strides = [], [], {}
+    for role, axes in _ATTENTION_OPERANDS:
+        checks.append(f'  CheckDim(fn, "{role} rank", {role}.ndim(), {ranks[role]}, {role});')
+        held: dict[int, list[str]] = {}
+        for axis, (dim, factor) in zip(axes, reads[role], strict=True):
+            held.setdefault(dim, []).append(axis)
+            strides[(role, axis)] = f"PackedStride({role}, {dim})" + (f" * {factor}" if factor != 1 else "")
+        for dim in range(ranks[role]):
+            inside = held.get(dim, [])
+            for axis in inside:  # a symbolic axis is defined by the first dimension holding it
+                if static[axis] is None and all(f"int64_t {names[axis]} " not in line for line in sizes):
+                    others = "".join(f" / {expr[a]}" for a in inside if a != axis)
+                    sizes.append(f"  const int64_t {names[axis]} = {role}.size({dim}){others};")
+            want = " * ".join(expr[a] for a in inside) or "1"
+            checks.append(f'  CheckDim(fn, "{role} dim {dim}", {role}.size({dim}), {want}, {role});')
+    for axis in ("B", "S", "T"):
+        if static[axis] is not None:
+            sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
+    operands = []
+    for role, axes in _ATTENTION_OPERANDS:
+        b, rows, n = (strides[(role, a)] for a in axes[:3])
+        operands.append(f"Data({role}), {b}, {rows}, {n}")
     return ATTENTION_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
         params=_glue_params(region),
         checks=_tensor_checks(region, ("query", "key", "value", "out")),
+        sizes="\n".join(sizes),
+        shape_checks="\n".join(checks),
         heads=p.heads,
         head_dim=p.head_dim,
         head_dim_value=p.head_dim_value,
+        operands=",\n      ".join(operands),
         scale=format(p.scale, ".9g"),
         kernel=region.kernel.name,
-        **dims,
     )
 
 

@@ -334,9 +334,11 @@ class Conv2dRegion(_Region):
 class AttentionProblem:
     """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.
 
-    Sizes are ints, or None where symbolic (read from the tensors at run time). Each *_dims
-    gives, for (batch, rows, heads, head dim), the dimension of that 4-D parameter which holds
-    it: (0, 1, 2, 3) is BSNH. The output is always (B, S, N, V) in memory.
+    Sizes are ints, or None where symbolic (read from the tensors at run time). Each *_reads
+    gives, for (batch, rows, heads, head dim), the (dimension, element factor) of that packed
+    parameter which holds it: the axis's stride is the dimension's stride times the factor, so
+    ((0, 1), (1, 1), (2, 1), (3, 1)) is a BSNH tensor and ((0, 1), (1, 1), (2, 64), (2, 1)) the
+    (B, S, N*64) projection the heads are split from. The output is always (B, S, N, V) in memory.
     """
 
     batch: int | None
@@ -347,9 +349,9 @@ class AttentionProblem:
     head_dim_value: int
     scale: float
     element: str = "float16"
-    query_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
-    key_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
-    value_dims: tuple[int, int, int, int] = (0, 1, 2, 3)
+    query_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
+    key_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
+    value_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
     element_accumulator: str = "float32"  # the kernel's softmax and both products run in fp32
 
     @property

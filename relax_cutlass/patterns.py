@@ -241,8 +241,8 @@ def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPatt
 
 
 def pattern_of(spec) -> tuple[DFPattern, dict[str, DFPattern]]:
-    builder = {Conv2dPatternSpec: conv2d_pattern, AttentionPatternSpec: _attention_pattern}.get(type(spec), gemm_pattern)
-    return builder(spec)
+    builders = {Conv2dPatternSpec: conv2d_pattern, AttentionPatternSpec: _attention_pattern}
+    return builders.get(type(spec), gemm_pattern)(spec)
 
 
 @cache

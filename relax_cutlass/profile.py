@@ -22,8 +22,8 @@ from .compile import Source, compile_all, link_relocatable
 from .emit import emit_kernel
 from .kernel_spec import (
     SPLIT_K_MIN_ITERATIONS,
-    Conv2dKernel,
     AttentionProblem,
+    Conv2dKernel,
     Conv2dProblem,
     Epilogue,
     GemmKernel,

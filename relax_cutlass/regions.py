@@ -10,8 +10,8 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from .constants import composite_of
 from .attention import AttentionPatternSpec, attention_layout
+from .constants import composite_of
 from .kernel_spec import (
     AttentionKernel,
     AttentionProblem,
@@ -161,9 +161,9 @@ def _attention_problem(spec, ann, out_expr, var2val) -> AttentionProblem:
         head_dim_value=int(layout.sizes["V"]),
         scale=layout.scale,
         element=dtype_of(ann["query"]),
-        query_dims=layout.query_dims,
-        key_dims=layout.key_dims,
-        value_dims=layout.value_dims,
+        query_reads=layout.query,
+        key_reads=layout.key,
+        value_reads=layout.value,
     )
 
 

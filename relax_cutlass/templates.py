@@ -421,7 +421,8 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
   void* workspace = nullptr;
   if (Attention::kNeedsOutputAccumulatorBuffer) {
-    const size_t bytes = sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
+    const size_t bytes =
+        sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
     if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) return Fail("output accumulator allocation");
     p.output_accum_ptr = static_cast<typename Attention::output_accum_t*>(workspace);
   }
@@ -453,19 +454,8 @@ void ${symbol}_impl($params) {
   const char* fn = "$symbol";
   const int device_id = out.device().device_id;
 $checks
-  CheckDim(fn, "query rank", query.ndim(), 4, query);
-  CheckDim(fn, "key rank", key.ndim(), 4, key);
-  CheckDim(fn, "value rank", value.ndim(), 4, value);
-  const int64_t batch = query.size($qb), seq_q = query.size($qs), seq_kv = key.size($ks);
-  CheckDim(fn, "query heads", query.size($qn), $heads, query);
-  CheckDim(fn, "query head dim", query.size($qh), $head_dim, query);
-  CheckDim(fn, "key batch", key.size($kb), batch, key);
-  CheckDim(fn, "key heads", key.size($kn), $heads, key);
-  CheckDim(fn, "key head dim", key.size($kh), $head_dim, key);
-  CheckDim(fn, "value batch", value.size($vb), batch, value);
-  CheckDim(fn, "value rows", value.size($vs), seq_kv, value);
-  CheckDim(fn, "value heads", value.size($vn), $heads, value);
-  CheckDim(fn, "value head dim", value.size($vh), $head_dim_value, value);
+$sizes
+$shape_checks
   CheckDim(fn, "output elements", out.numel(), batch * seq_q * $heads * $head_dim_value, out);
   if (batch == 0 || seq_q == 0) return;
   if (seq_kv == 0) {
@@ -476,9 +466,7 @@ $checks
                               << "the fused attention kernel's 32-bit row strides and grid; split the batch";
   }
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
-      Data(query), PackedStride(query, $qb), PackedStride(query, $qs), PackedStride(query, $qn),
-      Data(key), PackedStride(key, $kb), PackedStride(key, $ks), PackedStride(key, $kn),
-      Data(value), PackedStride(value, $vb), PackedStride(value, $vs), PackedStride(value, $vn),
+      $operands,
       const_cast<void*>(Data(out)), ${scale}f};
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${kernel}_run(&args, stream)) {

@@ -228,6 +228,40 @@ def graph_cases() -> list[tuple[str, tvm.IRModule, bool, list[dict]]]:
     return cases
 
 
+def attention_cases() -> list[tuple[str, tvm.IRModule, list[dict], dict]]:
+    """Fused attention: BERT-large's shape, odd and single-query sequence lengths, cross attention,
+    every tile and alignment class of head dim, symbolic batch, bf16, R.nn.attention, a divided
+    scale without casts. -> (name, module, runs, spec for the float64 reference)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_attention import op_attention, torch_export_attention
+
+    def export(name, runs=({},), bench=False, **kw):
+        b, s, n, h = (kw.get(key, d) for key, d in (("b", 2), ("s", 128), ("n", 8), ("h", 64)))
+        spec = {"attention": "export", "heads": n, "head_dim": h, "scale": 1 / math.sqrt(h), "bench": bench}
+        spec |= {"dtype": kw["dtype"]} if "dtype" in kw else {}
+        return (name, torch_export_attention(**({"b": b, "s": s, "n": n, "h": h} | kw)), list(runs), spec)
+
+    return [
+        export("attention_bert_b8_s128", b=8, n=16, bench=True),
+        export("attention_s77", s=77, n=12),
+        export("attention_cross_s100_t333", s=100, t=333),
+        export("attention_s1_t200", s=1, t=200),
+        export("attention_s1024", s=1024, n=16),
+        export("attention_h128", h=128),
+        export("attention_h80", h=80),
+        export("attention_h36_unaligned", h=36),
+        export("attention_symbolic_batch", runs=({"batch": 1}, {"batch": 5}), symbolic_batch=True),
+        export("attention_bf16", dtype="bfloat16"),
+        export("attention_divide_no_cast", scale_op="divide", cast=False),
+        (
+            "attention_op_bsnh",
+            op_attention(b=2, s=64, n=8, h=64),
+            [{}],
+            {"attention": "op", "heads": 8, "head_dim": 64, "scale": 1 / 8},
+        ),
+    ]
+
+
 def frontend_cases() -> list[tuple[str, tvm.IRModule]]:
     """The real models of the CPU tests that have no benchmark of their own, at realistic sizes:
     a LLaMA-7B-sized gated MLP through torch.export, and the ONNX model through the ONNX frontend."""
@@ -342,7 +376,19 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
     ap.add_argument(
         "--only",
-        choices=["tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs", "frontends"],
+        choices=[
+            "tests",
+            "bench",
+            "model",
+            "sweep",
+            "conv",
+            "conv_bench",
+            "resnet",
+            "bert",
+            "graphs",
+            "frontends",
+            "attention",
+        ],
         action="append",
     )
     ap.add_argument(
@@ -368,7 +414,19 @@ def main() -> None:
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = ("tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs", "frontends")
+    sections = (
+        "tests",
+        "bench",
+        "model",
+        "sweep",
+        "conv",
+        "conv_bench",
+        "resnet",
+        "bert",
+        "graphs",
+        "frontends",
+        "attention",
+    )
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
@@ -415,6 +473,8 @@ def main() -> None:
     jobs += [(mod, bind_weights, {}, ("auto",)) for _, mod, bind_weights, _ in graphs]
     frontends = frontend_cases() if "frontends" in only else []
     jobs += [(mod, False, {}, ("auto",)) for _, mod in frontends]
+    attentions = attention_cases() if "attention" in only else []
+    jobs += [(mod, False, {}, ("auto",)) for _, mod, _, _ in attentions]
     tuned_options = [{}, {"tuning_db": args.tuning_db}] if args.tuning_db else [{}]
     if "conv_bench" in only:
         jobs += [
@@ -451,6 +511,13 @@ def main() -> None:
             entry = build_pair(name, mod, out, args.arch, False, {})
             entry["runs"] = [{}]
             manifest["frontends"].append(entry)
+
+    if attentions:
+        print("fused attention:", flush=True)
+        for name, mod, runs, spec in attentions:
+            entry = build_pair(name, mod, out, args.arch, False, {})
+            entry.update(runs=runs, spec=spec)
+            manifest["attention"].append(entry)
 
     if "conv_bench" in only:
         print("conv2d benchmark cases (ResNet-50 3x3 stages, conv + bias + relu, NHWC):", flush=True)

@@ -79,6 +79,8 @@ def _conv2d_nchw(t: dict, spec: dict):
 def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
     """The model's math in float64 on the GPU (a dense/matmul model, or a conv2d one if `spec` has C)."""
     t = {k: torch.from_numpy(np.asarray(v, dtype="float64")).cuda() for k, v in values.items()}
+    if "attention" in spec:
+        return attention_f64(spec, t).cpu().numpy()
     if "c" in spec:
         y = _conv2d_nchw(t, spec)
     else:
@@ -92,6 +94,50 @@ def reference_f64(spec: dict, values: dict[str, np.ndarray]) -> np.ndarray:
         if spec.get("residual_relu"):
             y = torch.relu(y)
     return y.cpu().numpy()
+
+
+def attention_operands(spec: dict, t: dict):
+    """(q, k, v) as (B, S, N, H) views of the case's inputs: the exported form splits the heads
+    of x (q) and y (k; v is y * 0.5), R.nn.attention takes them as x, y, z."""
+    if spec["attention"] == "op":
+        return t["x"], t["y"], t["z"]
+    n, h = spec["heads"], spec["head_dim"]
+    x, y = t["x"], t["y"]
+    return x.view(*x.shape[:2], n, h), y.view(*y.shape[:2], n, h), (y * 0.5).view(*y.shape[:2], n, h)
+
+
+def attention_f64(spec: dict, t: dict):
+    q, k, v = attention_operands(spec, t)
+    probs = (torch.einsum("bsnh,btnh->bnst", q, k) * spec["scale"]).softmax(-1)
+    out = torch.einsum("bnst,btnv->bsnv", probs, v)
+    return out if spec["attention"] == "op" else out.reshape(*out.shape[:2], -1)
+
+
+def attention_bench_case(case: dict, build: Path, _use_compile: bool) -> dict:
+    """The fused kernel against TVM's default build of the same graph, torch eager (the same
+    math, cuBLAS batched matmuls + softmax) and torch's scaled_dot_product_attention (flash)."""
+    spec = case["spec"]
+    values = inputs_for(case["tvm_params"], {}, 1)
+    row = {"name": case["name"], "kernel": case["offloaded"][0]["kernel"]}
+    row["relax_cutlass_ms"] = time_vm(load(build / f"{case['name']}.cutlass.so"), case["cutlass_params"], values)
+    row["tvm_ms"] = time_vm(load(build / f"{case['name']}.tvm.so"), case["tvm_params"], values)
+    t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}
+    q, k, v = (a.transpose(1, 2) for a in attention_operands(spec, t))  # (B, N, S, H)
+    scale = spec["scale"]
+
+    def eager():
+        probs = torch.softmax((q @ k.transpose(-1, -2)) * scale, dim=-1, dtype=torch.float32).to(q.dtype)
+        return (probs @ v).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    row["torch_eager_ms"] = time_torch(eager)
+    row["torch_sdpa_ms"] = time_torch(sdpa)
+    row["vs_tvm"] = row["tvm_ms"] / row["relax_cutlass_ms"]
+    row["vs_torch_eager"] = row["torch_eager_ms"] / row["relax_cutlass_ms"]
+    row["vs_torch_sdpa"] = row["torch_sdpa_ms"] / row["relax_cutlass_ms"]
+    return row
 
 
 def check_case(case: dict, build: Path) -> list[dict]:
@@ -535,7 +581,7 @@ COLUMNS = [
 
 
 def print_summary(results: dict) -> None:
-    tests = results["tests"] + [r for key in ("conv", "graphs", "frontends") for r in results.get(key, [])]
+    tests = results["tests"] + [r for key in CHECKED if key != "tests" for r in results.get(key, [])]
     print(f"\n{results['device']}  arch {results['arch']}  torch {results['torch']}")
     print(
         f"correctness: {sum(r['ok'] for r in tests)}/{len(tests)} checks ok, "
@@ -554,7 +600,20 @@ def print_summary(results: dict) -> None:
         print(" ".join(cells))
 
 
-SECTIONS = ("tests", "conv", "graphs", "frontends", "bench", "conv_bench", "sweep", "model", "resnet", "bert")
+SECTIONS = (
+    "tests",
+    "conv",
+    "graphs",
+    "frontends",
+    "attention",
+    "bench",
+    "conv_bench",
+    "sweep",
+    "model",
+    "resnet",
+    "bert",
+)
+CHECKED = ("tests", "conv", "graphs", "frontends", "attention")  # correctness sections (check_case)
 
 
 def _guarded(results: dict, key: str, case: dict, fn, *args) -> None:
@@ -581,17 +640,21 @@ def main() -> int:
     only = set(args.only or SECTIONS)
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((build / "manifest.json").read_text())
-    results = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "arch": manifest["arch"],
-    } | {key: [] for key in SECTIONS}
+    results = (
+        {
+            "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "arch": manifest["arch"],
+        }
+        | {key: [] for key in SECTIONS}
+        | {"attention_bench": []}
+    )
     t0 = time.time()
 
     def save():  # partial results survive a timeout
         (out / "gpu_results.json").write_text(json.dumps(results, indent=1))
 
-    for key in ("tests", "conv", "graphs", "frontends"):
+    for key in CHECKED:
         for case in manifest.get(key, []) if key in only else []:
             _guarded(results, key, case, check_case, build)
             ok = all(r["ok"] for r in results[key] if r["case"] == case["name"])
@@ -609,6 +672,18 @@ def main() -> int:
             _guarded(results, key, case, fn, build, use_compile)
             save()
             print(f"{key} {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
+    for case in manifest.get("attention", []) if "attention" in only else []:
+        if case["spec"].get("bench"):
+            _guarded(results, "attention_bench", case, attention_bench_case, build, use_compile)
+            save()
+            row = results["attention_bench"][-1]
+            if "error" not in row:
+                print(
+                    f"attention {case['name']}: relax_cutlass {row['relax_cutlass_ms']:.4f} ms, "
+                    f"TVM {row['tvm_ms']:.4f}, "
+                    f"torch eager {row['torch_eager_ms']:.4f}, torch sdpa {row['torch_sdpa_ms']:.4f}",
+                    flush=True,
+                )
     if manifest.get("sweep") and "sweep" in only:
         results["sweep"] = sweep(manifest, build)
         save()
@@ -629,7 +704,9 @@ def main() -> int:
     if tuning.exists():
         results["tuning"] = [json.loads(line) for line in tuning.read_text().splitlines() if line.strip()]
         save()
-    failed = [r for key in SECTIONS if key != "sweep" for r in results[key] if not r.get("ok", True)]
+    failed = [
+        r for key in (*SECTIONS, "attention_bench") if key != "sweep" for r in results[key] if not r.get("ok", True)
+    ]
     failed += [r for key in ("glue", "conv_glue") for r in results.get(key, []) if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
