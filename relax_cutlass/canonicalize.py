@@ -14,7 +14,7 @@ import math
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from .patterns import static_shape
 
@@ -84,5 +84,21 @@ def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
         a, b = list(before.shape.values), list(after.shape.values)
         same = len(a) == len(b) and all(analyzer.can_prove_equal(p, q) for p, q in zip(a, b, strict=True))
         return m[x] if same and before.dtype == after.dtype else orig
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def fold_scalar_casts(func: relax.Function) -> relax.Function:
+    """astype(scalar constant) -> the constant in that dtype. ToMixedPrecision leaves the fp16
+    cast of a scale (attention's 1/sqrt(d)) as a binding that every layer shares; inside one
+    layer's fused region it would count as a value the region leaks to the others."""
+    const = is_const()
+    pattern = is_op("relax.astype")(const)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        value = m[const].value.numpy()
+        if value.size != 1:
+            return orig
+        return relax.const(value.astype(str(orig.ty.dtype)), str(orig.ty.dtype))
 
     return rewrite_call(pattern, rewriter, func)

@@ -7,7 +7,7 @@ import json
 import tvm
 from tvm import relax
 
-from .canonicalize import drop_identity_broadcasts
+from .canonicalize import drop_identity_broadcasts, fold_scalar_casts
 from .patterns import fusion_patterns
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
@@ -85,7 +85,7 @@ class PartitionForCutlass:
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-                mod[gv] = drop_identity_broadcasts(func)
+                mod[gv] = fold_scalar_casts(drop_identity_broadcasts(func))
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []

@@ -545,7 +545,9 @@ def main() -> None:
                 seq=seq,
                 layers=BERT_LAYERS,
                 flops=bert_flops(batch, seq, BERT_LAYERS),
-                offloaded_flops=sum(2 * math.prod(r["mnk"]) * r["calls"] for r in entry["offloaded"]),
+                offloaded_flops=sum(
+                    (r.get("flops") or 2 * math.prod(r["mnk"])) * r["calls"] for r in entry["offloaded"]
+                ),
                 runs=[{}],
             )
             manifest["bert"].append(entry)

@@ -57,22 +57,25 @@ def test_resnet50_has_no_layout_change_between_offloaded_convs(resnet50):
     assert "relax.nn.batch_norm" not in ops
 
 
-def test_transformers_bert_encoder_offloads_every_dense_and_fuses_gelu():
+def test_transformers_bert_encoder_offloads_every_dense_fuses_gelu_and_attention():
     """Hugging Face BertModel (random init, no download) through torch.export: all six dense layers
     of each encoder layer are offloaded, the FFN's gelu fused once FoldLinearReshapes removed the
-    flatten/unflatten torch.export puts around nn.Linear; attention's batched matmuls stay in TVM."""
+    flatten/unflatten torch.export puts around nn.Linear, and each layer's attention (two batched
+    matmuls, the scale, the fp32 softmax and every transpose between) is one fused region."""
     mod, weights = torch_models.bert_module(batch=2, seq=16, layers=2, hidden=64, heads=4, ffn=128)
     mod = bind_float16(mod, weights)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)
-    assert sum(r["calls"] for r in report.offloaded) == 12
+    assert sum(r["calls"] for r in report.offloaded) == 14
     assert sorted(r["epilogue"] for r in report.offloaded).count("bias+gelu") == 2
-    assert all(r["mnk"][0] == 32 for r in report.offloaded)  # M = batch x seq, reshapes folded
-    assert len(report.left_in_tvm) == 4 and all(r["op"] == "batched matmul" for r in report.left_in_tvm)
-    tokens, hidden, ffn, seq = 32, 64, 128, 16
-    dense = 2 * 2 * tokens * (4 * hidden * hidden + 2 * hidden * ffn)  # 2 layers
-    attention = 2 * 2 * (2 * tokens * seq * hidden)  # 2 layers x (q @ k^T, probs @ v)
-    assert report.offloaded_flop_fraction == pytest.approx(dense / (dense + attention))
+    dense = [r for r in report.offloaded if r["op"] != "attention"]
+    assert all(r["mnk"][0] == 32 for r in dense)  # M = batch x seq, reshapes folded
+    (attention,) = [r for r in report.offloaded if r["op"] == "attention"]
+    assert attention["calls"] == 2 and attention["attention"]["scale"] == pytest.approx(0.25)
+    assert not report.left_in_tvm
+    tokens, hidden, seq = 32, 64, 16
+    assert attention["flops"] == 2 * (2 * tokens * seq * hidden)  # q @ k^T and probs @ v
+    assert report.offloaded_flop_fraction == 1.0
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
