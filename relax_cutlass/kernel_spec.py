@@ -334,7 +334,7 @@ class Conv2dRegion(_Region):
 class AttentionProblem:
     """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.
 
-    Sizes are ints, or None where symbolic (read from the tensors at run time). Each *_reads
+    Sizes are ints, or None where symbolic (read from the tensors at run time). Each `*_reads`
     gives, for (batch, rows, heads, head dim), the (dimension, element factor) of that packed
     parameter which holds it: the axis's stride is the dimension's stride times the factor, so
     ((0, 1), (1, 1), (2, 1), (3, 1)) is a BSNH tensor and ((0, 1), (1, 1), (2, 64), (2, 1)) the
