@@ -302,9 +302,12 @@ def build_pair(
     options: dict,
     families=("auto",),
     with_reference: bool = True,
+    cuda_graph: bool = False,
 ) -> dict:
     """relax_cutlass builds (one per kernel family: `<name>.cutlass.so`, `<name>.cutlass_sm80.so`)
-    and TVM's default build (`<name>.tvm.so`)."""
+    and TVM's default build (`<name>.tvm.so`); with `cuda_graph`, both again compiled with TVM's
+    CUDA-graph rewrite on (`<name>.cutlass_graph.so`, `<name>.tvm_graph.so`): the VM then replays
+    each static stretch of kernel launches as one graph instead of calling them one by one."""
     weights = {p["name"] for p in params_of(mod) if p["name"] not in ("x", "residual")}
     offload_in = bind(mod, weights) if bind_weights else mod
     for family in families:
@@ -327,6 +330,10 @@ def build_pair(
     if with_reference:
         tvm.compile(mod, target(arch)).export_library(str(out / f"{name}.tvm.so"))
     t_ref = time.time() - t0
+    if cuda_graph:
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+            tvm.compile(offloaded, target(arch)).export_library(str(out / f"{name}.cutlass_graph.so"))
+            tvm.compile(mod, target(arch)).export_library(str(out / f"{name}.tvm_graph.so"))
     print(
         f"  {name}: offload+nvcc {t_offload:.1f}s, tvm default build {t_ref:.1f}s, "
         f"{len(report.offloaded)} offloaded / {len(report.left_in_tvm)} left",
@@ -343,6 +350,7 @@ def build_pair(
         "families": list(families),
         "sm80_kernels": sm80_kernels if "sm80" in families else [],
         "tuned_kernels": tuned if "tuned" in families else [],
+        "cuda_graph": cuda_graph,
     }
 
 
@@ -539,7 +547,9 @@ def main() -> None:
     if "bert" in only:
         print(f"BERT-large encoder (transformers -> torch.export -> Relax), {BERT_LAYERS} layers:", flush=True)
         for (batch, seq), mod in berts.items():
-            entry = build_pair(f"bert_large_b{batch}_s{seq}", mod, out, args.arch, False, {}, families=model_families)
+            entry = build_pair(
+                f"bert_large_b{batch}_s{seq}", mod, out, args.arch, False, {}, families=model_families, cuda_graph=True
+            )
             entry.update(
                 batch=batch,
                 seq=seq,
@@ -578,7 +588,7 @@ def main() -> None:
     if "model" in only:
         print("model: BERT-large encoder layer (batch 8 x seq 128):", flush=True)
         mod = bert_encoder_layer()
-        entry = build_pair("bert_large_layer", mod, out, args.arch, True, {}, families=model_families)
+        entry = build_pair("bert_large_layer", mod, out, args.arch, True, {}, families=model_families, cuda_graph=True)
         entry["runs"] = [{}]
         manifest["model"].append(entry)
 

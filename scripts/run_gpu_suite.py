@@ -507,6 +507,8 @@ def _end_to_end(case: dict, build: Path, use_compile: bool, details: dict, torch
         _time_tuned(row, case, build, values)
         _check_tuned(row, case, values, ref, "tvm")
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
+    if case.get("cuda_graph"):
+        _time_cuda_graphs(row, case, build, values)
     model, x = torch_peer(values)
     with torch.no_grad():
         row["torch_eager_ms"] = time_torch(lambda: model(x), repeat=10, number=10)
@@ -520,6 +522,23 @@ def _end_to_end(case: dict, build: Path, use_compile: bool, details: dict, torch
     if "torch_compile_ms" in row:
         row["speedup_vs_torch_compile"] = row["torch_compile_ms"] / row["relax_cutlass_ms"]
     return row
+
+
+def _time_cuda_graphs(row: dict, case: dict, build: Path, values: dict) -> None:
+    """Both builds again with TVM's CUDA-graph rewrite: checked on a second input set after the
+    first one was captured (a replay must read the new inputs), then timed."""
+    vm_cg = load(build / f"{case['name']}.cutlass_graph.so")
+    vm_tg = load(build / f"{case['name']}.tvm_graph.so")
+    run(vm_cg, case["cutlass_params"], values)  # captures
+    fresh = inputs_for(case["tvm_params"], {}, 2)
+    got = run(vm_cg, case["cutlass_params"], fresh)
+    ref = run(load(build / f"{case['name']}.tvm.so"), case["tvm_params"], fresh)
+    row["err_graph_vs_tvm"] = rel_error(got, ref)
+    row["ok"] = row["ok"] and row["err_graph_vs_tvm"] <= TOL_VS_TVM
+    row["relax_cutlass_graph_ms"] = time_vm(vm_cg, case["cutlass_params"], values)
+    row["tvm_graph_ms"] = time_vm(vm_tg, case["tvm_params"], values)
+    row["speedup_graph_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_graph_ms"]
+    row["speedup_graph_vs_tvm_graph"] = row["tvm_graph_ms"] / row["relax_cutlass_graph_ms"]
 
 
 def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
@@ -571,6 +590,7 @@ COLUMNS = [
     ("TFLOP/s", "relax_cutlass_tflops", "8.1f"),
     ("sm80 ms", "relax_cutlass_sm80_ms", "8.4f"),
     ("tvm ms", "tvm_default_ms", "8.3f"),
+    ("graph ms", "relax_cutlass_graph_ms", "8.4f"),
     ("eager ms", "torch_eager_ms", "8.4f"),
     ("compile ms", "torch_compile_ms", "10.4f"),
     ("cublas mm", "cublas_matmul_only_ms", "9.4f"),
