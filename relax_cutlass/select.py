@@ -396,9 +396,15 @@ def choose_conv2d_kernel(
 def choose_attention_kernel(problem: AttentionProblem, arch: int) -> AttentionKernel:
     """The fused attention kernel for `problem`: xFormers' (and TVM's) tile rule. Head dims up to
     64 take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay
-    in registers across the key loop. The SM80 kernel serves sm_90a too (the report says so)."""
+    in registers across the key loop. A known problem whose 64-query CTAs would leave more than
+    half of the SMs idle (BERT at batch 1: 32 CTAs) also takes 32 x 128, for twice the CTAs. The
+    SM80 kernel serves sm_90a too (the report says so)."""
     widest = max(problem.head_dim, problem.head_dim_value)
     queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
+    if queries == 64 and problem.batch is not None and problem.seq_q is not None:
+        ctas = problem.batch * problem.heads * math.ceil(problem.seq_q / 64)
+        if 2 * ctas <= SM_COUNT.get(arch, 108) and widest <= 128:
+            queries, keys = 32, 128
     aligned = problem.alignment == 8
     note = "SM80 fused attention kernel (no SM90 one yet)" if arch >= 90 else ""
     return AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)

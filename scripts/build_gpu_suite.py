@@ -243,6 +243,9 @@ def attention_cases() -> list[tuple[str, tvm.IRModule, list[dict], dict]]:
 
     return [
         export("attention_bert_b8_s128", b=8, n=16, bench=True),
+        export("attention_bert_b1_s128", b=1, n=16, bench=True),  # under-filled: 32-query tiles
+        # The same at batch 1 with the batch symbolic: the 64-query tiles (the rule needs the size).
+        export("attention_bert_bsym_s128", runs=({"batch": 1},), n=16, symbolic_batch=True, bench=True),
         export("attention_s77", s=77, n=12),
         export("attention_cross_s100_t333", s=100, t=333),
         export("attention_s1_t200", s=1, t=200),

@@ -117,8 +117,9 @@ def attention_bench_case(case: dict, build: Path, _use_compile: bool) -> dict:
     """The fused kernel against TVM's default build of the same graph, torch eager (the same
     math, cuBLAS batched matmuls + softmax) and torch's scaled_dot_product_attention (flash)."""
     spec = case["spec"]
-    values = inputs_for(case["tvm_params"], {}, 1)
-    row = {"name": case["name"], "kernel": case["offloaded"][0]["kernel"]}
+    dims = case["runs"][0]
+    values = inputs_for(case["tvm_params"], dims, 1)
+    row = {"name": case["name"], "kernel": case["offloaded"][0]["kernel"], "dims": dims}
     row["relax_cutlass_ms"] = time_vm(load(build / f"{case['name']}.cutlass.so"), case["cutlass_params"], values)
     row["tvm_ms"] = time_vm(load(build / f"{case['name']}.tvm.so"), case["tvm_params"], values)
     t = {k: torch.from_numpy(v).cuda() for k, v in values.items()}

@@ -8,6 +8,7 @@ misread layout: the composite still computes the right thing, the kernel would n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -282,7 +283,7 @@ def test_emitted_kernel_and_glue():
     partitioned, _ = offload_for_cpu(torch_export_attention(h=64))
     (region,) = _regions(partitioned)
     kernel = region.kernel
-    assert kernel.name == "sm80_fmha_f16_aligned_q64_k64_maxk64"
+    assert kernel.name == "sm80_fmha_f16_aligned_q32_k128_maxk64"  # 4 CTAs of 64 queries: under-filled
     source = emit_kernel(kernel)
     assert "AttentionKernel<cutlass::half_t, cutlass::arch::Sm80, /*isAligned=*/true" in source.text
     assert any(flag.endswith("41_fused_multi_head_attention") for flag in source.extra_flags)
@@ -312,5 +313,14 @@ def test_head_split_is_read_through_strides():
 def test_wide_heads_take_the_32x128_tile():
     kernel = choose_attention_kernel(AttentionProblem(2, 8, 128, 128, 128, 128, 0.1), 80)
     assert (kernel.queries_per_block, kernel.keys_per_block, kernel.max_head_dim) == (32, 128, 128)
-    narrow = choose_attention_kernel(AttentionProblem(2, 8, 128, 128, 36, 36, 0.1), 80)
+    narrow = choose_attention_kernel(AttentionProblem(16, 8, 128, 128, 36, 36, 0.1), 80)
     assert not narrow.aligned and narrow.name.endswith("a4_q64_k64_maxk36")
+
+
+def test_under_filled_attention_takes_32_query_tiles():
+    """BERT-large at batch 1 has 16 heads x 2 blocks of 64 queries: 32 CTAs for 132 SMs."""
+    bert = AttentionProblem(1, 16, 128, 128, 64, 64, 0.125)
+    assert choose_attention_kernel(bert, 90).queries_per_block == 32
+    assert choose_attention_kernel(dataclasses.replace(bert, batch=8), 90).queries_per_block == 64
+    # A symbolic batch may be large: the 64-query tiles, as for any size not known at build time.
+    assert choose_attention_kernel(dataclasses.replace(bert, batch=None), 90).queries_per_block == 64
