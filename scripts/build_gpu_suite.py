@@ -381,25 +381,18 @@ def prewarm(jobs: list[tuple[tvm.IRModule, bool, dict, tuple]], arch: str) -> No
     print(f"prewarm: {len(sources)} distinct kernels, {fresh} compiled, {time.time() - t0:.0f}s", flush=True)
 
 
+SECTIONS = (
+    "tests", "bench", "model", "sweep", "conv", "conv_bench", "resnet", "bert", "graphs", "frontends", "attention"
+)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpu"))
     ap.add_argument(
         "--only",
-        choices=[
-            "tests",
-            "bench",
-            "model",
-            "sweep",
-            "conv",
-            "conv_bench",
-            "resnet",
-            "bert",
-            "graphs",
-            "frontends",
-            "attention",
-        ],
+        choices=SECTIONS,
         action="append",
     )
     ap.add_argument(
@@ -425,19 +418,7 @@ def main() -> None:
     model_families = ("auto", "tuned") if args.tuning_db else ("auto",)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sections = (
-        "tests",
-        "bench",
-        "model",
-        "sweep",
-        "conv",
-        "conv_bench",
-        "resnet",
-        "bert",
-        "graphs",
-        "frontends",
-        "attention",
-    )
+    sections = SECTIONS
     only = set(args.only or sections)
     manifest_path = out / "manifest.json"
     manifest = {"arch": args.arch} | {k: [] for k in sections}
