@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import tvm
@@ -30,6 +31,7 @@ CODEGEN = "relax_cutlass"
 ATTENTION_DTYPES = ("float16", "bfloat16")
 # Roles of the logical axes in the order the kernel's strides use them.
 QUERY_AXES, KEY_AXES, VALUE_AXES = ("B", "S", "N", "H"), ("B", "T", "N", "H"), ("B", "T", "N", "V")
+OPERAND_AXES = (("query", QUERY_AXES), ("key", KEY_AXES), ("value", VALUE_AXES))
 
 # Ops that only change how a tensor is viewed (or are elementwise) on the way between the stages.
 _VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
@@ -77,6 +79,7 @@ _SCORE_VIEWS = ("relax.reshape", "relax.broadcast_to", "relax.reshape")
 _OUTPUT_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.reshape")
 
 
+@cache
 def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     """The DFPattern of `spec`, annotated query, key, value, root (the first matmul or the op)."""
     q, k, v = wildcard(), wildcard(), wildcard()
@@ -111,11 +114,18 @@ class _NotAttention(Exception):
     """A view the kernel cannot express; the message says which and why."""
 
 
-def _dims(expr: relax.Expr) -> list:
+def _known_dims(expr: relax.Expr) -> list | None:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
-        raise _NotAttention(f"{_name(expr)} has no known shape")
+        return None
     return list(ty.shape.values)
+
+
+def _dims(expr: relax.Expr) -> list:
+    dims = _known_dims(expr)
+    if dims is None:
+        raise _NotAttention(f"{_name(expr)} has no known shape")
+    return dims
 
 
 def _name(expr: relax.Expr) -> str:
@@ -262,6 +272,11 @@ class AttentionLayout:
     sizes: dict  # logical axis -> PrimExpr
     scale: float
 
+    @property
+    def reads(self) -> tuple:
+        """query, key, value reads, in OPERAND_AXES order."""
+        return self.query, self.key, self.value
+
 
 def _operand(tracer: _Tracer, param, matmul_arg, prefix: str, inner: tuple[str, str]) -> tuple[list, Layout]:
     """Trace a q/k/v parameter to its matmul operand. -> (the parameter's dims named
@@ -320,7 +335,7 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     if getattr(attrs, "window_size", None) is not None:
         raise _NotAttention("sliding-window attention is not fused")
     tracer = _Tracer({}, {})
-    for role, axes in (("query", QUERY_AXES), ("key", KEY_AXES), ("value", VALUE_AXES)):
+    for role, axes in OPERAND_AXES:
         tracer.label(ann[role], axes)
     sizes = tracer.sizes
     head_dim = sizes["H"]
@@ -427,11 +442,12 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
     """Why this matched region cannot run as the fused attention kernel (empty when it can)."""
     problems = []
     for role in ("query", "key", "value"):
+        if _known_dims(ann[role]) is None:
+            problems.append(f"{role} has no known shape")
+            continue
         dtype = str(ann[role].ty.dtype)
         if dtype not in ATTENTION_DTYPES:
             problems.append(f"{role} dtype is {dtype}; fused attention takes {'/'.join(ATTENTION_DTYPES)}")
-        if not _shape_or_empty(ann[role]):
-            problems.append(f"{role} has no known shape")
     if problems:
         return problems
     if len({str(ann[r].ty.dtype) for r in ("query", "key", "value")} | {str(out.ty.dtype)}) != 1:
@@ -441,11 +457,6 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
     except ValueError as err:
         return [str(err)]
     return layout_problems(layout)
-
-
-def _shape_or_empty(expr) -> list:
-    ty = expr.ty
-    return list(ty.shape.values) if isinstance(ty, relax.TensorType) and hasattr(ty.shape, "values") else []
 
 
 def layout_problems(layout: AttentionLayout) -> list[str]:
@@ -461,18 +472,17 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
         problems.append(f"head dims {h}/{hv} must be multiples of 4 (CUTLASS fMHA's narrowest vector)")
     if max(h, hv) > 512:
         problems.append(f"head dim {max(h, hv)} is over 512")
-    operands = (("query", layout.query), ("key", layout.key), ("value", layout.value))
-    for (what, reads), rank in zip(operands, layout.ranks, strict=True):
+    outer_head_dims, merged_symbolic = [], []
+    for (what, axes), reads, rank in zip(OPERAND_AXES, layout.reads, layout.ranks, strict=True):
         if reads[3] != (rank - 1, 1):
-            problems.append(f"the {what}'s head dim is not its innermost axis (the kernel reads rows of it)")
-    operands = (("query", "BSNH", layout.query), ("key", "BTNH", layout.key), ("value", "BTNV", layout.value))
-    for what, axes, reads in operands:
+            outer_head_dims.append(f"the {what}'s head dim is not its innermost axis (the kernel reads rows of it)")
         held: dict[int, list[str]] = {}
         for axis, (dim, _) in zip(axes, reads, strict=True):
             if _static(layout.sizes[axis]) is None:
                 held.setdefault(dim, []).append(axis)
         if any(len(symbolic) > 1 for symbolic in held.values()):
-            problems.append(f"the {what} merges two symbolic axes into one dimension")
+            merged_symbolic.append(f"the {what} merges two symbolic axes into one dimension")
+    problems += outer_head_dims + merged_symbolic
     if not np.isfinite(layout.scale) or layout.scale == 0:
         problems.append(f"scale {layout.scale} is not a finite non-zero number")
     return problems

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from .patterns import static_shape
+from .patterns import same_shape, static_shape
 
 
 def _pattern():
@@ -73,7 +73,6 @@ def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
     shape the region can no longer see."""
     x = wildcard()
     pattern = is_op("relax.broadcast_to")(x, wildcard())
-    analyzer = tvm.sym.Analyzer()
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         before, after = m[x].ty, orig.ty
@@ -81,8 +80,7 @@ def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
             return orig
         if not (hasattr(before.shape, "values") and hasattr(after.shape, "values")):
             return orig
-        a, b = list(before.shape.values), list(after.shape.values)
-        same = len(a) == len(b) and all(analyzer.can_prove_equal(p, q) for p, q in zip(a, b, strict=True))
+        same = same_shape(list(before.shape.values), list(after.shape.values))
         return m[x] if same and before.dtype == after.dtype else orig
 
     return rewrite_call(pattern, rewriter, func)

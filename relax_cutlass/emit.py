@@ -14,6 +14,7 @@ import functools
 from string import Template
 
 from .arch import ARCH_SPECIFIC
+from .attention import OPERAND_AXES
 from .compile import Source, fmha_flags
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
@@ -436,10 +437,6 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
     )  # fmt: skip
 
 
-# The logical axes of each attention operand, in the order of its problem's *_reads.
-_ATTENTION_OPERANDS = (("query", "BSNH"), ("key", "BTNH"), ("value", "BTNV"))
-
-
 def _attention_glue_function(region: AttentionRegion) -> str:
     """Sizes (static ones as literals, symbolic ones read from the one dimension that holds
     them), a check of every dimension of q/k/v against the axes it holds, and the strides."""
@@ -449,8 +446,8 @@ def _attention_glue_function(region: AttentionRegion) -> str:
     expr = {axis: str(v) if v is not None else names[axis] for axis, v in static.items()}
     reads = {"query": p.query_reads, "key": p.key_reads, "value": p.value_reads}
     ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
-    sizes, checks, strides = [], [], {}
-    for role, axes in _ATTENTION_OPERANDS:
+    sizes, checks, strides, defined = [], [], {}, set()
+    for role, axes in OPERAND_AXES:
         checks.append(f'  CheckDim(fn, "{role} rank", {role}.ndim(), {ranks[role]}, {role});')
         held: dict[int, list[str]] = {}
         for axis, (dim, factor) in zip(axes, reads[role], strict=True):
@@ -459,16 +456,17 @@ def _attention_glue_function(region: AttentionRegion) -> str:
         for dim in range(ranks[role]):
             inside = held.get(dim, [])
             for axis in inside:  # a symbolic axis is defined by the first dimension holding it
-                if static[axis] is None and all(f"int64_t {names[axis]} " not in line for line in sizes):
+                if static[axis] is None and axis not in defined:
                     others = "".join(f" / {expr[a]}" for a in inside if a != axis)
                     sizes.append(f"  const int64_t {names[axis]} = {role}.size({dim}){others};")
+                    defined.add(axis)
             want = " * ".join(expr[a] for a in inside) or "1"
             checks.append(f'  CheckDim(fn, "{role} dim {dim}", {role}.size({dim}), {want}, {role});')
     for axis in ("B", "S", "T"):
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
     operands = []
-    for role, axes in _ATTENTION_OPERANDS:
+    for role, axes in OPERAND_AXES:
         b, rows, n = (strides[(role, a)] for a in axes[:3])
         operands.append(f"Data({role}), {b}, {rows}, {n}")
     return ATTENTION_GLUE_FUNCTION.substitute(

@@ -31,15 +31,12 @@ class FusionLog:
         entry = self._roots.setdefault(var, {"root": _describe(var, root), "refused": [], "fused_as": None})
         if entry["fused_as"] is not None:
             return
+        # A pattern whose tail is optional (attention's output views) is checked at each binding it
+        # reaches: only its latest decision, about the longest match, stands.
+        entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
         if not problems:
             entry["fused_as"] = spec.name
-            # A pattern whose tail is optional (attention's output views) is checked at each
-            # binding it reaches; a refusal of the shorter match is not a refusal of the fusion.
-            entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
         else:
-            # The same pattern refused again at this root matched further (a later binding ends
-            # it): its reasons are the ones about the whole region.
-            entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
             entry["refused"].append({"pattern": spec.name, "reasons": problems})
 
     def rows(self) -> list[dict]:

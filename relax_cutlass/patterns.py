@@ -241,13 +241,8 @@ def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPatt
 
 
 def pattern_of(spec) -> tuple[DFPattern, dict[str, DFPattern]]:
-    builders = {Conv2dPatternSpec: conv2d_pattern, AttentionPatternSpec: _attention_pattern}
+    builders = {Conv2dPatternSpec: conv2d_pattern, AttentionPatternSpec: attention_pattern}
     return builders.get(type(spec), gemm_pattern)(spec)
-
-
-@cache
-def _attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
-    return attention_pattern(spec)
 
 
 @cache
@@ -331,7 +326,8 @@ def matmul_problems(matmul: relax.Call, rhs: relax.Expr, transpose: relax.Call |
     return problems
 
 
-def _same_shape(a: list, b: list) -> bool:
+def same_shape(a: list, b: list) -> bool:
+    """Both shapes provably equal, dim by dim (symbolic dims too)."""
     analyzer = tvm.sym.Analyzer()
     return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b, strict=True))
 
@@ -347,7 +343,7 @@ def epilogue_problems(
     n = _shape(root)[-1] if _shape(root) else None
     if out_dtype not in SUPPORTED_OUTPUT_DTYPES:
         problems.append(f"output dtype {out_dtype} is not one of {SUPPORTED_OUTPUT_DTYPES}")
-    if not _same_shape(_shape(root), out_shape):
+    if not same_shape(_shape(root), out_shape):
         problems.append(
             f"the epilogue changes the shape {[str(d) for d in _shape(root)]} to {[str(d) for d in out_shape]}; "
             "a kernel epilogue is elementwise"
@@ -369,7 +365,7 @@ def epilogue_problems(
             )
     if spec.residual:
         res = ann["residual"]
-        if not _same_shape(_shape(res), out_shape):
+        if not same_shape(_shape(res), out_shape):
             problems.append(
                 f"residual shape {[str(d) for d in _shape(res)]} differs from the output shape "
                 f"{[str(d) for d in out_shape]} (broadcast residuals are not fused)"

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from .arch import SM_COUNT
 from .compile import Source, compile_all, link_relocatable
 from .emit import emit_kernel
 from .kernel_spec import (
@@ -43,7 +42,6 @@ from .select import (
     choose_kernel,
     choose_split_k,
     estimate_cost,
-    output_tiles,
     sm90_fallback_reason,
     under_fills,
 )
@@ -93,8 +91,7 @@ def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
     """The split-K candidate's tiles under-fill the GPU and the main loop is long enough to cut."""
     threadblock = SPLIT_K_TILE[0]
     iterations = -(-problem.k // threadblock[2])
-    tiles = output_tiles(problem.m or 1024, problem.n, threadblock)
-    return 2 * tiles <= SM_COUNT.get(arch, 132) and iterations >= 2 * SPLIT_K_MIN_ITERATIONS
+    return under_fills(problem.m or 1024, problem.n, threadblock, arch) and iterations >= 2 * SPLIT_K_MIN_ITERATIONS
 
 
 def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:

@@ -144,7 +144,8 @@ def output_tiles(m: int, n: int, threadblock) -> int:
 
 
 def under_fills(m: int, n: int, threadblock, arch: int) -> bool:
-    """The output tiles fill less than half of the SMs: where split-K can pay."""
+    """The CTA tiles of an M x N grid fill at most half of the SMs (where split-K, or smaller
+    tiles, can pay)."""
     return 2 * output_tiles(m, n, threadblock) <= SM_COUNT.get(arch, 108)
 
 
@@ -401,10 +402,15 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int) -> AttentionKe
     SM80 kernel serves sm_90a too (the report says so)."""
     widest = max(problem.head_dim, problem.head_dim_value)
     queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
-    if queries == 64 and problem.batch is not None and problem.seq_q is not None:
-        ctas = problem.batch * problem.heads * math.ceil(problem.seq_q / 64)
-        if 2 * ctas <= SM_COUNT.get(arch, 108) and widest <= 128:
-            queries, keys = 32, 128
+    known = problem.batch is not None and problem.seq_q is not None
+    # The kernel's grid: blocks of 64 query rows x (batch x heads).
+    if (
+        queries == 64
+        and known
+        and widest <= 128
+        and under_fills(problem.seq_q, problem.batch * problem.heads, (64, 1), arch)
+    ):
+        queries, keys = 32, 128
     aligned = problem.alignment == 8
     note = "SM80 fused attention kernel (no SM90 one yet)" if arch >= 90 else ""
     return AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)

@@ -46,12 +46,19 @@ def inputs_for(params: list[dict], dims: dict, seed: int) -> dict[str, np.ndarra
     return out
 
 
-def run(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> np.ndarray:
-    args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+def device_args(params: list[dict], values: dict[str, np.ndarray]) -> list:
+    return [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+
+
+def call(vm: VirtualMachine, args: list) -> np.ndarray:
     out = vm["main"](*args)
     if not hasattr(out, "numpy"):  # models imported from a framework return a 1-tuple
         (out,) = out
     return out.numpy()
+
+
+def run(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> np.ndarray:
+    return call(vm, device_args(params, values))
 
 
 ACT = {
@@ -259,7 +266,11 @@ def _expect_errors(call, bad_calls: dict) -> list[dict]:
 
 def time_vm(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> float:
     """Median ms over repeats (each the mean of `number` back-to-back calls), after warm-up."""
-    args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+    return time_args(vm, device_args(params, values))
+
+
+def time_args(vm: VirtualMachine, args: list) -> float:
+    """time_vm on device tensors the caller keeps (a CUDA-graph build needs the same weights)."""
     vm["main"](*args)
     timer = vm.time_evaluator("main", DEV, number=20, repeat=15, min_repeat_ms=0)
     return float(np.median(timer(*args).results)) * 1e3
@@ -539,16 +550,12 @@ def _time_cuda_graphs(row: dict, case: dict, build: Path, values: dict) -> None:
         ("tvm_graph", case["tvm_params"], "tvm_graph_ms"),
     ):
         vm = load(build / f"{case['name']}.{variant}.so")
-        tensors = {p["name"]: tvm.runtime.tensor(values[p["name"]], DEV) for p in params}
-        vm["main"](*[tensors[p["name"]] for p in params])  # captures
-        first = params[0]["name"]  # the model input; everything after it is a weight
-        tensors[first] = tvm.runtime.tensor(fresh[first], DEV)
-        out = vm["main"](*[tensors[p["name"]] for p in params])
-        got = (out if hasattr(out, "numpy") else out[0]).numpy()
-        row[f"err_{variant}_vs_tvm"] = rel_error(got, run(ref_vm, case["tvm_params"], fresh))
+        args = device_args(params, values)
+        call(vm, args)  # captures
+        args[0] = tvm.runtime.tensor(fresh[params[0]["name"]], DEV)  # the model input; the rest are weights
+        row[f"err_{variant}_vs_tvm"] = rel_error(call(vm, args), run(ref_vm, case["tvm_params"], fresh))
         row["ok"] = row["ok"] and row[f"err_{variant}_vs_tvm"] <= TOL_VS_TVM
-        timer = vm.time_evaluator("main", DEV, number=20, repeat=15, min_repeat_ms=0)
-        row[key] = float(np.median(timer(*[tensors[p["name"]] for p in params]).results)) * 1e3
+        row[key] = time_args(vm, args)
     row["speedup_graph_vs_tvm"] = row["tvm_default_ms"] / row["relax_cutlass_graph_ms"]
     row["speedup_graph_vs_tvm_graph"] = row["tvm_graph_ms"] / row["relax_cutlass_graph_ms"]
 

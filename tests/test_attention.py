@@ -86,40 +86,43 @@ def torch_export_attention(
     return bb.get()
 
 
-def op_attention(b=2, s=8, n=2, h=8, t=None, scale=None, causal=None):
-    """R.nn.attention on BSNH tensors (inputs x, y, z: q, k, v)."""
-    t = t or s
+def _bsnh_function(b, s, t, n, h, body) -> tvm.IRModule:
+    """main(x, y, z) on (B, S, N, H) query and (B, T, N, H) key / value tensors, returning
+    `body(bb, q, k, v)` from one dataflow block."""
     bb = relax.BlockBuilder()
     q = relax.Var("x", _tensor((b, s, n, h)))
     k = relax.Var("y", _tensor((b, t, n, h)))
     v = relax.Var("z", _tensor((b, t, n, h)))
     with bb.function("main", [q, k, v]):
         with bb.dataflow():
-            out = bb.emit(relax.op.nn.attention(q, k, v, scale=scale, causal_mask=causal))
-            gv = bb.emit_output(out)
+            gv = bb.emit_output(body(bb, q, k, v))
         bb.emit_func_output(gv)
     return bb.get()
+
+
+def op_attention(b=2, s=8, n=2, h=8, t=None, scale=None, causal=None):
+    """R.nn.attention on BSNH tensors (inputs x, y, z: q, k, v)."""
+
+    def body(bb, q, k, v):
+        return bb.emit(relax.op.nn.attention(q, k, v, scale=scale, causal_mask=causal))
+
+    return _bsnh_function(b, s, t or s, n, h, body)
 
 
 def tvm_rewrite_form(b=2, s=8, n=2, h=8):
     """TVM's own rewrite layout (relax.backend.patterns): BSNH -> permute -> reshape to 3-D, k then
     transposed in 3-D; the scale is a divide; no casts; the output stays (B*N, S, H) -> BSNH."""
-    bb = relax.BlockBuilder()
-    q = relax.Var("q", _tensor((b, s, n, h)))
-    k = relax.Var("k", _tensor((b, s, n, h)))
-    v = relax.Var("v", _tensor((b, s, n, h)))
-    with bb.function("main", [q, k, v]):
-        with bb.dataflow():
-            q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3])), (b * n, s, h)))
-            k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3])), (b * n, s, h)))
-            kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
-            v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(v, [0, 2, 1, 3])), (b * n, s, h)))
-            scores = bb.emit(relax.op.divide(bb.emit(relax.op.matmul(q3, kt)), _c(np.sqrt(h), F16)))
-            ctx = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v3))
-            out = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(ctx, (b, n, s, h))), [0, 2, 1, 3]))
-            gv = bb.emit_output(out)
-        bb.emit_func_output(gv)
-    return bb.get()
+
+    def body(bb, q, k, v):
+        q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3])), (b * n, s, h)))
+        k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3])), (b * n, s, h)))
+        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
+        v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(v, [0, 2, 1, 3])), (b * n, s, h)))
+        scores = bb.emit(relax.op.divide(bb.emit(relax.op.matmul(q3, kt)), _c(np.sqrt(h), F16)))
+        ctx = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v3))
+        return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(ctx, (b, n, s, h))), [0, 2, 1, 3]))
+
+    return _bsnh_function(b, s, s, n, h, body)
 
 
 def _regions(partitioned: tvm.IRModule) -> list[AttentionRegion]:
