@@ -107,7 +107,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[Region]:
     analyzed = [analyze(func, symbol, options.accumulator) for func, symbol in zip(functions, symbols, strict=True)]
     if _profiles_here(options):
         options = dataclasses.replace(options, tuning_db=options.tuning_db or str(cache_dir() / "tuning.jsonl"))
-        _profile_misses([problem for _, _, problem, _, _ in analyzed], options)
+        _profile_misses([(problem, spec.epilogue) for spec, _, problem, _, _ in analyzed], options)
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
     for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
@@ -138,28 +138,34 @@ def _profiles_here(options: CodegenOptions) -> bool:
     return local_gpu_arch() == options.arch
 
 
-def _profile_misses(problems: list, options: CodegenOptions) -> None:
-    """Profile (candidates without epilogue, checked, timed on the local GPU) every problem the
-    database has no record for, and append the records; progress goes to stderr."""
+def _profile_misses(regions: list, options: CodegenOptions) -> None:
+    """Profile on the local GPU what the database lacks for these (problem, epilogue) regions:
+    main loops of problems without a record (stage 1), then the fastest of them with each region's
+    epilogue (stage 2); records are appended, progress goes to stderr."""
     import sys
     import tempfile
     from pathlib import Path
 
-    from .profile import build_profiler, plan_jobs
+    from .profile import build_profiler, plan_epilogue_jobs, plan_jobs
     from .profile_runner import run_profiler
-
-    db = _database(options.tuning_db)
-    jobs = [job for job in plan_jobs(problems, options.arch, options.family) if db.lookup(job.key) is None]
-    if not jobs:
-        return
 
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
 
-    progress(f"profiling {len(jobs)} problem(s) without a tuning record on the local GPU -> {options.tuning_db}")
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        build_profiler(jobs, options.arch, Path(tmp), options.jobs)
-        run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
+    for stage in (1, 2):
+        db = _database(options.tuning_db)
+        if stage == 1:
+            jobs = plan_jobs([problem for problem, _ in regions], options.arch, options.family)
+        else:
+            jobs = plan_epilogue_jobs(regions, options.arch, db, options.family)
+        jobs = [job for job in jobs if db.lookup(job.key) is None]
+        if not jobs:
+            continue
+        what = "main loops of" if stage == 1 else "epilogues of"
+        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU -> {options.tuning_db}")
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            build_profiler(jobs, options.arch, Path(tmp), options.jobs)
+            run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
 
 
 def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:

@@ -1,11 +1,19 @@
-"""Build the profiler: candidate kernels without epilogue, one shared library, run on a GPU host.
+"""Build the profiler: candidate kernels in one shared library, run on a GPU host.
 
 TVM's old integration generated every epilogue variant of every candidate just to time them. Here,
-as in its later fix, the candidates of a problem class are instantiated once *without* epilogue
-(their speed is the main loop's), timed, and the winner is then instantiated with the region's
-epilogue. Kernels depend only on (dtypes, layout, alignment, tile), so one profiler library serves
-every problem shape of a model. It exports TVM FFI functions and needs only the TVM runtime
-(or tvm_ffi) to load: build it here, run `python -m relax_cutlass.profile_runner` on the GPU host.
+as in its later fix, tuning starts from the main loop:
+
+  stage 1  the candidates of a problem class are instantiated once *without* epilogue (kernels
+           depend only on dtypes, layout, alignment and tile, so one library serves every shape of
+           a model) and timed;
+  stage 2  the `top_k` fastest main loops, and the heuristic's kernel, are instantiated with a
+           region's epilogue and timed again. The main loop's ranking is not always the fused
+           kernel's (an erf-GELU epilogue that one schedule hides and another does not), and stage 2
+           costs `top_k + 1` kernels per distinct epilogue, not one per candidate.
+
+The library exports TVM FFI functions and needs only the TVM runtime (or tvm_ffi) to load: build it
+here, run `python -m relax_cutlass.profile_runner` on the GPU host. Stage 2 is planned from stage
+1's records, so tuning from scratch is two build/run rounds (`python -m relax_cutlass tune`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from string import Template
 from .compile import Source, compile_all, link_relocatable
 from .emit import emit_kernel
 from .kernel_spec import (
+    ACTIVATIONS,
     SPLIT_K_MIN_ITERATIONS,
     AttentionProblem,
     Conv2dKernel,
@@ -46,9 +55,10 @@ from .select import (
     under_fills,
 )
 from .templates import CONV2D_ARGS, GEMM_ARGS
-from .tuning import M_BUCKETS, TuningKey, conv2d_key, gemm_key
+from .tuning import M_BUCKETS, TuningKey, conv2d_key, epilogue_key, gemm_key
 
-DEFAULT_MAX_CANDIDATES = 6  # per problem class (--max-candidates)
+DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)
+DEFAULT_TOP_K = 3  # stage 2: main loops re-timed with each epilogue, besides the heuristic's (--top-k)
 
 
 SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the SM90 split-K candidate's CTA tile and cluster
@@ -100,11 +110,13 @@ def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
 
 @dataclass(frozen=True)
 class ProfileJob:
-    """One problem (shapes fixed) and the candidates to time on it: (kernel, split-K slices)."""
+    """One problem (shapes fixed) and the candidates to time on it: (kernel, split-K slices), all
+    with `epilogue` (stage 1: none)."""
 
     key: TuningKey
     problem: GemmProblem | Conv2dProblem
     candidates: tuple[tuple[GemmKernel | Conv2dKernel, int], ...]
+    epilogue: Epilogue = Epilogue()
 
     @property
     def kernels(self) -> tuple[GemmKernel | Conv2dKernel, ...]:
@@ -155,34 +167,113 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
     return list(jobs.values())
 
 
+def candidate_label(tile: TileConfig, split_k: int = 1) -> str:
+    """A candidate's name in profile manifests and tuning records."""
+    return tile.describe() + (f"_splitk{split_k}" if split_k > 1 else "")
+
+
+def _by_label(pool, record) -> list[tuple[TileConfig, int]]:
+    """Stage 1's correct candidates, fastest first, as (tile, split-K) from `pool`'s tiles."""
+    tiles = {t.describe(): t for t in pool}
+    timed = sorted((ms, label) for label, ms in record.candidates.items() if ms is not None)
+    ranked = []
+    for _, label in timed:
+        name, _, split = label.partition("_splitk")
+        if name in tiles:
+            ranked.append((tiles[name], int(split or 1)))
+    return ranked
+
+
+def stage2_reason(epilogue: Epilogue) -> str | None:
+    """Why a region's epilogue gets no stage-2 timing, if it gets none."""
+    if epilogue == Epilogue():
+        return "no epilogue: stage 1's timing is the kernel's"
+    custom = [a for a in (epilogue.activation, epilogue.residual_activation) if ACTIVATIONS[a].definition]
+    if custom:
+        return f"custom activation {custom[0]!r}: no reference to check it against on the GPU host"
+    return None
+
+
+def plan_epilogue_jobs(
+    regions: list[tuple[GemmProblem | Conv2dProblem, Epilogue]],
+    arch: int,
+    db,
+    family: str = "auto",
+    top_k: int = DEFAULT_TOP_K,
+) -> list[ProfileJob]:
+    """Stage 2: (problem, epilogue) pairs whose main loops stage 1 has timed (`db` holds their
+    records) -> jobs timing the `top_k` fastest correct main loops and the heuristic's kernel, each
+    with the epilogue, deduplicated by key. Pairs without a stage-1 record, without epilogue or with
+    a custom activation are left out (see `stage2_reason`)."""
+    jobs: dict[TuningKey, ProfileJob] = {}
+    for problem, epilogue in regions:
+        if isinstance(problem, AttentionProblem) or stage2_reason(epilogue):
+            continue
+        if isinstance(problem, Conv2dProblem):
+            if problem.n is None:
+                continue
+            concrete = [(conv2d_key(problem, arch), problem)]
+        else:
+            fam = family_for(problem, arch, family)
+            ms = [problem.m] if problem.m is not None else list(M_BUCKETS)
+            concrete = [(gemm_key(dataclasses.replace(problem, m=m), arch, fam, m), dataclasses.replace(problem, m=m))
+                        for m in ms]  # fmt: skip
+        for key, p in concrete:
+            record = db.lookup(key)
+            stage2 = dataclasses.replace(key, epilogue=epilogue_key(epilogue))
+            if record is None or stage2 in jobs:
+                continue
+            if isinstance(p, Conv2dProblem):
+                heuristic, split = choose_conv2d_kernel(p, epilogue, arch)
+                pool = candidate_conv2d_tiles(p.element_accumulator, p.element)
+                # Serial split-K keeps partial sums where the residual block epilogue reads its
+                # second operand: with a residual, a split tile is timed unsplit (choose_split_k).
+                ranked = [(t, 1 if epilogue.residual else s) for t, s in _by_label(pool, record)]
+            else:
+                heuristic, split = choose_kernel(p, epilogue, arch, family="auto" if key.family == 90 else "sm80"), 1
+                tiles_of = candidate_tiles_sm90 if key.family == 90 else candidate_tiles
+                pool = tiles_of(p.element_accumulator, p.element_a)
+                ranked = _by_label(pool, record)
+            first = (heuristic.tile, split)
+            picks = [first, *[c for c in dict.fromkeys(ranked) if c != first][:top_k]]
+            candidates = tuple(
+                (dataclasses.replace(heuristic, tile=t, selected_by="profiling", note=""), s) for t, s in picks
+            )
+            jobs[stage2] = ProfileJob(stage2, p, candidates, epilogue)
+    return list(jobs.values())
+
+
 # One timing function per candidate kernel: a first launch (surfacing any error), then
 # `iterations` back-to-back launches between CUDA events on TVM's stream; returns ms per launch.
+# One timing function per candidate kernel: a first launch (surfacing any error), then
+# `iterations` back-to-back launches between CUDA events on TVM's stream; returns ms per launch.
+# bias / residual are read only by kernels whose epilogue has them (the runner passes stand-ins).
 PROFILE_GEMM = Template("""\
-double profile_${index}(TensorView a, TensorView b, TensorView d, int64_t m, int64_t n, int64_t k,
-                        bool b_transposed, int64_t iterations) {
+double profile_${index}(TensorView a, TensorView b, TensorView bias, TensorView residual, TensorView d,
+                        int64_t m, int64_t n, int64_t k, bool b_transposed, int64_t iterations) {
   RelaxCutlassGemmArgs args{m, n, k, Data(a), k, Data(b), b_transposed ? k : n,
-                            nullptr, nullptr, n, const_cast<void*>(Data(d)), n};
+                            ${bias}, ${residual}, n, const_cast<void*>(Data(d)), n};
   return TimeLaunches(d, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
 PROFILE_CONV2D = Template("""\
-double profile_${index}(TensorView x, TensorView w, TensorView d, tvm::ffi::Shape shape, int64_t split_k,
-                        int64_t iterations) {
+double profile_${index}(TensorView x, TensorView w, TensorView bias, TensorView residual, TensorView d,
+                        tvm::ffi::Shape shape, int64_t split_k, int64_t iterations) {
   // shape: n, h, w, c, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w
   int v[15];
   for (int i = 0; i < 15; ++i) v[i] = static_cast<int>(shape[i]);
   RelaxCutlassConv2dArgs args{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
                               v[11], v[12], v[13], v[14], static_cast<int>(split_k),
-                              Data(x), Data(w), nullptr, nullptr, const_cast<void*>(Data(d))};
+                              Data(x), Data(w), ${bias}, ${residual}, const_cast<void*>(Data(d))};
   return TimeLaunches(d, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
 PROFILER_TU = Template("""\
-// relax_cutlass profiler: one timing function per candidate kernel (no epilogue).
+// relax_cutlass profiler: one timing function per candidate kernel.
 #include <cstdint>
 #include <cuda_runtime.h>
 #include <tvm/ffi/container/shape.h>
@@ -225,12 +316,18 @@ $functions
 
 def _job_entry(job: ProfileJob, index: dict[str, int]) -> dict:
     p = job.problem
-    entry = {"key": job.key.to_json(), "op": job.key.op, "dtype": job.key.element, "out_dtype": job.key.element_out}
+    entry = {
+        "key": job.key.to_json(),
+        "op": job.key.op,
+        "dtype": job.key.element,
+        "out_dtype": job.key.element_out,
+        "epilogue": dataclasses.asdict(job.epilogue),
+    }
     if isinstance(p, Conv2dProblem):
         entry["conv"] = [p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q, *p.pad, *p.stride, *p.dilation]
     else:
         entry |= {"m": p.m, "n": p.n, "k": p.k, "b_transposed": p.b_transposed}
-    labels = [k.tile.describe() + (f"_splitk{s}" if s > 1 else "") for k, s in job.candidates]
+    labels = [candidate_label(k.tile, s) for k, s in job.candidates]
     entry["heuristic"] = labels[0]  # the candidate lists put the heuristic's choice first
     entry["candidates"] = [
         {"label": label, "tile": k.tile.describe(), "split_k": s, "kernel": k.name,
@@ -241,7 +338,8 @@ def _job_entry(job: ProfileJob, index: dict[str, int]) -> dict:
 
 
 def build_profiler(jobs: list[ProfileJob], arch: int, out: Path, jobs_parallel: int | None = None) -> Path:
-    """Compile every distinct candidate kernel and write `<out>/profiler.so` + `<out>/profile.json`."""
+    """Compile every distinct candidate kernel and write `<out>/profiler.so` + `<out>/profile.json`
+    (either stage's jobs, or both)."""
     out.mkdir(parents=True, exist_ok=True)
     kernels = {k.name: k for job in jobs for k in job.kernels}
     names = sorted(kernels)
@@ -252,7 +350,13 @@ def build_profiler(jobs: list[ProfileJob], arch: int, out: Path, jobs_parallel: 
         args=GEMM_ARGS + CONV2D_ARGS,
         decls="\n".join(f'extern "C" const char* {n}_run(const {arg_type[n]}*, void*);' for n in names),
         functions="\n".join(
-            (PROFILE_CONV2D if n in conv else PROFILE_GEMM).substitute(index=index[n], kernel=n) for n in names
+            (PROFILE_CONV2D if n in conv else PROFILE_GEMM).substitute(
+                index=index[n],
+                kernel=n,
+                bias="Data(bias)" if kernels[n].epilogue.bias else "nullptr",
+                residual="Data(residual)" if kernels[n].epilogue.residual else "nullptr",
+            )
+            for n in names
         ),
     )
     sources = [emit_kernel(kernels[n]) for n in names] + [Source("relax_cutlass_profiler_glue", glue, "host")]

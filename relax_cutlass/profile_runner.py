@@ -3,9 +3,9 @@
     python -m relax_cutlass.profile_runner build/profile tuning.jsonl [--repeat 7]
 
 Needs only the TVM runtime and numpy (torch, when present, computes the reference faster). Each
-candidate first runs once on random (never zero) data and is checked against a float32 reference;
-only a correct candidate's time counts. Times are the median of `repeat` CUDA-event measurements of
-back-to-back launches.
+candidate first runs once on random (never zero) data and is checked against a float32 reference,
+its epilogue (bias, activation, residual) included; only a correct candidate's time counts. Times
+are the median of `repeat` CUDA-event measurements of back-to-back launches.
 """
 
 from __future__ import annotations
@@ -58,6 +58,34 @@ def _conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.n
     return out
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf to 1.5e-7 (Abramowitz & Stegun 7.1.26): numpy has none, and the check's tolerance is 1e-2."""
+    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
+
+
+# The epilogue activations (kernel_spec.ACTIVATIONS' built-in ones) in numpy, float32.
+ACTIVATION_REFERENCE = {
+    "identity": lambda x: x,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
+}
+
+
+def _with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """D = post(act(acc + bias) + residual), as kernel_spec.Epilogue defines it (float32)."""
+    y = acc + bias.astype("float32") if epilogue.get("bias") else acc
+    y = ACTIVATION_REFERENCE[epilogue.get("activation", "identity")](y)
+    if epilogue.get("residual"):
+        y = ACTIVATION_REFERENCE[epilogue.get("residual_activation", "identity")](y + residual.astype("float32"))
+    return y
+
+
 def _torch_cuda():
     try:
         import torch
@@ -79,29 +107,34 @@ def _iterations_for(first_ms: float, target_ms: float = 2.0) -> int:
 
 
 def _problem(job: dict, rng: np.random.Generator, tvm, dev):
-    """-> (device inputs, output shape, float32 reference, call(fn, out, split_k, iterations))."""
+    """-> (output shape, float32 reference, call(fn, out, split_k, iterations)). Inputs are random,
+    never zero; bias and residual are stand-ins of one element unless the epilogue reads them."""
     dtype = job["dtype"]
+    epilogue = job.get("epilogue", {})
     if job["op"] == "conv2d":
         g = job["conv"]
         n, h, wd, c, k, r, s, p, q = g[:9]
         x = rng.uniform(-1, 1, size=(n, h, wd, c)).astype(dtype)
         w = (rng.uniform(-1, 1, size=(k, r, s, c)) / np.sqrt(r * s * c)).astype(dtype)
-        tx, tw = tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)
-        shape = tvm_ffi.Shape(g)
-
-        def call(fn, out, split_k, iterations):
-            return fn(tx, tw, out, shape, split_k, iterations)
-
-        return (n, p, q, k), _conv2d_reference(x, w, g), call
-    m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
-    a = rng.uniform(-1, 1, size=(m, k)).astype(dtype)
-    b = (rng.uniform(-1, 1, size=(n, k) if bt else (k, n)) / np.sqrt(k)).astype(dtype)
-    ta, tb = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
+        inputs, acc, out_shape = (x, w), _conv2d_reference(x, w, g), (n, p, q, k)
+        extra = (tvm_ffi.Shape(g),)
+    else:
+        m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
+        a = rng.uniform(-1, 1, size=(m, k)).astype(dtype)
+        b = (rng.uniform(-1, 1, size=(n, k) if bt else (k, n)) / np.sqrt(k)).astype(dtype)
+        inputs, acc, out_shape = (a, b), _gemm_reference(a, b, bt), (m, n)
+        extra = (m, n, k, bt)
+    bias = rng.uniform(-1, 1, size=out_shape[-1] if epilogue.get("bias") else 1).astype(dtype)
+    residual = rng.uniform(-1, 1, size=out_shape if epilogue.get("residual") else 1).astype(dtype)
+    want = _with_epilogue(acc, epilogue, bias, residual)
+    tensors = [tvm.runtime.tensor(v, dev) for v in (*inputs, bias, residual)]
 
     def call(fn, out, split_k, iterations):
-        return fn(ta, tb, out, m, n, k, bt, iterations)
+        if job["op"] == "conv2d":
+            return fn(*tensors, out, *extra, split_k, iterations)
+        return fn(*tensors, out, *extra, iterations)
 
-    return (m, n), _gemm_reference(a, b, bt), call
+    return out_shape, want, call
 
 
 def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> list[TuningRecord]:
@@ -135,7 +168,8 @@ def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> 
             except Exception as e:  # a candidate that cannot run is recorded as failed, never chosen
                 timings[label], errors[label] = None, f"{type(e).__name__}: {str(e)[:200]}"
         key = TuningKey.from_json(job["key"])
-        status = f"[{number}/{len(manifest['jobs'])}] {key.op} {key.layout} {list(key.shape)} {key.element}"
+        stage = f" +{key.epilogue}" if key.epilogue else ""
+        status = f"[{number}/{len(manifest['jobs'])}] {key.op} {key.layout} {list(key.shape)} {key.element}{stage}"
         ok = {label: ms for label, ms in timings.items() if ms is not None}
         if not ok:
             log(f"{status}: no candidate passed the correctness check: {errors}")

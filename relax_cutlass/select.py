@@ -36,7 +36,7 @@ from .kernel_spec import (
     GemmProblem,
     TileConfig,
 )
-from .tuning import conv2d_key, gemm_key, m_bucket
+from .tuning import conv2d_key, epilogue_key, gemm_key, m_bucket
 
 # Shared memory a CTA may use, per SM generation (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -234,11 +234,24 @@ def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
     )
 
 
+def _stage_record(db, key):
+    """The record of `key` with its epilogue (stage 2) if any, else of its main loop (stage 1);
+    the note says which kind of timing chose the kernel."""
+    record = db.lookup(key) if key.epilogue else None
+    if record is not None:
+        return record, f"measured {record.ms * 1e3:.1f} us with its {key.epilogue} epilogue on {record.device}"
+    record = db.lookup(dataclasses.replace(key, epilogue=""))
+    if record is None:
+        return None, ""
+    return record, f"measured {record.ms * 1e3:.1f} us without epilogue on {record.device}"
+
+
 def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
     """The database's kernel for `problem`, or why there is none (a note for the report)."""
     native = 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
     m = problem.m if problem.m is not None else m_bucket(m_hint)
-    record = db.lookup(gemm_key(problem, arch, native, m))
+    key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue))
+    record, note = _stage_record(db, key)
     if record is None:
         return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
     # A record measured before the heuristic's current kernel was a candidate (an older candidate
@@ -253,7 +266,6 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     )
     for candidate in candidates:
         if candidate.describe() == record.tile:
-            note = f"measured {record.ms * 1e3:.1f} us without epilogue on {record.device}"
             return GemmKernel(problem, epilogue, candidate, arch=native, target=arch, selected_by="tuned", note=note)
     return f"tuning record names {record.tile!r}, not a candidate here: heuristic"
 
@@ -376,10 +388,13 @@ def choose_conv2d_kernel(
     gemm = problem.implicit_gemm(n_hint)
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     if db is not None and not tile:
-        record = db.lookup(conv2d_key(problem, arch)) if problem.n is not None else None
+        record, tuned_note = (
+            _stage_record(db, dataclasses.replace(conv2d_key(problem, arch), epilogue=epilogue_key(epilogue)))
+            if problem.n is not None
+            else (None, "")
+        )
         match = next((t for t in legal if record is not None and t.describe() == record.tile), None)
         if match is not None and not (epilogue.residual and record.split_k > 1):
-            tuned_note = f"measured {record.ms * 1e3:.1f} us without epilogue on {record.device}"
             note = "; ".join(filter(None, [note, tuned_note]))
             kernel = Conv2dKernel(problem, epilogue, match, arch=80, target=arch, selected_by="tuned", note=note)
             return kernel, record.split_k

@@ -1,9 +1,12 @@
 """`python -m relax_cutlass tune`: build a model's profiler here, run it on the GPU host, keep the records.
 
-    python -m relax_cutlass tune build --model bert --arch sm_90a --out build/tune    # here (TVM + nvcc)
-    python -m relax_cutlass tune run build/tune tuning.jsonl                         # GPU host (runtime)
-    python -m relax_cutlass ... with RELAX_CUTLASS_TUNING_DB=tuning.jsonl            # builds use the records
+    python -m relax_cutlass tune build --model bert --db tuning.jsonl --out build/tune   # here (TVM + nvcc)
+    python -m relax_cutlass tune run build/tune tuning.jsonl                            # GPU host (runtime)
+    (repeat both: the second round times the fastest main loops with each region's epilogue)
+    python -m relax_cutlass ... with RELAX_CUTLASS_TUNING_DB=tuning.jsonl               # builds use the records
 
+`tune build` builds what `--db` still lacks: main-loop candidates (stage 1) for problems without a
+record, then the epilogue stage for regions whose problem has one. It says when nothing is left.
 GEMM and conv2d regions are tuned (a symbolic-batch conv keeps the heuristic; the report says so).
 """
 
@@ -52,41 +55,63 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
     return [bind_float16(*resnet50_module(batch=b)) for b in RESNET_BATCHES]
 
 
-def _model_problems(model: str, arch: int, batch: int, seq: int):
-    """The GEMM and conv2d problems of an embedded model, as the offload pipeline plans them."""
+def _model_regions(model: str, arch: int, batch: int, seq: int):
+    """(problem, epilogue) of every offloaded region of an embedded model, as the pipeline plans them."""
     from .codegen import CodegenOptions, plan_regions
     from .constants import offloaded_functions
     from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
-    problems = []
+    pairs = []
     for mod in _model_modules(model, batch, seq):
         part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))
-        regions = plan_regions([f for _, f in offloaded_functions(part)], CodegenOptions(arch=arch, compile=False))
-        problems += [r.kernel.problem for r in regions]
-    return problems
+        options = CodegenOptions(arch=arch, compile=False, profile="never")
+        regions = plan_regions([f for _, f in offloaded_functions(part)], options)
+        pairs += [(r.kernel.problem, getattr(r.kernel, "epilogue", None)) for r in regions]
+    return pairs
 
 
 def build(argv: list[str]) -> int:
     from .arch import parse_arch
-    from .profile import DEFAULT_MAX_CANDIDATES, build_profiler, plan_jobs
+    from .profile import DEFAULT_MAX_CANDIDATES, DEFAULT_TOP_K, build_profiler, plan_epilogue_jobs, plan_jobs
+    from .tuning import TuningDatabase
 
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
     ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--batch", type=int, default=8, help="bert's batch (bert_large: 8 and 1; ResNet-50: 32 and 1)")
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES)
+    ap.add_argument("--db", type=Path, help="tuning database so far: build only what it lacks (both stages)")
+    ap.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES, help="stage 1, per problem")
+    ap.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, help="stage 2: main loops re-timed with the epilogue")
     ap.add_argument("--out", type=Path, default=Path("build/tune"))
     args = ap.parse_args(argv)
     arch = parse_arch(args.arch)
     t0 = time.time()
-    problems = [p for model in args.model or ["bert"] for p in _model_problems(model, arch, args.batch, args.seq)]
-    jobs = plan_jobs(problems, arch, limit=args.max_candidates)
+    regions = [r for model in args.model or ["bert"] for r in _model_regions(model, arch, args.batch, args.seq)]
+    db = TuningDatabase(args.db) if args.db else None
+    main_loops = [
+        job
+        for job in plan_jobs([p for p, _ in regions], arch, limit=args.max_candidates)
+        if db is None or db.lookup(job.key) is None
+    ]
+    fused = []
+    if db is not None:
+        pairs = [(p, e) for p, e in regions if e is not None]
+        fused = [job for job in plan_epilogue_jobs(pairs, arch, db, top_k=args.top_k) if db.lookup(job.key) is None]
+    jobs = main_loops + fused
     kernels = {k.name for job in jobs for k in job.kernels}
-    print(f"{len(jobs)} problem(s), {len(kernels)} distinct candidate kernel(s) (no epilogue)")
-    library = build_profiler(jobs, arch, args.out)
     print(
-        f"built {library} in {time.time() - t0:.0f}s; run `python -m relax_cutlass tune run {args.out} DB` on the GPU"
+        f"stage 1 (main loops): {len(main_loops)} problem(s); stage 2 (with epilogues): {len(fused)} region kind(s); "
+        f"{len(kernels)} distinct kernel(s)"
+    )
+    if not jobs:
+        print("nothing to tune: the database has every record these models use")
+        return 0
+    library = build_profiler(jobs, arch, args.out)
+    rerun = " then `tune build` again with --db for the epilogue stage" if main_loops else ""
+    print(
+        f"built {library} in {time.time() - t0:.0f}s; run `python -m relax_cutlass tune run {args.out} DB` "
+        f"on the GPU{rerun}"
     )
     return 0
 

@@ -1,9 +1,12 @@
 """The tuning database: measured kernel choices, persisted so that builds need no GPU.
 
 A record says "for this problem class on this GPU architecture, configuration T ran fastest
-(among these candidates, measured without epilogue)". Records live in a JSON-lines file a user can
-read, diff, commit and share. Writes append one line under an exclusive `flock` (safe under
-concurrent builds and tuners) and compaction rewrites the file atomically (temp file + rename).
+among these candidates". Tuning runs in two stages (see relax_cutlass.profile): main loops alone
+(key.epilogue == ""), then the fastest few of them again with a region's epilogue (key.epilogue
+names it, e.g. "bias+gelu"); a build takes the epilogue record when it has one. Records live in
+a JSON-lines file a user can read, diff, commit and share. Writes append one line under an
+exclusive `flock` (safe under concurrent builds and tuners) and compaction rewrites the file
+atomically (temp file + rename).
 Lines that are not valid records, and records from another relax_cutlass / CUTLASS version, are
 reported once (warning) and ignored: a bad file never breaks a build and is never trusted.
 """
@@ -21,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .kernel_spec import Conv2dProblem, GemmProblem
+from .kernel_spec import Conv2dProblem, Epilogue, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -45,6 +48,7 @@ class TuningKey:
     accumulator: str
     alignment: int
     family: int  # 80: CUTLASS 2.x kernels, 90: CUTLASS 3.x
+    epilogue: str = ""  # "": the main loop alone (stage 1); else Epilogue.describe() (stage 2)
     relax_cutlass_version: str = __version__
     cutlass_version: str = CUTLASS_VERSION
 
@@ -63,6 +67,11 @@ M_BUCKETS = (64, 256, 1024, 4096, 16384)  # a symbolic M is tuned at these value
 def m_bucket(m: int) -> int:
     """The tuned M that stands for `m`: the smallest bucket >= m (the largest past the end)."""
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
+
+
+def epilogue_key(epilogue: Epilogue) -> str:
+    """TuningKey.epilogue of a region's epilogue: "" for none (stage 1's timing is the kernel's)."""
+    return "" if epilogue == Epilogue() else epilogue.describe()
 
 
 def gemm_key(problem: GemmProblem, arch: int, family: int, m: int) -> TuningKey:

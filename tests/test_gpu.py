@@ -118,3 +118,25 @@ def test_profiler_times_only_correct_candidates(tmp_path):
     records = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=3, log=messages.append)
     assert len(records) == 1 and records[0].ms > 0
     assert len(TuningDatabase(tmp_path / "db.jsonl")) == 1
+
+
+@pytest.mark.skipif(tune_skip is not None, reason=tune_skip or "")
+def test_profiler_checks_the_epilogue(tmp_path):
+    """Stage 2's check covers the epilogue: a kernel checked against another activation than it
+    computes is rejected; with the epilogue as built, the record is keyed by it."""
+    from relax_cutlass.profile_runner import run_profiler
+
+    manifest = json.loads((TUNE / "profile.json").read_text())
+    fused = [j for j in manifest["jobs"] if j["key"].get("epilogue")]
+    if not fused:
+        pytest.skip("the profiler has no epilogue-stage job: `tune build --db` after a first round builds them")
+    job = dict(fused[0], candidates=fused[0]["candidates"][:2])
+    other = "relu" if job["epilogue"]["activation"] == "identity" else "identity"
+    wrong = dict(manifest, jobs=[dict(job, epilogue=dict(job["epilogue"], activation=other))])
+    (tmp_path / "profile.json").write_text(json.dumps(wrong))
+    (tmp_path / manifest["library"]).symlink_to(TUNE / manifest["library"])
+    messages = []
+    assert not run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=1, log=messages.append), messages
+    (tmp_path / "profile.json").write_text(json.dumps(dict(manifest, jobs=[job])))
+    (record,) = run_profiler(tmp_path, tmp_path / "db.jsonl", repeat=3, log=messages.append)
+    assert record.key.epilogue == job["key"]["epilogue"] and record.ms > 0

@@ -82,32 +82,46 @@ def test_conv2d_residual_block_exports(tmp_path):
 
 
 def test_profiler_library_exports_callable_timing_functions(tmp_path):
-    """One GEMM and one conv2d candidate built into a profiler; its functions take the runner's
-    arguments (tensors, sizes, a Shape of conv geometry) and, with no GPU here, fail with the
-    kernel's own clear error rather than a type or symbol error."""
+    """A GEMM candidate with its epilogue (stage 2) and a conv2d one without (stage 1) built into a
+    profiler; its functions take the runner's arguments (tensors, bias and residual, sizes, a Shape
+    of conv geometry) and, with no GPU here, fail with the kernel's own clear error rather than a
+    type or symbol error."""
+    import dataclasses
     import json
 
     import numpy as np
-
-    from relax_cutlass.kernel_spec import Conv2dProblem, GemmProblem
-    from relax_cutlass.profile import build_profiler, plan_jobs
-
-    conv = Conv2dProblem(n=1, h=8, w=8, c=16, k=16, r=3, s=3, p=8, q=8, pad=(1, 1))
-    jobs = plan_jobs([GemmProblem(m=128, n=64, k=64, b_transposed=True), conv], 80, limit=1)
-    library = build_profiler(jobs, 80, tmp_path)
-    manifest = json.loads((tmp_path / "profile.json").read_text())
-    assert [j["op"] for j in manifest["jobs"]] == ["gemm", "conv2d"]
-    lib = tvm.runtime.load_module(str(library))
-    t = {n: tvm.runtime.tensor(np.ones(s, "float16")) for n, s in (("a", (128, 64)), ("b", (64, 64)), ("d", (128, 64)))}
-    gemm_fn = lib.get_function(manifest["jobs"][0]["candidates"][0]["function"])
-    with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
-        gemm_fn(t["a"], t["b"], t["d"], 128, 64, 64, True, 1)
-    x, w, y = (tvm.runtime.tensor(np.ones(s, "float16")) for s in ((1, 8, 8, 16), (16, 3, 3, 16), (1, 8, 8, 16)))
-    conv_fn = lib.get_function(manifest["jobs"][1]["candidates"][0]["function"])
     import tvm_ffi
 
+    from relax_cutlass.kernel_spec import Conv2dProblem, Epilogue, GemmProblem
+    from relax_cutlass.profile import ProfileJob, build_profiler, plan_jobs
+
+    conv = Conv2dProblem(n=1, h=8, w=8, c=16, k=16, r=3, s=3, p=8, q=8, pad=(1, 1))
+    gemm, conv_job = plan_jobs([GemmProblem(m=128, n=64, k=64, b_transposed=True), conv], 80, limit=1)
+    gelu = Epilogue(bias=True, activation="gelu")
+    (kernel, split), *_ = gemm.candidates
+    fused = ProfileJob(
+        dataclasses.replace(gemm.key, epilogue="bias+gelu"),
+        gemm.problem,
+        ((dataclasses.replace(kernel, epilogue=gelu), split),),
+        gelu,
+    )
+    library = build_profiler([fused, conv_job], 80, tmp_path)
+    manifest = json.loads((tmp_path / "profile.json").read_text())
+    assert [j["op"] for j in manifest["jobs"]] == ["gemm", "conv2d"]
+    assert manifest["jobs"][0]["epilogue"] == dataclasses.asdict(gelu)
+    assert manifest["jobs"][0]["key"]["epilogue"] == "bias+gelu"
+    lib = tvm.runtime.load_module(str(library))
+
+    def tensor(*shape):
+        return tvm.runtime.tensor(np.ones(shape, "float16"))
+
+    gemm_fn = lib.get_function(manifest["jobs"][0]["candidates"][0]["function"])
     with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
-        conv_fn(x, w, y, tvm_ffi.Shape(manifest["jobs"][1]["conv"]), 1, 1)
+        gemm_fn(tensor(128, 64), tensor(64, 64), tensor(64), tensor(1), tensor(128, 64), 128, 64, 64, True, 1)
+    conv_fn = lib.get_function(manifest["jobs"][1]["candidates"][0]["function"])
+    x, w, y = tensor(1, 8, 8, 16), tensor(16, 3, 3, 16), tensor(1, 8, 8, 16)
+    with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
+        conv_fn(x, w, tensor(1), tensor(1), y, tvm_ffi.Shape(manifest["jobs"][1]["conv"]), 1, 1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -1,6 +1,7 @@
 """Tuning database (keys, corruption, foreign versions, concurrency) and build-time selection with
 and without records, plus the profiler's plan; all CPU."""
 
+import dataclasses
 import json
 import multiprocessing
 import warnings
@@ -10,7 +11,7 @@ import pytest
 import relax_cutlass
 from relax_cutlass.kernel_spec import Epilogue, GemmProblem
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.profile import gemm_candidates, plan_jobs
+from relax_cutlass.profile import candidate_label, gemm_candidates, plan_epilogue_jobs, plan_jobs, stage2_reason
 from relax_cutlass.select import choose_kernel
 from relax_cutlass.tuning import (
     M_BUCKETS,
@@ -270,13 +271,82 @@ def test_a_build_on_the_target_gpu_profiles_database_misses_once(monkeypatch, tm
     db = tmp_path / "tuning.jsonl"
     mod = dense_epilogue_model(512, 1024, 256, activation="gelu")
     (region,) = _regions(mod, tuning_db=str(db))
-    (jobs,) = gpu.built
-    assert len(jobs) == 1 and all(k.epilogue == Epilogue() for k, _ in jobs[0].candidates)  # no epilogue
-    assert region.kernel.selected_by == "tuned" and region.kernel.epilogue.activation == "gelu"
-    assert region.kernel.tile.describe() == jobs[0].candidates[1][0].tile.describe()
-    assert "profiling 1 problem(s)" in capsys.readouterr().err
+    main_loops, fused = gpu.built  # stage 1, then stage 2 from stage 1's records
+    assert len(main_loops) == 1 and all(k.epilogue == Epilogue() for k, _ in main_loops[0].candidates)
+    (job,) = fused
+    assert job.key.epilogue == "bias+gelu" and all(k.epilogue == region.kernel.epilogue for k, _ in job.candidates)
+    # stage 2 times the heuristic's kernel and stage 1's fastest main loop, each with the epilogue
+    tiles = [k.tile for k, _ in job.candidates]
+    assert tiles == [main_loops[0].candidates[0][0].tile, main_loops[0].candidates[1][0].tile]
+    assert region.kernel.selected_by == "tuned" and region.kernel.tile == tiles[1]
+    assert "with its bias+gelu epilogue" in region.kernel.note
+    err = capsys.readouterr().err
+    assert "main loops of 1 problem(s)" in err and "epilogues of 1 problem(s)" in err
     _regions(mod, tuning_db=str(db))  # a rebuild hits the records: nothing is profiled again
-    assert len(gpu.built) == 1
+    assert len(gpu.built) == 2
+
+
+def _stage1(problem, timings: dict, arch=90):
+    """A stage-1 record with these main-loop timings (None: failed the check); the fastest wins."""
+    ok = {t: ms for t, ms in timings.items() if ms is not None}
+    best = min(ok, key=ok.get)
+    return TuningRecord(gemm_key(problem, arch, 90, problem.m), best, ok[best], candidates=timings, device="test GPU")
+
+
+def test_stage_two_times_the_fastest_correct_main_loops_and_the_heuristic_with_the_epilogue(tmp_path):
+    heuristic = choose_kernel(PROBLEM, Epilogue(), 90).tile.describe()
+    others = [t.describe() for t in gemm_candidates(PROBLEM, 90, 90, 6)[1:]]
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    # the fastest main loop failed its check; then others[1] < others[2] < heuristic < others[3]
+    timings = {others[0]: None, others[1]: 0.040, others[2]: 0.041, heuristic: 0.045, others[3]: 0.050}
+    db.add([_stage1(PROBLEM, timings)])
+    gelu, residual = Epilogue(bias=True, activation="gelu"), Epilogue(bias=True, residual=True)
+    jobs = plan_epilogue_jobs([(PROBLEM, gelu), (PROBLEM, gelu), (PROBLEM, residual)], 90, db, top_k=2)
+    assert [j.key.epilogue for j in jobs] == ["bias+gelu", "bias+residual_add"]  # one job per kind
+    for job in jobs:
+        assert [k.tile.describe() for k, _ in job.candidates] == [heuristic, others[1], others[2]]
+        assert all(k.epilogue == job.epilogue and k.selected_by == "profiling" for k, _ in job.candidates)
+    # no stage-1 record, no epilogue, or a custom activation: no stage-2 job
+    other = GemmProblem(m=1024, n=4096, k=1024, b_transposed=True)
+    assert plan_epilogue_jobs([(other, gelu), (PROBLEM, Epilogue())], 90, db) == []
+    assert stage2_reason(Epilogue()) and stage2_reason(gelu) is None
+
+
+def test_selection_prefers_the_timing_with_the_epilogue(tmp_path):
+    """A main loop that ranks first alone can lose once its epilogue runs: the stage-2 record
+    decides; without one (another epilogue), stage 1's choice stands."""
+    heuristic = choose_kernel(PROBLEM, Epilogue(), 90).tile.describe()
+    alone, fused = [t.describe() for t in gemm_candidates(PROBLEM, 90, 90, 3)[1:]]
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    db.add([_stage1(PROBLEM, {heuristic: 0.050, alone: 0.045, fused: 0.048})])
+    gelu = Epilogue(bias=True, activation="gelu")
+    key = dataclasses.replace(gemm_key(PROBLEM, 90, 90, PROBLEM.m), epilogue="bias+gelu")
+    db.add([TuningRecord(key, fused, 0.060, candidates={heuristic: 0.066, alone: 0.064, fused: 0.060}, device="g")])
+    kernel = choose_kernel(PROBLEM, gelu, 90, db=db)
+    assert kernel.selected_by == "tuned" and kernel.tile.describe() == fused
+    assert "60.0 us with its bias+gelu epilogue" in kernel.note
+    relu = choose_kernel(PROBLEM, Epilogue(bias=True, activation="relu"), 90, db=db)
+    assert relu.tile.describe() == alone and "without epilogue" in relu.note
+
+
+def test_stage_two_never_splits_a_conv_with_a_residual(tmp_path):
+    from relax_cutlass.kernel_spec import Conv2dProblem
+    from relax_cutlass.profile import conv2d_candidates
+    from relax_cutlass.tuning import conv2d_key
+
+    conv = Conv2dProblem(n=1, h=7, w=7, c=512, k=512, r=3, s=3, p=7, q=7, pad=(1, 1))
+    labels = [candidate_label(t, s) for t, s in conv2d_candidates(conv, 90, 12)]
+    assert any("_splitk" in label for label in labels)
+    timings = {label: 0.01 + 0.001 * i for i, label in enumerate(reversed(labels))}  # split-K ones fastest
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    db.add([TuningRecord(conv2d_key(conv, 90), labels[-1], 0.01, candidates=timings, device="g")])
+    block = Epilogue(bias=True, residual=True, residual_activation="relu")
+    (residual,) = plan_epilogue_jobs([(conv, block)], 90, db, top_k=3)
+    # split tiles are timed unsplit with a residual: still the heuristic's and three more tiles
+    assert all(split == 1 for _, split in residual.candidates)
+    assert len({k.tile for k, _ in residual.candidates}) == 4
+    (relu,) = plan_epilogue_jobs([(conv, Epilogue(bias=True, activation="relu"))], 90, db, top_k=3)
+    assert any(split > 1 for _, split in relu.candidates)
 
 
 def test_without_a_database_the_records_go_to_the_cache(monkeypatch, tmp_path):
