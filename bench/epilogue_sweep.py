@@ -1,0 +1,201 @@
+"""Fused-epilogue sweep on the GPU host: every SM90 configuration with dense + bias + gelu, and one
+configuration with each epilogue, at the benchmark's large shapes, next to cuBLAS in the same run.
+
+    .venv/bin/python bench/epilogue_sweep.py build --out build/sweep          # here (nvcc)
+    python3 bench/epilogue_sweep.py run build/sweep $OUT/sweep.json           # GPU host (runtime + torch)
+
+Issue 6's question is where a fused GELU's time goes: the main loop, the epilogue's math, or its
+stores. The profiler library of relax_cutlass.profile times each kernel with its epilogue (checked
+against a float32 reference first), so the sweep needs no TVM build per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (M, N, K): the benchmark's shapes with M >= 4096, where fused gelu must match cuBLAS's plain matmul.
+SHAPES = ((4096, 4096, 1024), (4096, 1024, 4096), (8192, 4096, 1024), (8192, 1024, 4096), (8192, 8192, 8192))
+GELU_TILES = (
+    "tb128x128x64_c2x1x1_pingpong",
+    "tb128x128x64_c1x2x1_pingpong",
+    "tb64x256x64_c1x2x1_pingpong",
+    "tb64x256x64_c2x1x1_pingpong",
+    "tb128x256x64_c2x1x1_pingpong",
+    "tb128x256x64_c1x2x1_cooperative",
+    "tb128x256x64_c2x1x1_cooperative",
+    "tb256x128x64_c1x2x1_cooperative",
+    "tb256x128x64_c2x1x1_cooperative",
+    "tb128x128x64_c1x2x1_cooperative_streamk",
+    "tb256x128x64_c1x2x1_cooperative_streamk",
+)
+# The erf GELU with its math in one out-of-line device function instead of unrolled into every
+# fragment of the epilogue (4096 -> 1864 SASS instructions for the 128x128 ping-pong kernel): is the
+# cost the math, or the code size?
+OUTLINED_TILES = (
+    "tb128x128x64_c2x1x1_pingpong",
+    "tb128x256x64_c1x2x1_cooperative",
+    "tb128x256x64_c2x1x1_cooperative",
+    "tb256x128x64_c1x2x1_cooperative",
+)
+GELU_OUTLINED = r"""
+__device__ __noinline__ float relax_cutlass_gelu_erf(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+}
+template <typename T>
+struct RelaxCutlassGeluOutlined {
+  static const bool kIsHeavy = true;
+  CUTLASS_HOST_DEVICE T operator()(T const& value) const {
+#if defined(__CUDA_ARCH__)
+    return static_cast<T>(relax_cutlass_gelu_erf(static_cast<float>(value)));
+#else
+    float x = static_cast<float>(value);
+    return static_cast<T>(0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)));
+#endif
+  }
+};
+template <typename T, int N>
+struct RelaxCutlassGeluOutlined<cutlass::Array<T, N>> {
+  static const bool kIsHeavy = true;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
+    RelaxCutlassGeluOutlined<T> scalar;
+    cutlass::Array<T, N> result;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) result[i] = scalar(value[i]);
+    return result;
+  }
+};
+"""
+
+
+def _register_outlined() -> None:
+    from relax_cutlass.kernel_spec import ACTIVATIONS, Activation
+    from relax_cutlass.profile_runner import ACTIVATION_REFERENCE
+
+    ACTIVATIONS["gelu_outlined"] = Activation(
+        "gelu_outlined", "RelaxCutlassGeluOutlined", is_heavy=True, definition=GELU_OUTLINED
+    )
+    ACTIVATION_REFERENCE["gelu_outlined"] = ACTIVATION_REFERENCE["gelu"]
+
+
+# One configuration, every epilogue: what each step of the fused gelu costs.
+EPILOGUE_TILE = "tb128x128x64_c2x1x1_pingpong"
+EPILOGUES = {
+    "none": {},
+    "bias": {"bias": True},
+    "bias+relu": {"bias": True, "activation": "relu"},
+    "bias+gelu_tanh": {"bias": True, "activation": "gelu_tanh"},
+    "bias+gelu": {"bias": True, "activation": "gelu"},
+    "bias+residual_add": {"bias": True, "residual": True},
+    "bias+gelu_outlined": {"bias": True, "activation": "gelu_outlined"},
+}
+
+
+def build(args) -> int:
+    from relax_cutlass.kernel_spec import Epilogue, GemmKernel, GemmProblem
+    from relax_cutlass.profile import ProfileJob, build_profiler
+    from relax_cutlass.select import candidate_tiles_sm90
+    from relax_cutlass.tuning import epilogue_key, gemm_key
+
+    _register_outlined()
+    tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
+    jobs = []
+    for m, n, k in SHAPES:
+        problem = GemmProblem(m=m, n=n, k=k, b_transposed=True)
+        for name, fields in EPILOGUES.items():
+            epilogue = Epilogue(**fields)
+            names = {"bias+gelu": GELU_TILES, "bias+gelu_outlined": OUTLINED_TILES}.get(name, (EPILOGUE_TILE,))
+            key = dataclasses.replace(gemm_key(problem, 90, 90, m), epilogue=epilogue_key(epilogue) or "none")
+            kernels = tuple(
+                (GemmKernel(problem, epilogue, tiles[t], arch=90, target=90, selected_by="profiling"), 1) for t in names
+            )
+            jobs.append(ProfileJob(key, problem, kernels, epilogue))
+    print(f"{len(jobs)} jobs, {len({k.name for j in jobs for k in j.kernels})} kernels", flush=True)
+    build_profiler(jobs, 90, Path(args.out))
+    print(f"built {args.out}")
+    return 0
+
+
+def _torch_peers(m: int, n: int, k: int) -> dict:
+    """cuBLAS: the plain matmul, and eager linear + bias + gelu (two kernels), median of CUDA events."""
+    import torch
+    import torch.nn.functional as F
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.float16)
+
+    def timed(fn, iterations: int = 50) -> float:
+        for _ in range(5):
+            fn()
+        samples = []
+        for _ in range(7):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iterations):
+                fn()
+            stop.record()
+            stop.synchronize()
+            samples.append(start.elapsed_time(stop) / iterations)
+        return statistics.median(samples)
+
+    iterations = 10 if m * n * k > 2**36 else 50
+    return {
+        "cublas_mm_ms": timed(lambda: a @ w.T, iterations),
+        "torch_linear_gelu_ms": timed(lambda: F.gelu(F.linear(a, w, b)), iterations),
+    }
+
+
+def run(args) -> int:
+    from relax_cutlass.profile_runner import run_profiler
+
+    _register_outlined()
+    directory, out = Path(args.directory), Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        records = run_profiler(directory, Path(tmp) / "sweep.jsonl", repeat=args.repeat)
+    rows = []
+    for record in records:
+        m, n, k = record.key.shape
+        for label, ms in record.candidates.items():
+            rows.append({"m": m, "n": n, "k": k, "epilogue": record.key.epilogue, "tile": label, "ms": ms})
+    peers = {f"{m}x{n}x{k}": _torch_peers(m, n, k) for m, n, k in SHAPES}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": rows, "peers": peers}, indent=1))
+    print(f"\n{'M x N x K':>18} {'epilogue':>18} {'tile':>42} {'us':>8} {'TFLOP/s':>8} {'vs cuBLAS mm':>12}")
+    for row in rows:
+        if row["ms"] is None:
+            continue
+        peer = peers[f"{row['m']}x{row['n']}x{row['k']}"]
+        tflops = 2 * row["m"] * row["n"] * row["k"] / row["ms"] / 1e9
+        shape = f"{row['m']}x{row['n']}x{row['k']}"
+        ratio = peer["cublas_mm_ms"] / row["ms"]
+        print(f"{shape:>18} {row['epilogue']:>18} {row['tile']:>42} {row['ms'] * 1e3:8.1f} {tflops:8.0f} {ratio:12.2f}")
+    for shape, peer in peers.items():
+        mm, fused = peer["cublas_mm_ms"] * 1e3, peer["torch_linear_gelu_ms"] * 1e3
+        print(f"{shape:>18} cuBLAS mm {mm:.1f} us, torch linear+gelu {fused:.1f} us")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", default="build/sweep")
+    r = sub.add_parser("run")
+    r.add_argument("directory")
+    r.add_argument("out")
+    r.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    return build(args) if args.command == "build" else run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
