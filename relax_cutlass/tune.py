@@ -20,6 +20,7 @@ from pathlib import Path
 MODELS = ("bert", "bench", "resnet50", "conv_bench", "bert_large")
 RESNET_BATCHES = (32, 1)
 BERT_LARGE_BATCHES = (8, 1)  # x seq: the BERT-large benchmark's shapes
+BENCH_EPILOGUES = ({"activation": "gelu"}, {"residual": True})  # the GPU suite's bench cases (bias + ...)
 
 
 def _model_modules(model: str, batch: int, seq: int) -> list:
@@ -35,9 +36,13 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
     if model == "bert":
         mod = bert_encoder_layer(batch=batch, seq=seq)
         return [bind_weights(mod, random_weights(mod))]
-    if model == "bench":  # the dense benchmark shapes of bench/ (weights as parameters: (N, K) "dense" B)
+    if model == "bench":  # the dense benchmark cases of bench/ (weights as parameters: (N, K) "dense" B)
         shapes = [(m, k, n) for m in (1024, 4096, 8192) for k, n in ((1024, 4096), (4096, 1024))]
-        mods = [dense_epilogue_model(m, n, k) for m, k, n in [*shapes, (8192, 8192, 8192)]]
+        mods = [
+            dense_epilogue_model(m, n, k, **epilogue)
+            for m, k, n in [*shapes, (8192, 8192, 8192)]
+            for epilogue in BENCH_EPILOGUES
+        ]
         return [*mods, dense_epilogue_model("m", 4096, 1024)]  # symbolic M: tuned per M bucket
     if model == "conv_bench":  # the ResNet-50 3x3 stages of bench/, batch 32 and 1
         stages = ((56, 64), (28, 128), (14, 256), (7, 512))
