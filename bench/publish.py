@@ -153,8 +153,9 @@ def tuning_table(records: list[dict]) -> str:
             first = stage1.get(json.dumps({**key, "epilogue": ""}, sort_keys=True))
             pick = _label(first) if first else None
             p_ms = cands.get(pick) if pick else None
-            if pick and p_ms is None and pick.split("_splitk")[0] in cands:
-                pick = pick.split("_splitk")[0]  # with a residual, stage 2 times the tile unsplit
+            unsplit = re.sub(r"_splitk\d+$", "", pick or "")
+            if pick and p_ms is None and unsplit in cands:
+                pick = unsplit  # with a residual, stage 2 times the tile unsplit
                 p_ms = cands.get(pick)
             lines.append(
                 f"| {key['op']} | {_shape(key)} | {key['epilogue']} | {heuristic} | {_us(h_ms)} | {pick or '-'} "

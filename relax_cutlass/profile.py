@@ -55,7 +55,7 @@ from .select import (
     under_fills,
 )
 from .templates import CONV2D_ARGS, GEMM_ARGS
-from .tuning import M_BUCKETS, TuningKey, conv2d_key, epilogue_key, gemm_key
+from .tuning import M_BUCKETS, TuningKey, conv2d_key, epilogue_key, gemm_key, parse_label
 
 DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)
 DEFAULT_TOP_K = 3  # stage 2: main loops re-timed with each epilogue, besides the heuristic's (--top-k)
@@ -178,9 +178,9 @@ def _by_label(pool, record) -> list[tuple[TileConfig, int]]:
     timed = sorted((ms, label) for label, ms in record.candidates.items() if ms is not None)
     ranked = []
     for _, label in timed:
-        name, _, split = label.partition("_splitk")
+        name, split = parse_label(label)
         if name in tiles:
-            ranked.append((tiles[name], int(split or 1)))
+            ranked.append((tiles[name], split))
     return ranked
 
 

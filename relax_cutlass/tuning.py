@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -67,6 +68,14 @@ M_BUCKETS = (64, 256, 1024, 4096, 16384)  # a symbolic M is tuned at these value
 def m_bucket(m: int) -> int:
     """The tuned M that stands for `m`: the smallest bucket >= m (the largest past the end)."""
     return next((b for b in M_BUCKETS if m <= b), M_BUCKETS[-1])
+
+
+def parse_label(label: str) -> tuple[str, int]:
+    """A candidate label (profile.candidate_label) -> (TileConfig.describe() name, split-K slices).
+    Only a numbered suffix is a serial split-K count: SM90's split-K *scheduler* is part of the
+    tile's own name ("..._cooperative_splitk")."""
+    match = re.fullmatch(r"(.*)_splitk(\d+)", label)
+    return (match.group(1), int(match.group(2))) if match else (label, 1)
 
 
 def epilogue_key(epilogue: Epilogue) -> str:
