@@ -112,7 +112,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[Region]:
     regions = []
     for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
         if isinstance(problem, AttentionProblem):
-            kernel, extra = choose_attention_kernel(problem, options.arch), {}
+            kernel, extra = choose_attention_kernel(problem, options.arch, db if not options.tile else None), {}
         elif isinstance(problem, Conv2dProblem):
             kernel, split_k = choose_conv2d_kernel(
                 problem, spec.epilogue, options.arch, 1, options.family, options.tile, db

@@ -30,6 +30,7 @@ from .emit import emit_kernel
 from .kernel_spec import (
     ACTIVATIONS,
     SPLIT_K_MIN_ITERATIONS,
+    AttentionKernel,
     AttentionProblem,
     Conv2dKernel,
     Conv2dProblem,
@@ -44,9 +45,12 @@ from .select import (
     _fitting,
     _rank_sm80,
     _smem_bytes,
+    attention_label,
+    attention_tiles,
     candidate_conv2d_tiles,
     candidate_tiles,
     candidate_tiles_sm90,
+    choose_attention_kernel,
     choose_conv2d_kernel,
     choose_kernel,
     choose_split_k,
@@ -54,8 +58,8 @@ from .select import (
     sm90_fallback_reason,
     under_fills,
 )
-from .templates import CONV2D_ARGS, GEMM_ARGS
-from .tuning import M_BUCKETS, TuningKey, conv2d_key, epilogue_key, gemm_key, parse_label
+from .templates import ATTENTION_ARGS, CONV2D_ARGS, GEMM_ARGS
+from .tuning import M_BUCKETS, TuningKey, attention_key, conv2d_key, epilogue_key, gemm_key, parse_label
 
 DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)
 DEFAULT_TOP_K = 3  # stage 2: main loops re-timed with each epilogue, besides the heuristic's (--top-k)
@@ -144,7 +148,10 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
     jobs: dict[TuningKey, ProfileJob] = {}
     for problem in problems:
         if isinstance(problem, AttentionProblem):
-            continue  # one configuration per head dim: nothing to choose between (see select)
+            job = _attention_job(problem, arch)
+            if job is not None:
+                jobs.setdefault(job.key, job)
+            continue
         if isinstance(problem, Conv2dProblem):
             if problem.n is None:
                 continue  # symbolic batch: the heuristic (the report says so)
@@ -165,6 +172,24 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
             )
             jobs.setdefault(key, ProfileJob(key, concrete, candidates))
     return list(jobs.values())
+
+
+def _attention_job(problem: AttentionProblem, arch: int) -> ProfileJob | None:
+    """The rule's tile, then the other one, for a static problem with a choice (head dims <= 64)."""
+    if None in (problem.batch, problem.seq_q, problem.seq_kv) or len(attention_tiles(problem)) < 2:
+        return None  # symbolic sizes, or one tile: the rule (the report says so)
+    chosen = dataclasses.replace(choose_attention_kernel(problem, arch), selected_by="profiling", note="")
+    tiles = [(chosen.queries_per_block, chosen.keys_per_block)]
+    tiles += [t for t in attention_tiles(problem) if t != tiles[0]]
+    candidates = tuple((dataclasses.replace(chosen, queries_per_block=q, keys_per_block=k), 1) for q, k in tiles)
+    return ProfileJob(attention_key(problem, arch), problem, candidates)
+
+
+def kernel_label(kernel: GemmKernel | Conv2dKernel | AttentionKernel, split_k: int = 1) -> str:
+    """A candidate kernel's name in profile manifests and tuning records."""
+    if isinstance(kernel, AttentionKernel):
+        return attention_label(kernel.queries_per_block, kernel.keys_per_block)
+    return candidate_label(kernel.tile, split_k)
 
 
 def candidate_label(tile: TileConfig, split_k: int = 1) -> str:
@@ -272,6 +297,21 @@ double profile_${index}(TensorView x, TensorView w, TensorView bias, TensorView 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
+PROFILE_ATTENTION = Template("""\
+double profile_${index}(TensorView q, TensorView k, TensorView v, TensorView out, tvm::ffi::Shape shape,
+                        double scale, int64_t iterations) {
+  // shape: batch, seq_q, seq_kv, heads, head_dim, head_dim_value; q, k, v, out packed BSNH
+  const int64_t b = shape[0], s = shape[1], t = shape[2], n = shape[3], h = shape[4], dv = shape[5];
+  RelaxCutlassAttentionArgs args{b, n, s, t, h, dv,
+                                 Data(q), s * n * h, n * h, h,
+                                 Data(k), t * n * h, n * h, h,
+                                 Data(v), t * n * dv, n * dv, dv,
+                                 const_cast<void*>(Data(out)), static_cast<float>(scale)};
+  return TimeLaunches(out, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
+""")
+
 PROFILER_TU = Template("""\
 // relax_cutlass profiler: one timing function per candidate kernel.
 #include <cstdint>
@@ -325,12 +365,14 @@ def _job_entry(job: ProfileJob, index: dict[str, int]) -> dict:
     }
     if isinstance(p, Conv2dProblem):
         entry["conv"] = [p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q, *p.pad, *p.stride, *p.dilation]
+    elif isinstance(p, AttentionProblem):
+        entry |= {"attention": list(job.key.shape), "scale": p.scale}
     else:
         entry |= {"m": p.m, "n": p.n, "k": p.k, "b_transposed": p.b_transposed}
-    labels = [candidate_label(k.tile, s) for k, s in job.candidates]
+    labels = [kernel_label(k, s) for k, s in job.candidates]
     entry["heuristic"] = labels[0]  # the candidate lists put the heuristic's choice first
     entry["candidates"] = [
-        {"label": label, "tile": k.tile.describe(), "split_k": s, "kernel": k.name,
+        {"label": label, "tile": parse_label(label)[0], "split_k": s, "kernel": k.name,
          "function": f"relax_cutlass_profile_{index[k.name]}"}
         for label, (k, s) in zip(labels, job.candidates, strict=True)
     ]  # fmt: skip
@@ -344,13 +386,16 @@ def build_profiler(jobs: list[ProfileJob], arch: int, out: Path, jobs_parallel: 
     kernels = {k.name: k for job in jobs for k in job.kernels}
     names = sorted(kernels)
     index = {name: i for i, name in enumerate(names)}
-    conv = {n for n in names if isinstance(kernels[n], Conv2dKernel)}
-    arg_type = {n: "RelaxCutlassConv2dArgs" if n in conv else "RelaxCutlassGemmArgs" for n in names}
+    kinds = {  # per kernel class: its argument struct and timing function
+        GemmKernel: ("RelaxCutlassGemmArgs", PROFILE_GEMM),
+        Conv2dKernel: ("RelaxCutlassConv2dArgs", PROFILE_CONV2D),
+        AttentionKernel: ("RelaxCutlassAttentionArgs", PROFILE_ATTENTION),
+    }
     glue = PROFILER_TU.substitute(
-        args=GEMM_ARGS + CONV2D_ARGS,
-        decls="\n".join(f'extern "C" const char* {n}_run(const {arg_type[n]}*, void*);' for n in names),
+        args=GEMM_ARGS + CONV2D_ARGS + ATTENTION_ARGS,
+        decls="\n".join(f'extern "C" const char* {n}_run(const {kinds[type(kernels[n])][0]}*, void*);' for n in names),
         functions="\n".join(
-            (PROFILE_CONV2D if n in conv else PROFILE_GEMM).substitute(
+            kinds[type(kernels[n])][1].substitute(
                 index=index[n],
                 kernel=n,
                 bias="Data(bias)" if kernels[n].epilogue.bias else "nullptr",

@@ -111,6 +111,8 @@ def _problem(job: dict, rng: np.random.Generator, tvm, dev):
     never zero; bias and residual are stand-ins of one element unless the epilogue reads them."""
     dtype = job["dtype"]
     epilogue = job.get("epilogue", {})
+    if job["op"] == "attention":
+        return _attention_problem(job, rng, tvm, dev)
     if job["op"] == "conv2d":
         g = job["conv"]
         n, h, wd, c, k, r, s, p, q = g[:9]
@@ -135,6 +137,25 @@ def _problem(job: dict, rng: np.random.Generator, tvm, dev):
         return fn(*tensors, out, *extra, iterations)
 
     return out_shape, want, call
+
+
+def _attention_problem(job: dict, rng: np.random.Generator, tvm, dev):
+    """q, k, v as packed BSNH tensors; the reference is softmax(q k^T * scale) v per head (float32)."""
+    b, s, t, n, h, dv = job["attention"]
+    q = rng.uniform(-1, 1, size=(b, s, n, h)).astype(job["dtype"])
+    k = rng.uniform(-1, 1, size=(b, t, n, h)).astype(job["dtype"])
+    v = rng.uniform(-1, 1, size=(b, t, n, dv)).astype(job["dtype"])
+    scores = np.einsum("bsnh,btnh->bnst", q.astype("float32"), k.astype("float32")) * job["scale"]
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.einsum("bnst,btnv->bsnv", probs, v.astype("float32"))
+    tensors = [tvm.runtime.tensor(x, dev) for x in (q, k, v)]
+    shape = tvm_ffi.Shape(job["attention"])
+
+    def call(fn, out, _split_k, iterations):
+        return fn(*tensors, out, shape, float(job["scale"]), iterations)
+
+    return (b, s, n, dv), want, call
 
 
 def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> list[TuningRecord]:

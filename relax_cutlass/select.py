@@ -36,7 +36,7 @@ from .kernel_spec import (
     GemmProblem,
     TileConfig,
 )
-from .tuning import conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
+from .tuning import attention_key, conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
 
 # Shared memory a CTA may use, per SM generation (bytes).
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -431,12 +431,22 @@ def choose_conv2d_kernel(
     return kernel, choose_split_k(gemm, chosen, arch, epilogue)
 
 
-def choose_attention_kernel(problem: AttentionProblem, arch: int) -> AttentionKernel:
-    """The fused attention kernel for `problem`: xFormers' (and TVM's) tile rule. Head dims up to
-    64 take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay
-    in registers across the key loop. A known problem whose 64-query CTAs would leave more than
-    half of the SMs idle (BERT at batch 1: 32 CTAs) also takes 32 x 128, for twice the CTAs. The
-    SM80 kernel serves sm_90a too (the report says so)."""
+ATTENTION_TILES = ((64, 64), (32, 128))  # (queries, keys) per CTA: xFormers' forward configurations
+
+
+def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
+    """The (queries, keys) tiles that can run `problem`: 64 x 64 keeps at most 64 value columns
+    in registers, so wider heads have only 32 x 128."""
+    return [t for t in ATTENTION_TILES if problem.head_dim_value <= 64 or t[1] == 128]
+
+
+def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> AttentionKernel:
+    """The fused attention kernel for `problem`: the tuning database's measured tile when `db`
+    has a record for it (static sizes), else xFormers' (and TVM's) tile rule. Head dims up to 64
+    take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay in
+    registers across the key loop. A known problem whose 64-query CTAs would leave more than half
+    of the SMs idle (BERT at batch 1: 32 CTAs) also takes 32 x 128, for twice the CTAs. The SM80
+    kernel serves sm_90a too (the report says so)."""
     widest = max(problem.head_dim, problem.head_dim_value)
     queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
     known = problem.batch is not None and problem.seq_q is not None
@@ -450,4 +460,26 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int) -> AttentionKe
         queries, keys = 32, 128
     aligned = problem.alignment == 8
     note = "SM80 fused attention kernel (no SM90 one yet)" if arch >= 90 else ""
-    return AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
+    kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
+    if db is None or len(attention_tiles(problem)) < 2:
+        return kernel
+    if not known or problem.seq_kv is None:
+        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))
+    record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
+    tiles = {attention_label(*t): t for t in attention_tiles(problem)}
+    if record is None or choice[0] not in tiles:
+        why = "no tuning record" if record is None else f"tuning record names {choice[0]!r}"
+        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, f"{why}: heuristic"])))
+    queries, keys = tiles[choice[0]]
+    return dataclasses.replace(
+        kernel,
+        queries_per_block=queries,
+        keys_per_block=keys,
+        selected_by="tuned",
+        note="; ".join(filter(None, [note, tuned_note])),
+    )
+
+
+def attention_label(queries: int, keys: int) -> str:
+    """An attention tile's name in profile manifests and tuning records."""
+    return f"q{queries}_k{keys}"

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .kernel_spec import Conv2dProblem, Epilogue, GemmProblem
+from .kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -40,10 +40,12 @@ class TuningKey:
     """Everything a measured choice depends on. Two problems with equal keys get the same kernel."""
 
     arch: int  # the SM the kernels are built for
-    op: str  # "gemm" | "conv2d"
-    shape: tuple[int, ...]  # gemm: (M, N, K) with M the tuned bucket; conv2d: (N, H, W, C, K, R, S, P, Q)
+    op: str  # "gemm" | "conv2d" | "attention"
+    # gemm: (M, N, K) with M the tuned bucket; conv2d: (N, H, W, C, K, R, S, P, Q);
+    # attention: (batch, seq_q, seq_kv, heads, head_dim, head_dim_value)
+    shape: tuple[int, ...]
     geometry: tuple[int, ...]  # conv2d: (pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w); gemm: ()
-    layout: str  # gemm: "tn" (B as (N, K)) | "nn"; conv2d: "nhwc"
+    layout: str  # gemm: "tn" (B as (N, K)) | "nn"; conv2d: "nhwc"; attention: "bsnh" (as profiled)
     element: str  # input dtype
     element_out: str
     accumulator: str
@@ -108,6 +110,24 @@ def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
         shape=(p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q),
         geometry=(*p.pad, *p.stride, *p.dilation),
         layout="nhwc",
+        element=p.element,
+        element_out=p.element,
+        accumulator=p.element_accumulator,
+        alignment=p.alignment,
+        family=80,
+    )
+
+
+def attention_key(problem: AttentionProblem, arch: int) -> TuningKey:
+    """The key of a fused attention problem with static sizes (the SM80 kernel family). The
+    kernel reads q, k and v through strides, so one timing on BSNH tensors serves every layout."""
+    p = problem
+    return TuningKey(
+        arch=arch,
+        op="attention",
+        shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
+        geometry=(),
+        layout="bsnh",
         element=p.element,
         element_out=p.element,
         accumulator=p.element_accumulator,

@@ -82,21 +82,25 @@ def test_conv2d_residual_block_exports(tmp_path):
 
 
 def test_profiler_library_exports_callable_timing_functions(tmp_path):
-    """A GEMM candidate with its epilogue (stage 2) and a conv2d one without (stage 1) built into a
-    profiler; its functions take the runner's arguments (tensors, bias and residual, sizes, a Shape
-    of conv geometry) and, with no GPU here, fail with the kernel's own clear error rather than a
-    type or symbol error."""
+    """A GEMM candidate with its epilogue (stage 2), a conv2d one without (stage 1) and a fused
+    attention one built into a profiler; its functions take the runner's arguments (tensors, bias
+    and residual, sizes, a Shape of conv or attention sizes) and, with no GPU here, fail with the
+    kernel's own clear error rather than a type or symbol error."""
     import dataclasses
     import json
 
     import numpy as np
     import tvm_ffi
 
-    from relax_cutlass.kernel_spec import Conv2dProblem, Epilogue, GemmProblem
+    from relax_cutlass.kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
     from relax_cutlass.profile import ProfileJob, build_profiler, plan_jobs
 
     conv = Conv2dProblem(n=1, h=8, w=8, c=16, k=16, r=3, s=3, p=8, q=8, pad=(1, 1))
-    gemm, conv_job = plan_jobs([GemmProblem(m=128, n=64, k=64, b_transposed=True), conv], 80, limit=1)
+    attention = AttentionProblem(batch=2, heads=4, seq_q=64, seq_kv=64, head_dim=64, head_dim_value=64, scale=0.125)
+    gemm, conv_job, attention_job = plan_jobs(
+        [GemmProblem(m=128, n=64, k=64, b_transposed=True), conv, attention], 80, limit=1
+    )
+    attention_job = dataclasses.replace(attention_job, candidates=attention_job.candidates[:1])
     gelu = Epilogue(bias=True, activation="gelu")
     (kernel, split), *_ = gemm.candidates
     fused = ProfileJob(
@@ -105,9 +109,9 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
         ((dataclasses.replace(kernel, epilogue=gelu), split),),
         gelu,
     )
-    library = build_profiler([fused, conv_job], 80, tmp_path)
+    library = build_profiler([fused, conv_job, attention_job], 80, tmp_path)
     manifest = json.loads((tmp_path / "profile.json").read_text())
-    assert [j["op"] for j in manifest["jobs"]] == ["gemm", "conv2d"]
+    assert [j["op"] for j in manifest["jobs"]] == ["gemm", "conv2d", "attention"]
     assert manifest["jobs"][0]["epilogue"] == dataclasses.asdict(gelu)
     assert manifest["jobs"][0]["key"]["epilogue"] == "bias+gelu"
     lib = tvm.runtime.load_module(str(library))
@@ -122,6 +126,10 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
     x, w, y = tensor(1, 8, 8, 16), tensor(16, 3, 3, 16), tensor(1, 8, 8, 16)
     with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
         conv_fn(x, w, tensor(1), tensor(1), y, tvm_ffi.Shape(manifest["jobs"][1]["conv"]), 1, 1)
+    attention_fn = lib.get_function(manifest["jobs"][2]["candidates"][0]["function"])
+    q, out = tensor(2, 64, 4, 64), tensor(2, 64, 4, 64)
+    with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
+        attention_fn(q, q, q, out, tvm_ffi.Shape(manifest["jobs"][2]["attention"]), 0.125, 1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

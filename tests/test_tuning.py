@@ -405,3 +405,48 @@ def test_ties_go_to_the_heuristic_then_to_unsplit_kernels():
     # SM90's split-K scheduler is part of a tile's name, not a slice count
     assert parse_label("tb128x128x64_c1x2x1_cooperative_splitk") == ("tb128x128x64_c1x2x1_cooperative_splitk", 1)
     assert parse_label("tb64x64x64_w2x2x1_s5_swz4_splitk4") == ("tb64x64x64_w2x2x1_s5_swz4", 4)
+
+
+BERT_ATTENTION = dict(heads=16, head_dim=64, head_dim_value=64, scale=0.125)
+
+
+def test_attention_is_profiled_over_its_two_tiles_where_it_has_a_choice():
+    from relax_cutlass.kernel_spec import AttentionProblem
+    from relax_cutlass.select import choose_attention_kernel
+
+    b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    b1 = AttentionProblem(batch=1, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    wide = AttentionProblem(batch=8, seq_q=128, seq_kv=128, heads=8, head_dim=128, head_dim_value=128, scale=0.1)
+    symbolic = AttentionProblem(batch=None, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    jobs = plan_jobs([b8, b1, b8, wide, symbolic], 90)
+    assert [j.key.op for j in jobs] == ["attention", "attention"]  # deduplicated; wide/symbolic: no choice
+    for job, problem in zip(jobs, (b8, b1), strict=True):
+        rule = choose_attention_kernel(problem, 90)
+        tiles = [(k.queries_per_block, k.keys_per_block) for k, _ in job.candidates]
+        assert tiles[0] == (rule.queries_per_block, rule.keys_per_block) and sorted(tiles) == [(32, 128), (64, 64)]
+        assert job.key.shape == (problem.batch, 128, 128, 16, 64, 64)
+
+
+def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
+    from relax_cutlass.kernel_spec import AttentionProblem
+    from relax_cutlass.select import choose_attention_kernel
+    from relax_cutlass.tuning import attention_key
+
+    b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    rule = choose_attention_kernel(b8, 90)
+    assert (rule.queries_per_block, rule.selected_by) == (64, "heuristic")
+    db = TuningDatabase(tmp_path / "t.jsonl")
+
+    def record(q64: float, q32: float):
+        times = {"q64_k64": q64, "q32_k128": q32}
+        best = min(times, key=times.get)
+        return TuningRecord(attention_key(b8, 90), best, times[best], candidates=times, device="g", heuristic="q64_k64")
+
+    db.add([record(0.0164, 0.0160)])  # 2.5% apart: a tie, the rule stands
+    assert choose_attention_kernel(b8, 90, db).queries_per_block == 64
+    db.add([record(0.0164, 0.0140)])
+    tuned = choose_attention_kernel(b8, 90, db)
+    assert (tuned.queries_per_block, tuned.keys_per_block, tuned.selected_by) == (32, 128, "tuned")
+    assert "14.0 us" in tuned.note and tuned.name != rule.name
+    other = AttentionProblem(batch=4, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    assert "no tuning record" in choose_attention_kernel(other, 90, db).note
