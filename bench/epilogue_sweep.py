@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -128,29 +127,16 @@ def _torch_peers(m: int, n: int, k: int) -> dict:
     """cuBLAS: the plain matmul, and eager linear + bias + gelu (two kernels), median of CUDA events."""
     import torch
     import torch.nn.functional as F
+    from gpu_common import time_torch
 
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5
     b = torch.randn(n, device="cuda", dtype=torch.float16)
 
-    def timed(fn, iterations: int = 50) -> float:
-        for _ in range(5):
-            fn()
-        samples = []
-        for _ in range(7):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iterations):
-                fn()
-            stop.record()
-            stop.synchronize()
-            samples.append(start.elapsed_time(stop) / iterations)
-        return statistics.median(samples)
-
     iterations = 10 if m * n * k > 2**36 else 50
     return {
-        "cublas_mm_ms": timed(lambda: a @ w.T, iterations),
-        "torch_linear_gelu_ms": timed(lambda: F.gelu(F.linear(a, w, b)), iterations),
+        "cublas_mm_ms": time_torch(lambda: a @ w.T, repeat=7, number=iterations),
+        "torch_linear_gelu_ms": time_torch(lambda: F.gelu(F.linear(a, w, b)), repeat=7, number=iterations),
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 
 import numpy as np
 
@@ -48,3 +49,24 @@ def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
 
 def shape_of(spec: list, dims: dict[str, int]) -> list[int]:
     return [d if isinstance(d, int) else dims[d] for d in spec]
+
+
+def time_torch(fn, repeat: int = 15, number: int = 20) -> float:
+    """Median ms per call of a torch callable on the GPU: 5 warm-up calls, then `repeat` CUDA-event
+    measurements of `number` back-to-back calls (the peers' timing; torch is imported only here,
+    so the builder keeps numpy-only imports)."""
+    import torch
+
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(number):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / number)
+    return statistics.median(samples)

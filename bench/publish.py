@@ -14,6 +14,8 @@ import re
 from datetime import date
 from pathlib import Path
 
+from relax_cutlass.tuning import parse_label
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -156,7 +158,7 @@ def tuning_table(records: list[dict]) -> str:
             first = stage1.get(json.dumps({**key, "epilogue": ""}, sort_keys=True))
             pick = _label(first) if first else None
             p_ms = cands.get(pick) if pick else None
-            unsplit = re.sub(r"_splitk\d+$", "", pick or "")
+            unsplit = parse_label(pick)[0] if pick else None
             if pick and p_ms is None and unsplit in cands:
                 pick = unsplit  # with a residual, stage 2 times the tile unsplit
                 p_ms = cands.get(pick)

@@ -71,7 +71,7 @@ def _model_regions(model: str, arch: int, batch: int, seq: int):
         part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))
         options = CodegenOptions(arch=arch, compile=False, profile="never")
         regions = plan_regions([f for _, f in offloaded_functions(part)], options)
-        pairs += [(r.kernel.problem, getattr(r.kernel, "epilogue", None)) for r in regions]
+        pairs += [(r.kernel.problem, r.kernel.epilogue) for r in regions]
     return pairs
 
 
@@ -101,8 +101,7 @@ def build(argv: list[str]) -> int:
     ]
     fused = []
     if db is not None:
-        pairs = [(p, e) for p, e in regions if e is not None]
-        fused = [job for job in plan_epilogue_jobs(pairs, arch, db, top_k=args.top_k) if db.lookup(job.key) is None]
+        fused = [job for job in plan_epilogue_jobs(regions, arch, db, top_k=args.top_k) if db.lookup(job.key) is None]
     jobs = main_loops + fused
     kernels = {k.name for job in jobs for k in job.kernels}
     print(

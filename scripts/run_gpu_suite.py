@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import tvm  # noqa: E402
-from gpu_common import random_array, rel_error, shape_of  # noqa: E402
+from gpu_common import random_array, rel_error, shape_of, time_torch  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
 DEV = tvm.cuda(0)
@@ -274,22 +274,6 @@ def time_args(vm: VirtualMachine, args: list) -> float:
     vm["main"](*args)
     timer = vm.time_evaluator("main", DEV, number=20, repeat=15, min_repeat_ms=0)
     return float(np.median(timer(*args).results)) * 1e3
-
-
-def time_torch(fn, repeat: int = 15, number: int = 20) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / number)
-    return statistics.median(samples)
 
 
 def torch_linear_fns(case: dict, values: dict[str, np.ndarray]):
