@@ -20,9 +20,9 @@ from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
 from .kernel_spec import (
-    ACTIVATIONS,
     CUTLASS_ELEMENT,
     DTYPE_BITS,
+    Activation,
     AttentionKernel,
     AttentionRegion,
     Conv2dKernel,
@@ -70,27 +70,33 @@ CONV2D_INCLUDES = """\
 
 
 @functools.cache
-def _epilogue_functor(activation: str) -> enum.Enum:
-    """The `EpilogueFunctor`-like member for `activation`, registered with cutlass_library's 2.x
+def _epilogue_functor(act: Activation) -> enum.Enum:
+    """The `EpilogueFunctor`-like member for `act`, registered with cutlass_library's 2.x
     emitters (they read `EpilogueFunctorTag[member]`: the extension point for epilogues beyond its
     LinearCombination/Clamp). Names a template with LinearCombination's <ElementOutput, Count,
     ElementAccumulator, ElementCompute> signature, defined by `_epilogue_alias`."""
     load_cutlass_library()
     from cutlass_library.library import EpilogueFunctorTag
 
-    member = enum.Enum(f"RelaxCutlassEpilogue_{activation}", {activation: activation})[activation]
-    EpilogueFunctorTag[member] = f"RelaxCutlassEpilogue_{activation}"
+    member = enum.Enum(f"RelaxCutlassEpilogue_{act.name}", {act.name: act.name})[act.name]
+    EpilogueFunctorTag[member] = f"RelaxCutlassEpilogue_{act.name}"
     return member
 
 
-def _epilogue_alias(activation: str) -> str:
-    act = ACTIVATIONS[activation]
+def _epilogue_alias(act: Activation) -> str:
     return (
         f"template <typename O, int N, typename A, typename C>\n"
-        f"using RelaxCutlassEpilogue_{activation} = cutlass::epilogue::thread::LinearCombinationGeneric<\n"
+        f"using RelaxCutlassEpilogue_{act.name} = cutlass::epilogue::thread::LinearCombinationGeneric<\n"
         f"    {act.functor}, O, N, A, C, cutlass::epilogue::thread::ScaleType::Default,\n"
         f"    cutlass::FloatRoundStyle::round_to_nearest, /*IsHeavy=*/{str(act.is_heavy).lower()}>;\n"
     )
+
+
+def _activation_prefix(kernel: GemmKernel | Conv2dKernel) -> str:
+    """The alias `_epilogue_functor` names, for kernels with an activation (else nothing)."""
+    if kernel.epilogue.activation == "identity":
+        return ""
+    return _epilogue_alias(kernel.epilogue.functors(kernel.problem.element_out)[0])
 
 
 def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element_b: str):
@@ -106,7 +112,8 @@ def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element
         TileDescription,
     )  # fmt: skip
 
-    t, activation = kernel.tile, kernel.epilogue.activation
+    t = kernel.tile
+    activation = kernel.epilogue.functors(kernel.problem.element_out)[0]
     mi = MathInstruction(
         list(t.instruction),
         data_type(element_a),
@@ -116,7 +123,8 @@ def _sm80_description(kernel: GemmKernel | Conv2dKernel, element_a: str, element
         MathOperation.multiply_add,
     )
     tile = TileDescription(list(t.threadblock), t.stages, list(t.warps), mi, 80, 1024)
-    functor = EpilogueFunctor.LinearCombination if activation == "identity" else _epilogue_functor(activation)
+    identity = kernel.epilogue.activation == "identity"
+    functor = EpilogueFunctor.LinearCombination if identity else _epilogue_functor(activation)
     return tile, functor, getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
 
 
@@ -185,14 +193,15 @@ def _residual_block_values(kernel: GemmKernel | Conv2dKernel, element_c) -> dict
 
     t, p, epi = kernel.tile, kernel.problem, kernel.epilogue
     bits = DataTypeSize[element_c]
+    activation, post_activation = epi.functors(p.element_out)
     return dict(
         name=kernel.name,
         tb_m=t.threadblock[0], tb_n=t.threadblock[1], tb_k=t.threadblock[2],
         w_m=t.threadblock[0] // t.warps[0], w_n=t.threadblock[1] // t.warps[1], w_k=t.threadblock[2] // t.warps[2],
         i_m=t.instruction[0], i_n=t.instruction[1], i_k=t.instruction[2],
         vector=min(p.alignment * bits, 128) // bits,
-        activation=ACTIVATIONS[epi.activation].functor,
-        post_activation=ACTIVATIONS[epi.residual_activation].functor,
+        activation=activation.functor,
+        post_activation=post_activation.functor,
         swizzle=t.swizzle, stages=t.stages, alignment=p.alignment,
     )  # fmt: skip
 
@@ -225,7 +234,7 @@ def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
     from cutlass_library.gemm_operation import EmitGemmUniversalInstance
 
     op = _operation(kernel)
-    prefix = "" if kernel.epilogue.activation == "identity" else _epilogue_alias(kernel.epilogue.activation)
+    prefix = _activation_prefix(kernel)
     return {
         "includes": INCLUDES,
         "instance": prefix + EmitGemmUniversalInstance().emit(op),
@@ -285,8 +294,7 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
         )
         base_name, arguments = f"{kernel.name}_base", CONV2D_RESIDUAL_ARGUMENTS
     else:
-        prefix = "" if epi.activation == "identity" else _epilogue_alias(epi.activation)
-        base = prefix + EmitConv2dInstance().emit(op)
+        base = _activation_prefix(kernel) + EmitConv2dInstance().emit(op)
         base_name, arguments = f"{op.procedural_name()}_base", CONV2D_ARGUMENTS
     # A TU-local kernel type, for the reason given at RESIDUAL_INSTANCE.
     local = f"struct {kernel.name}_kernel : {base_name} {{}};\n"
@@ -322,7 +330,7 @@ def emit_kernel(kernel: GemmKernel | Conv2dKernel | AttentionKernel) -> Source:
         parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
         args, args_type = GEMM_ARGS, "RelaxCutlassGemmArgs"
     # Custom activation functors (relax_cutlass.extend) are defined before the types that use them.
-    parts["instance"] = kernel.epilogue.definitions() + parts["instance"]
+    parts["instance"] = kernel.epilogue.definitions(kernel.problem.element_out) + parts["instance"]
     text = KERNEL_TU.substitute(
         name=kernel.name, gemm_args=args, args_type=args_type, check_device=_check_device(kernel), **parts
     )

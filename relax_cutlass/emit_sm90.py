@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from string import Template
 
 from .kernel_spec import (
-    ACTIVATIONS,
     CUTLASS_ELEMENT,
     DTYPE_BITS,
     SPLIT_K_MAX_SLICES,
@@ -42,6 +41,7 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
     """The EVT computing `kernel.epilogue` with fp32 compute and the output element type last."""
     p, epi = kernel.problem, kernel.epilogue
     out = CUTLASS_ELEMENT[p.element_out]
+    activation, post_activation = epi.functors(p.element_out)
     node = _Node("cutlass::epilogue::fusion::Sm90AccFetch", "{}")
     if epi.bias:
         bias = (
@@ -52,13 +52,13 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
             "cutlass::plus", "float", [node, _Node(bias, f"{{static_cast<{out} const*>(p->bias), {out}(0), {{}}}}")]
         )
     if epi.activation != "identity":
-        node = _compute(ACTIVATIONS[epi.activation].functor, "float", [node])
+        node = _compute(activation.functor, "float", [node])
     if epi.residual:
         node = _compute(
             "cutlass::plus", "float", [node, _Node(f"cutlass::epilogue::fusion::Sm90SrcFetch<{out}>", "{}")]
         )
     # The root converts to the output type (and applies the post-residual activation, if any).
-    return _compute(ACTIVATIONS[epi.residual_activation].functor, out, [node])
+    return _compute(post_activation.functor, out, [node])
 
 
 SM90_INSTANCE = Template("""\

@@ -215,6 +215,32 @@ def _walk(name: str, node: DFPattern, x: DFPattern, made: list[DFPattern]) -> bo
     raise ValueError(f"activation {name!r}: pattern node {type(node).__name__} is not supported in an activation")
 
 
+def evaluate_functor(activation: Activation, xs: np.ndarray, arch: str | int = "sm_80") -> np.ndarray:
+    """`activation`'s C++ functor on the host at float32 inputs `xs`, compiled with nvcc (the device
+    side too, for `arch`, but never launched): (len(xs), 2) values, elementwise and Array form."""
+    from .arch import nvcc_gencode, parse_arch
+    from .compile import CompileError, cache_dir, toolchain
+
+    source = ACTIVATION_CHECK_PROGRAM.substitute(
+        definition=activation.definition,
+        functor=activation.functor,
+        inputs=", ".join(f"{float(v)!r}f" if np.isfinite(v) else "0.0f" for v in xs),
+    )
+    tc = toolchain()
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        src, exe = Path(tmp) / f"check_{activation.name}.cu", Path(tmp) / f"check_{activation.name}"
+        src.write_text(source)
+        cmd = [
+            tc.nvcc, "-std=c++17", "-O2", "-w", "--expt-relaxed-constexpr",
+            *nvcc_gencode(parse_arch(arch)), *(f"-I{p}" for p in tc.includes_cuda), str(src), "-o", str(exe),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(src, cmd, proc.stdout + proc.stderr)
+        run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    return np.array([line.split() for line in run.stdout.splitlines()], dtype=np.float64)
+
+
 def check_activation(
     name: str,
     reference: Callable[[np.ndarray], np.ndarray],
@@ -231,9 +257,6 @@ def check_activation(
     the kernels call. Returns the largest error relative to `atol + rtol * |reference|` (<= 1 passes);
     raises ActivationCheckError naming the worst input otherwise.
     """
-    from .arch import nvcc_gencode, parse_arch
-    from .compile import CompileError, cache_dir, toolchain
-
     if name not in ACTIVATIONS or not ACTIVATIONS[name].definition:
         raise ValueError(f"{name!r} is not a registered custom activation; registered: {registered_activations()}")
     activation = ACTIVATIONS[name]
@@ -241,24 +264,7 @@ def check_activation(
         inputs if inputs is not None else np.concatenate([np.linspace(-10, 10, 2001), [-30, -0.0, 1e-3, 30]]),
         dtype=np.float32,
     )
-    source = ACTIVATION_CHECK_PROGRAM.substitute(
-        definition=activation.definition,
-        functor=activation.functor,
-        inputs=", ".join(f"{float(v)!r}f" if np.isfinite(v) else "0.0f" for v in xs),
-    )
-    tc = toolchain()
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        src, exe = Path(tmp) / f"check_{name}.cu", Path(tmp) / f"check_{name}"
-        src.write_text(source)
-        cmd = [
-            tc.nvcc, "-std=c++17", "-O2", "-w", "--expt-relaxed-constexpr",
-            *nvcc_gencode(parse_arch(arch)), *(f"-I{p}" for p in tc.includes_cuda), str(src), "-o", str(exe),
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CompileError(src, cmd, proc.stdout + proc.stderr)
-        run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    got = np.array([line.split() for line in run.stdout.splitlines()], dtype=np.float64)
+    got = evaluate_functor(activation, xs, arch)
     want = np.broadcast_to(np.asarray(reference(xs.astype(np.float64)), dtype=np.float64)[:, None], got.shape)
     close = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     if not close.all():

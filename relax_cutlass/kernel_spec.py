@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .templates import GELU16_FUNCTOR
+
 # Relax dtype -> CUTLASS element type.
 CUTLASS_ELEMENT = {
     "float16": "cutlass::half_t",
@@ -34,6 +36,24 @@ class Activation:
     # C++ defining `functor` (a template over the element or Array type), which every kernel TU
     # using it must contain: set for custom activations (relax_cutlass.extend), empty for CUTLASS's.
     definition: str = ""
+    # A cheaper form, accurate to 16-bit outputs, for kernels that write fp16/bf16 (None: same form).
+    narrow: Activation | None = None
+
+    def for_output(self, element_out: str) -> Activation:
+        """The form a kernel writing `element_out` instantiates."""
+        return self.narrow if self.narrow is not None and DTYPE_BITS[element_out] == 16 else self
+
+
+# log2(1 - Phi(t)) ~ sum(c[i] * t**i) for t >= 0: weighted minimax fit by scripts/fit_gelu16.py.
+GELU16_LOG2_TAIL = (-1.00012076, -1.14917588, -0.464120954, -0.0482372046, 0.00582726812, -0.000320508756)
+_GELU16 = Activation(
+    "gelu16",
+    "RelaxCutlassGelu16",
+    is_heavy=True,
+    definition=GELU16_FUNCTOR.substitute(
+        functor="RelaxCutlassGelu16", **{f"c{i}": f"{c:.9g}" for i, c in enumerate(GELU16_LOG2_TAIL)}
+    ),
+)
 
 
 ACTIVATIONS: dict[str, Activation] = {
@@ -41,8 +61,9 @@ ACTIVATIONS: dict[str, Activation] = {
     for a in (
         Activation("identity", "cutlass::epilogue::thread::Identity"),
         Activation("relu", "cutlass::epilogue::thread::ReLu"),
-        # erf form, as R.nn.gelu and the decomposed 0.5*x*(1+erf(x/sqrt(2))).
-        Activation("gelu", "cutlass::epilogue::thread::GELU", is_heavy=True),
+        # erf form, as R.nn.gelu and the decomposed 0.5*x*(1+erf(x/sqrt(2))); erff for float32
+        # outputs, the polynomial form (within 1 ulp, about a third of the instructions) for 16-bit.
+        Activation("gelu", "cutlass::epilogue::thread::GELU", is_heavy=True, narrow=_GELU16),
         # tanh form, as R.nn.gelu_tanh.
         Activation("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True),
         Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True),
@@ -85,10 +106,13 @@ class Epilogue:
     def describe(self) -> str:
         return "+".join(self.parts()) or "none"
 
-    def definitions(self) -> str:
-        """The C++ definitions of the custom functors this epilogue uses (empty for built-in ones)."""
-        names = dict.fromkeys((self.activation, self.residual_activation))
-        return "".join(ACTIVATIONS[name].definition for name in names)
+    def functors(self, element_out: str) -> tuple[Activation, Activation]:
+        """(activation, post-residual activation) in the forms a kernel writing `element_out` uses."""
+        return tuple(ACTIVATIONS[name].for_output(element_out) for name in (self.activation, self.residual_activation))
+
+    def definitions(self, element_out: str) -> str:
+        """The C++ definitions of the functors this epilogue uses that CUTLASS does not define."""
+        return "".join(dict.fromkeys(a.definition for a in self.functors(element_out)))
 
 
 @dataclass(frozen=True)
@@ -196,6 +220,10 @@ class Conv2dProblem:
     dilation: tuple[int, int] = (1, 1)
     element: str = "float16"  # activations, filters and output
     element_accumulator: str = "float32"
+
+    @property
+    def element_out(self) -> str:
+        return self.element
 
     @property
     def alignment(self) -> int:

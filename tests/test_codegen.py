@@ -107,7 +107,7 @@ def test_arch_parsing():
 def test_kernel_source_uses_the_activation_functor(activation):
     (region,) = regions_of(dense_epilogue_model(256, 128, 64, activation=activation))
     text = emit_kernel(region.kernel).text
-    assert ACTIVATIONS[activation].functor in text
+    assert ACTIVATIONS[activation].for_output("float16").functor in text
     assert "GemmUniversalAdapter" in text and "transposed_problem" in text
 
 
@@ -116,7 +116,7 @@ def test_residual_kernel_uses_broadcast_epilogue():
     text = emit_kernel(region.kernel).text
     assert "GemmUniversalWithBroadcast" in text
     assert "LinearCombinationResidualBlock" in text
-    assert "cutlass::epilogue::thread::GELU, cutlass::plus, cutlass::epilogue::thread::ReLu" in text
+    assert "RelaxCutlassGelu16, cutlass::plus, cutlass::epilogue::thread::ReLu" in text  # fp16 output
 
 
 def test_layouts_follow_the_weight():

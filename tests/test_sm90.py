@@ -93,7 +93,7 @@ def test_sm90_target_uses_sm90_kernels():
     text = emit_kernel(r.kernel).text
     assert "cutlass::arch::Sm90" in text and "CollectiveBuilder" in text
     assert "KernelTmaWarpSpecialized" in text
-    assert "Sm90RowBroadcast" in text and ACTIVATIONS["gelu"].functor in text
+    assert "Sm90RowBroadcast" in text and ACTIVATIONS["gelu"].for_output("float16").functor in text
     assert "using ElementC = void;" in text  # no residual: the epilogue reads no source
 
 
@@ -136,7 +136,7 @@ def test_epilogue_tree_type_and_arguments_agree(epilogue):
     assert ("p->bias" in tree.args) == epilogue.bias
     assert tree.type.startswith(
         f"cutlass::epilogue::fusion::Sm90EVT<cutlass::epilogue::fusion::Sm90Compute<"
-        f"{ACTIVATIONS[epilogue.residual_activation].functor}, cutlass::half_t"
+        f"{ACTIVATIONS[epilogue.residual_activation].for_output('float16').functor}, cutlass::half_t"
     )
 
 
