@@ -245,7 +245,7 @@ def plan_epilogue_jobs(
                         for m in ms]  # fmt: skip
         for key, p in concrete:
             record = db.lookup(key)
-            stage2 = dataclasses.replace(key, epilogue=epilogue_key(epilogue))
+            stage2 = dataclasses.replace(key, epilogue=epilogue_key(epilogue, p.element_out))
             if record is None or stage2 in jobs:
                 continue
             if isinstance(p, Conv2dProblem):

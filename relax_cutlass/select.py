@@ -272,7 +272,7 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     """The database's kernel for `problem`, or why there is none (a note for the report)."""
     native = 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
     m = problem.m if problem.m is not None else m_bucket(m_hint)
-    key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue))
+    key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue, problem.element_out))
     record, choice, note = _stage_record(db, key)
     if record is None:
         return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
@@ -411,7 +411,9 @@ def choose_conv2d_kernel(
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     if db is not None and not tile:
         record, choice, tuned_note = (
-            _stage_record(db, dataclasses.replace(conv2d_key(problem, arch), epilogue=epilogue_key(epilogue)))
+            _stage_record(
+                db, dataclasses.replace(conv2d_key(problem, arch), epilogue=epilogue_key(epilogue, problem.element_out))
+            )
             if problem.n is not None
             else (None, None, "")
         )

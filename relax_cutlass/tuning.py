@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
+from .kernel_spec import ACTIVATIONS, AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -80,9 +80,15 @@ def parse_label(label: str) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (label, 1)
 
 
-def epilogue_key(epilogue: Epilogue) -> str:
-    """TuningKey.epilogue of a region's epilogue: "" for none (stage 1's timing is the kernel's)."""
-    return "" if epilogue == Epilogue() else epilogue.describe()
+def epilogue_key(epilogue: Epilogue, element_out: str) -> str:
+    """TuningKey.epilogue of a region's epilogue: "" for none (stage 1's timing is the kernel's).
+    Activations are named in the form a kernel writing `element_out` computes ("bias+gelu16"), so a
+    record timed with another form of the same epilogue is not taken for this one."""
+    if epilogue == Epilogue():
+        return ""
+    names = (epilogue.activation, epilogue.residual_activation)
+    forms = {a: ACTIVATIONS[a].for_output(element_out).name for a in names}
+    return "+".join(forms.get(part, part) for part in epilogue.parts())
 
 
 def gemm_key(problem: GemmProblem, arch: int, family: int, m: int) -> TuningKey:

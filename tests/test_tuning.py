@@ -19,6 +19,7 @@ from relax_cutlass.tuning import (
     TuningDatabaseWarning,
     TuningKey,
     TuningRecord,
+    epilogue_key,
     gemm_key,
     m_bucket,
 )
@@ -274,12 +275,12 @@ def test_a_build_on_the_target_gpu_profiles_database_misses_once(monkeypatch, tm
     main_loops, fused = gpu.built  # stage 1, then stage 2 from stage 1's records
     assert len(main_loops) == 1 and all(k.epilogue == Epilogue() for k, _ in main_loops[0].candidates)
     (job,) = fused
-    assert job.key.epilogue == "bias+gelu" and all(k.epilogue == region.kernel.epilogue for k, _ in job.candidates)
+    assert job.key.epilogue == "bias+gelu16" and all(k.epilogue == region.kernel.epilogue for k, _ in job.candidates)
     # stage 2 times the heuristic's kernel and stage 1's fastest main loop, each with the epilogue
     tiles = [k.tile for k, _ in job.candidates]
     assert tiles == [main_loops[0].candidates[0][0].tile, main_loops[0].candidates[1][0].tile]
     assert region.kernel.selected_by == "tuned" and region.kernel.tile == tiles[1]
-    assert "with its bias+gelu epilogue" in region.kernel.note
+    assert "with its bias+gelu16 epilogue" in region.kernel.note
     err = capsys.readouterr().err
     assert "main loops of 1 problem(s)" in err and "epilogues of 1 problem(s)" in err
     _regions(mod, tuning_db=str(db))  # a rebuild hits the records: nothing is profiled again
@@ -302,7 +303,7 @@ def test_stage_two_times_the_fastest_correct_main_loops_and_the_heuristic_with_t
     db.add([_stage1(PROBLEM, timings)])
     gelu, residual = Epilogue(bias=True, activation="gelu"), Epilogue(bias=True, residual=True)
     jobs = plan_epilogue_jobs([(PROBLEM, gelu), (PROBLEM, gelu), (PROBLEM, residual)], 90, db, top_k=2)
-    assert [j.key.epilogue for j in jobs] == ["bias+gelu", "bias+residual_add"]  # one job per kind
+    assert [j.key.epilogue for j in jobs] == ["bias+gelu16", "bias+residual_add"]  # one job per kind
     for job in jobs:
         assert [k.tile.describe() for k, _ in job.candidates] == [heuristic, others[1], others[2]]
         assert all(k.epilogue == job.epilogue and k.selected_by == "profiling" for k, _ in job.candidates)
@@ -320,13 +321,29 @@ def test_selection_prefers_the_timing_with_the_epilogue(tmp_path):
     db = TuningDatabase(tmp_path / "t.jsonl")
     db.add([_stage1(PROBLEM, {heuristic: 0.050, alone: 0.045, fused: 0.048})])
     gelu = Epilogue(bias=True, activation="gelu")
-    key = dataclasses.replace(gemm_key(PROBLEM, 90, 90, PROBLEM.m), epilogue="bias+gelu")
+    key = dataclasses.replace(gemm_key(PROBLEM, 90, 90, PROBLEM.m), epilogue="bias+gelu16")
     db.add([TuningRecord(key, fused, 0.060, candidates={heuristic: 0.066, alone: 0.064, fused: 0.060}, device="g")])
     kernel = choose_kernel(PROBLEM, gelu, 90, db=db)
     assert kernel.selected_by == "tuned" and kernel.tile.describe() == fused
-    assert "60.0 us with its bias+gelu epilogue" in kernel.note
+    assert "60.0 us with its bias+gelu16 epilogue" in kernel.note
     relu = choose_kernel(PROBLEM, Epilogue(bias=True, activation="relu"), 90, db=db)
     assert relu.tile.describe() == alone and "without epilogue" in relu.note
+
+
+def test_records_of_another_form_of_an_epilogue_are_not_reused(tmp_path):
+    """fp16 kernels compute gelu in its 16-bit form, float32 ones with erff: a timing of one form
+    (or of the erff form before relax_cutlass had the other) says nothing about the other."""
+    heuristic = choose_kernel(PROBLEM, Epilogue(), 90).tile.describe()
+    alone, fused = [t.describe() for t in gemm_candidates(PROBLEM, 90, 90, 3)[1:]]
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    db.add([_stage1(PROBLEM, {heuristic: 0.050, alone: 0.045, fused: 0.048})])
+    key = dataclasses.replace(gemm_key(PROBLEM, 90, 90, PROBLEM.m), epilogue="bias+gelu")
+    db.add([TuningRecord(key, fused, 0.060, candidates={heuristic: 0.066, alone: 0.064, fused: 0.060}, device="g")])
+    gelu = Epilogue(bias=True, activation="gelu")
+    assert epilogue_key(gelu, "float16") == "bias+gelu16" and epilogue_key(gelu, "float32") == "bias+gelu"
+    kernel = choose_kernel(PROBLEM, gelu, 90, db=db)
+    assert kernel.tile.describe() == alone and "without epilogue" in kernel.note
+    assert plan_epilogue_jobs([(PROBLEM, gelu)], 90, db)[0].key.epilogue == "bias+gelu16"
 
 
 def test_stage_two_never_splits_a_conv_with_a_residual(tmp_path):
