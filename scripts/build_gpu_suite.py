@@ -78,6 +78,9 @@ TEST_CASES = [
     ("dense_bias_gelu_f16acc", dict(activation="gelu"), dict(accumulator="float16")),
     ("dense_bias_relu_align2", dict(activation="relu", n=130, k=66), {}),
     ("dense_bias_gelu_symbolic_m", dict(activation="gelu", m="m"), {}),
+    # x @ I + 0 with every finite fp16 value in x (run_gpu_suite.check_gelu_every_fp16): the 16-bit
+    # GELU through real kernels, against the correctly rounded gelu.
+    ("dense_bias_gelu_every_fp16", dict(activation="gelu", m=63488 // 8, n=8, k=8, bind=False), {}),
     ("dense_bias_silu_batched3d", dict(activation="silu", m=50, batch=(4,)), {}),
     ("dense_bias_gelu_bf16", dict(activation="gelu", dtype="bfloat16"), {}),
     (

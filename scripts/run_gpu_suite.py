@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import tvm  # noqa: E402
-from gpu_common import random_array, rel_error, shape_of, time_torch  # noqa: E402
+from gpu_common import random_array, rel_error, shape_of, time_alternating, time_torch  # noqa: E402
 from tvm.runtime.vm import VirtualMachine  # noqa: E402
 
 DEV = tvm.cuda(0)
@@ -222,6 +221,39 @@ def check_glue_errors(manifest: dict, build: Path) -> list[dict]:
     return rows + _expect_errors(lambda **kwargs: fn(*args(**kwargs)[0]), bad_calls)
 
 
+GELU_CASE = "dense_bias_gelu_every_fp16"
+
+
+def check_gelu_every_fp16(manifest: dict, build: Path) -> list[dict]:
+    """The 16-bit GELU on the GPU through each kernel family's library: x @ I + 0 with every finite
+    fp16 value in x must be within 1 fp16 ulp of the correctly rounded gelu (the bound
+    tests/test_gelu16.py proves for the CPU emulation of the same arithmetic)."""
+    from fit_gelu16 import finite_fp16, fp16_ulps, gelu_exact
+
+    case = next((c for c in manifest.get("tests", []) if c["name"] == GELU_CASE), None)
+    if case is None:
+        return []
+    x = finite_fp16()
+    values = {"x": x.astype("float16").reshape(-1, 8), "w": np.eye(8, dtype="float16"), "b": np.zeros(8, "float16")}
+    exact = gelu_exact(x).astype("float16")
+    rows = []
+    for family in case.get("families", ["auto"]):
+        suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
+        got = run(load(build / f"{GELU_CASE}.{suffix}.so"), case["cutlass_params"], values).reshape(-1)
+        ulps = fp16_ulps(got, exact)
+        kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
+        rows.append(
+            {
+                "check": f"gelu of every fp16 value ({kernel})",
+                "ok": bool(ulps.max() <= 1),
+                "max_ulps": int(ulps.max()),
+                "differing": int(np.count_nonzero(ulps)),
+                "inputs": int(x.size),
+            }
+        )
+    return rows
+
+
 CONV_GLUE_CASE = "conv2d_bias_residual_relu_unbound"
 
 
@@ -313,18 +345,28 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     row = {k: case[k] for k in ("name", "epilogue", "m", "n", "k", "flops")}
     row["kernel"] = case["offloaded"][0]["kernel"] if case["offloaded"] else None
     row["err_vs_tvm"] = rel_error(got, ref)
-    row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
+    # The ratios the benchmark reports (vs cuBLAS, vs eager, tuned vs heuristic) come from
+    # measurements taken in alternation.
+    args = device_args(case["cutlass_params"], values)
+    eager, matmul_only = torch_linear_fns(case, values)
+    timers = {
+        "relax_cutlass_ms": lambda: time_args(vm_c, args),
+        "cublas_matmul_only_ms": lambda: time_torch(matmul_only),
+        "torch_eager_ms": lambda: time_torch(eager),
+    }
+    if "tuned" in case.get("families", []):
+        vm_tuned = load(build / f"{case['name']}.cutlass_tuned.so")
+        timers["relax_cutlass_tuned_ms"] = lambda: time_args(vm_tuned, args)
+    row |= time_alternating(timers)
+    if "tuned" in case.get("families", []):
+        row["relax_cutlass_heuristic_alternating_ms"] = row["relax_cutlass_ms"]
+        _tuned_fields(row, case, vm_tuned)
     if "sm80" in case.get("families", []):
         vm_80 = load(build / f"{case['name']}.cutlass_sm80.so")
         row["err_sm80_vs_tvm"] = rel_error(run(vm_80, case["cutlass_params"], values), ref)
         row["sm80_kernel"] = case["sm80_kernels"][0]
         row["relax_cutlass_sm80_ms"] = time_vm(vm_80, case["cutlass_params"], values)
-    if "tuned" in case.get("families", []):
-        _time_tuned(row, case, build, values)
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
-    eager, matmul_only = torch_linear_fns(case, values)
-    row["torch_eager_ms"] = time_torch(eager)
-    row["cublas_matmul_only_ms"] = time_torch(matmul_only)
     if use_compile:
         compiled = torch.compile(eager)
         row["torch_compile_ms"] = time_torch(compiled)
@@ -346,23 +388,23 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
 
 def _time_tuned(row: dict, case: dict, build: Path, values: dict) -> None:
     """The same model built with the tuning database's kernels against the heuristic's build,
-    timed in alternation (heuristic, tuned, three times; medians): timed one after the other, the
-    second of two builds of a long kernel runs slower on a GPU the first has heated (H100, session
-    6: 8% on 8192^3 with the very same kernel in both)."""
+    timed in alternation (gpu_common.time_alternating)."""
     vm = load(build / f"{case['name']}.cutlass_tuned.so")
     heuristic_vm = load(build / f"{case['name']}.cutlass.so")
     args = device_args(case["cutlass_params"], values)
-    heuristic, tuned = [], []
-    for _ in range(3):
-        heuristic.append(time_args(heuristic_vm, args))
-        tuned.append(time_args(vm, args))
+    times = time_alternating({"heuristic": lambda: time_args(heuristic_vm, args), "tuned": lambda: time_args(vm, args)})
+    row["relax_cutlass_tuned_ms"] = times["tuned"]
+    row["relax_cutlass_heuristic_alternating_ms"] = times["heuristic"]
+    _tuned_fields(row, case, vm)
+
+
+def _tuned_fields(row: dict, case: dict, vm: VirtualMachine) -> None:
+    """What the tuned build changed, and its speedup over the heuristic's (both timed alternately)."""
     row["_vm_tuned"] = vm
     row["tuned_kernels"] = case["tuned_kernels"]
     row["tuned_same_kernels"] = sorted(k for k, _ in case["tuned_kernels"]) == sorted(
         o["kernel"] for o in case["offloaded"]
     )
-    row["relax_cutlass_tuned_ms"] = statistics.median(tuned)
-    row["relax_cutlass_heuristic_alternating_ms"] = statistics.median(heuristic)
     row["tuned_vs_heuristic"] = row["relax_cutlass_heuristic_alternating_ms"] / row["relax_cutlass_tuned_ms"]
 
 
@@ -700,6 +742,9 @@ def main() -> int:
     if "tests" in only:
         results["glue"] = check_glue_errors(manifest, build)
         print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
+        results["gelu16"] = check_gelu_every_fp16(manifest, build)
+        for row in results["gelu16"]:
+            print(f"{row['check']}: max {row['max_ulps']} ulp, {row['differing']}/{row['inputs']} differ", flush=True)
     save()
     warm_up_gpu()
     for key, fn in (("bench", bench_case), ("conv_bench", bench_conv_case)):
@@ -742,7 +787,7 @@ def main() -> int:
     failed = [
         r for key in (*SECTIONS, "attention_bench") if key != "sweep" for r in results[key] if not r.get("ok", True)
     ]
-    failed += [r for key in ("glue", "conv_glue") for r in results.get(key, []) if not r["ok"]]
+    failed += [r for key in ("glue", "conv_glue", "gelu16") for r in results.get(key, []) if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)
