@@ -28,7 +28,6 @@ GELU_TILES = (
     "tb128x128x64_c1x2x1_pingpong",
     "tb64x256x64_c1x2x1_pingpong",
     "tb64x256x64_c2x1x1_pingpong",
-    "tb128x256x64_c2x1x1_pingpong",
     "tb128x256x64_c1x2x1_cooperative",
     "tb128x256x64_c2x1x1_cooperative",
     "tb256x128x64_c1x2x1_cooperative",
@@ -36,53 +35,21 @@ GELU_TILES = (
     "tb128x128x64_c1x2x1_cooperative_streamk",
     "tb256x128x64_c1x2x1_cooperative_streamk",
 )
-# The erf GELU with its math in one out-of-line device function instead of unrolled into every
-# fragment of the epilogue (4096 -> 1864 SASS instructions for the 128x128 ping-pong kernel): is the
-# cost the math, or the code size?
-OUTLINED_TILES = (
+# CUTLASS's own erf GELU (erff, about 20 instructions per element), which relax_cutlass used for
+# every output type before session 7; "gelu" is now the 16-bit polynomial form (templates.py).
+ERFF_TILES = (
     "tb128x128x64_c2x1x1_pingpong",
     "tb128x256x64_c1x2x1_cooperative",
-    "tb128x256x64_c2x1x1_cooperative",
     "tb256x128x64_c1x2x1_cooperative",
 )
-GELU_OUTLINED = r"""
-__device__ __noinline__ float relax_cutlass_gelu_erf(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-}
-template <typename T>
-struct RelaxCutlassGeluOutlined {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE T operator()(T const& value) const {
-#if defined(__CUDA_ARCH__)
-    return static_cast<T>(relax_cutlass_gelu_erf(static_cast<float>(value)));
-#else
-    float x = static_cast<float>(value);
-    return static_cast<T>(0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)));
-#endif
-  }
-};
-template <typename T, int N>
-struct RelaxCutlassGeluOutlined<cutlass::Array<T, N>> {
-  static const bool kIsHeavy = true;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value) const {
-    RelaxCutlassGeluOutlined<T> scalar;
-    cutlass::Array<T, N> result;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) result[i] = scalar(value[i]);
-    return result;
-  }
-};
-"""
 
 
-def _register_outlined() -> None:
+def _register_erff() -> None:
     from relax_cutlass.kernel_spec import ACTIVATIONS, Activation
     from relax_cutlass.profile_runner import ACTIVATION_REFERENCE
 
-    ACTIVATIONS["gelu_outlined"] = Activation(
-        "gelu_outlined", "RelaxCutlassGeluOutlined", is_heavy=True, definition=GELU_OUTLINED
-    )
-    ACTIVATION_REFERENCE["gelu_outlined"] = ACTIVATION_REFERENCE["gelu"]
+    ACTIVATIONS["gelu_erff"] = Activation("gelu_erff", "cutlass::epilogue::thread::GELU", is_heavy=True)
+    ACTIVATION_REFERENCE["gelu_erff"] = ACTIVATION_REFERENCE["gelu"]
 
 
 # One configuration, every epilogue: what each step of the fused gelu costs.
@@ -94,7 +61,7 @@ EPILOGUES = {
     "bias+gelu_tanh": {"bias": True, "activation": "gelu_tanh"},
     "bias+gelu": {"bias": True, "activation": "gelu"},
     "bias+residual_add": {"bias": True, "residual": True},
-    "bias+gelu_outlined": {"bias": True, "activation": "gelu_outlined"},
+    "bias+gelu_erff": {"bias": True, "activation": "gelu_erff"},
 }
 
 
@@ -104,15 +71,18 @@ def build(args) -> int:
     from relax_cutlass.select import candidate_tiles_sm90
     from relax_cutlass.tuning import epilogue_key, gemm_key
 
-    _register_outlined()
+    _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
     jobs = []
     for m, n, k in SHAPES:
         problem = GemmProblem(m=m, n=n, k=k, b_transposed=True)
         for name, fields in EPILOGUES.items():
             epilogue = Epilogue(**fields)
-            names = {"bias+gelu": GELU_TILES, "bias+gelu_outlined": OUTLINED_TILES}.get(name, (EPILOGUE_TILE,))
-            key = dataclasses.replace(gemm_key(problem, 90, 90, m), epilogue=epilogue_key(epilogue) or "none")
+            names = {"none": ERFF_TILES, "bias+gelu": GELU_TILES, "bias+gelu_erff": ERFF_TILES}.get(
+                name, (EPILOGUE_TILE,)
+            )
+            label = epilogue_key(epilogue, problem.element_out) or "none"
+            key = dataclasses.replace(gemm_key(problem, 90, 90, m), epilogue=label)
             kernels = tuple(
                 (GemmKernel(problem, epilogue, tiles[t], arch=90, target=90, selected_by="profiling"), 1) for t in names
             )
@@ -143,7 +113,7 @@ def _torch_peers(m: int, n: int, k: int) -> dict:
 def run(args) -> int:
     from relax_cutlass.profile_runner import run_profiler
 
-    _register_outlined()
+    _register_erff()
     directory, out = Path(args.directory), Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
         records = run_profiler(directory, Path(tmp) / "sweep.jsonl", repeat=args.repeat)
