@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -338,6 +339,9 @@ def warm_up_gpu(seconds: float = 3.0) -> None:
         torch.cuda.synchronize()
 
 
+BENCH_ROUNDS = [3]  # --rounds
+
+
 def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     values = inputs_for(case["tvm_params"], {}, 1)
     vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
@@ -357,7 +361,7 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     if "tuned" in case.get("families", []):
         vm_tuned = load(build / f"{case['name']}.cutlass_tuned.so")
         timers["relax_cutlass_tuned_ms"] = lambda: time_args(vm_tuned, args)
-    row |= time_alternating(timers)
+    row |= time_alternating(timers, rounds=BENCH_ROUNDS[0])
     if "tuned" in case.get("families", []):
         row["relax_cutlass_heuristic_alternating_ms"] = row["relax_cutlass_ms"]
         _tuned_fields(row, case, vm_tuned)
@@ -712,11 +716,17 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile peers")
     ap.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
+    ap.add_argument("--match", default="", help="run only the cases whose name matches this regex")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds per benchmark case")
     args = ap.parse_args()
+    BENCH_ROUNDS[0] = args.rounds
     build, out, use_compile = args.build, args.out, not args.no_compile
     only = set(args.only or SECTIONS)
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((build / "manifest.json").read_text())
+    if args.match:
+        manifest = {k: [c for c in v if re.search(args.match, c["name"])] if isinstance(v, list) else v
+                    for k, v in manifest.items()}  # fmt: skip
     results = (
         {
             "device": torch.cuda.get_device_name(0),

@@ -90,6 +90,20 @@ def test_conv_glue_rejects_bad_arguments_with_clear_errors():
     assert rows and all(r["ok"] for r in rows), rows
 
 
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+def test_gelu_of_every_fp16_value_is_within_one_ulp():
+    """The 16-bit GELU through real kernels (every family built): x @ I + 0 with each finite fp16
+    value in x, against the correctly rounded gelu."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_gpu_suite import check_gelu_every_fp16
+
+    rows = check_gelu_every_fp16(json.loads(MANIFEST.read_text()), BUILD)
+    if not rows:
+        pytest.skip("no dense_bias_gelu_every_fp16 case in this build (scripts/build_gpu_suite.py --only tests)")
+    assert all(r["ok"] for r in rows), rows
+    print(rows)
+
+
 TUNE = ROOT / "build" / "tune"
 tune_skip = skip_reason or (
     None if (TUNE / "profile.json").exists() else "no profiler: run `python -m relax_cutlass tune build`"
