@@ -19,11 +19,18 @@ from relax_cutlass.tuning import parse_label
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _timing(results: dict) -> str:
+    """How the run timed relax_cutlass against its peers (runs before session 7: one after the other)."""
+    rounds = results.get("bench_rounds")
+    return f" (relax_cutlass, cuBLAS and torch eager timed in turn, {rounds} rounds)" if rounds else ""
+
+
 def table(results: dict) -> str:
     lines = [
         f"Measured on {results['device']} (kernels built for {results['arch']}; torch {results['torch']}), "
-        "fp16 in/out, fp32 accumulation; median ms. relax_cutlass uses the target's native kernels (SM90 "
-        "on sm_90a; the SM80 column is the CUTLASS 2.x kernels on the same GPU). `x TVM` = TVM default "
+        f"fp16 in/out, fp32 accumulation; median ms{_timing(results)}. "
+        "relax_cutlass uses the target's native kernels (SM90 on sm_90a; the SM80 column is the CUTLASS 2.x "
+        "kernels on the same GPU). `x TVM` = TVM default "
         "build time / relax_cutlass time; `vs cuBLAS mm` = cuBLAS plain matmul (no epilogue) time / "
         "relax_cutlass time (with its fused epilogue).",
         "",

@@ -732,6 +732,7 @@ def main() -> int:
             "device": torch.cuda.get_device_name(0),
             "torch": torch.__version__,
             "arch": manifest["arch"],
+            "bench_rounds": args.rounds,
         }
         | {key: [] for key in SECTIONS}
         | {"attention_bench": []}
