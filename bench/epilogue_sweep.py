@@ -74,13 +74,17 @@ def build(args) -> int:
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
     jobs = []
-    for m, n, k in SHAPES:
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
+    for m, n, k in shapes:
         problem = GemmProblem(m=m, n=n, k=k, b_transposed=True)
         for name, fields in EPILOGUES.items():
+            if args.epilogues and name not in args.epilogues:
+                continue
             epilogue = Epilogue(**fields)
             names = {"none": ERFF_TILES, "bias+gelu": GELU_TILES, "bias+gelu_erff": ERFF_TILES}.get(
                 name, (EPILOGUE_TILE,)
             )
+            names = args.tiles or names
             label = epilogue_key(epilogue, problem.element_out) or "none"
             key = dataclasses.replace(gemm_key(problem, 90, 90, m), epilogue=label)
             kernels = tuple(
@@ -122,7 +126,7 @@ def run(args) -> int:
         m, n, k = record.key.shape
         for label, ms in record.candidates.items():
             rows.append({"m": m, "n": n, "k": k, "epilogue": record.key.epilogue, "tile": label, "ms": ms})
-    peers = {f"{m}x{n}x{k}": _torch_peers(m, n, k) for m, n, k in SHAPES}
+    peers = {f"{m}x{n}x{k}": _torch_peers(m, n, k) for m, n, k in dict.fromkeys(tuple(r.key.shape) for r in records)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "peers": peers}, indent=1))
     print(f"\n{'M x N x K':>18} {'epilogue':>18} {'tile':>42} {'us':>8} {'TFLOP/s':>8} {'vs cuBLAS mm':>12}")
@@ -145,6 +149,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build")
     b.add_argument("--out", default="build/sweep")
+    b.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the benchmark's large ones")
+    b.add_argument("--tiles", nargs="*", help="SM90 configurations instead of each epilogue's default set")
+    b.add_argument("--epilogues", nargs="*", choices=sorted(EPILOGUES), help="only these epilogues")
     r = sub.add_parser("run")
     r.add_argument("directory")
     r.add_argument("out")
