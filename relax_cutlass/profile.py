@@ -83,7 +83,9 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
             if t.threadblock in SM90_HEURISTIC_TILES
         ]
         chosen = choose_kernel(problem, Epilogue(), arch).tile
-        rank = lambda t: (estimate_cost(problem, t, arch), t.scheduler != "default", t.describe())  # noqa: E731
+        # Data-parallel tiles first: stream-K and split-K scheduling lost to them on every large
+        # shape measured (H100), and where the grid under-fills the GPU split-K is added below.
+        rank = lambda t: (t.scheduler != "default", estimate_cost(problem, t, arch), t.describe())  # noqa: E731
     else:
         pool = [
             t

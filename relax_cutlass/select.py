@@ -27,6 +27,7 @@ from .arch import SM_COUNT
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import (
+    DTYPE_BITS,
     AttentionKernel,
     AttentionProblem,
     Conv2dKernel,
@@ -124,7 +125,22 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
         if op.kernel_schedule.name in SM90_SCHEDULES
     }
     tiles.update({dataclasses.replace(t, scheduler="splitk"): None for t in tiles if t.scheduler == "streamk"})
-    return _stable(tiles)
+    return _stable(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
+
+
+# Accumulator registers per thread an SM90 configuration may need. A ping-pong warp group holds a
+# whole CTA tile, a cooperative one half of it: 128x256 ping-pong (and 256x256 cooperative) need 256
+# fp32 registers per thread, more than a consumer warp group gets (240), and spill. On the H100
+# every such kernel cutlass_library lists ran 10-20x slower than the fastest candidate (session 6-7
+# tuning records), wasting tuning slots and compile time.
+SM90_MAX_ACCUMULATOR_REGISTERS = 128
+
+
+def accumulator_registers(tile: TileConfig, accumulator: str) -> int:
+    """32-bit registers per consumer thread holding the accumulator tile."""
+    warp_groups = 1 if tile.schedule == "pingpong" else 2
+    bm, bn, _ = tile.threadblock
+    return bm * bn * DTYPE_BITS[accumulator] // 32 // (128 * warp_groups)
 
 
 def _stable(tiles) -> tuple[TileConfig, ...]:
@@ -297,13 +313,20 @@ def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = 
         if candidate.describe() == tile:
             return GemmKernel(problem, epilogue, candidate, arch=family, target=arch, selected_by="pinned", note=note)
     names = sorted(c.describe() for c in candidates)
-    raise ValueError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}; candidates: {names}")
+    spill = (
+        f" (SM90 configurations needing more than {SM90_MAX_ACCUMULATOR_REGISTERS} accumulator registers per "
+        "thread, such as 128x256 ping-pong or 256x256, are not candidates: they spill and run 10-20x slower)"
+        if family == 90
+        else ""
+    )
+    raise ValueError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}{spill}; candidates: {names}")
 
 
 # Measured on an H100 (bench/results, sweep of 14 configurations x 9 shapes, dense + bias + gelu):
 # 256x256 tiles (two consumer warpgroups each holding a 128x256 fp32 accumulator) ran ~20x slower
-# than 128x256, and stream-K ran below data-parallel tiles on the one under-filled shape, so the
-# heuristic never picks either (both stay available to tile= and to profiling).
+# than 128x256 (they are no longer candidates at all: SM90_MAX_ACCUMULATOR_REGISTERS), and stream-K
+# ran below data-parallel tiles on the one under-filled shape, so the heuristic never picks it
+# (it stays available to tile= and to profiling).
 SM90_HEURISTIC_TILES = ((128, 128, 64), (128, 256, 64), (256, 128, 64))
 SM90_PINGPONG = ((128, 128, 64), (2, 1, 1))  # short main loops: K <= 2048, >= 2 waves of tiles
 SM90_COOPERATIVE_TIE = ((256, 128, 64), (1, 2, 1))

@@ -141,10 +141,23 @@ def test_epilogue_tree_type_and_arguments_agree(epilogue):
 
 
 def test_tile_can_be_pinned_and_bad_names_list_the_candidates():
-    r = region(dense_epilogue_model(512, 256, 128), tile="tb128x256x64_c1x2x1_pingpong")
+    r = region(dense_epilogue_model(512, 256, 128), tile="tb64x256x64_c1x2x1_pingpong")
     assert r.kernel.selected_by == "pinned" and r.kernel.tile.schedule == "pingpong"
     with pytest.raises(ValueError, match="candidates"):
         region(dense_epilogue_model(512, 256, 128), tile="tb1x1x1")
+    with pytest.raises(ValueError, match="they spill"):
+        region(dense_epilogue_model(512, 256, 128), tile="tb128x256x64_c1x2x1_pingpong")
+
+
+def test_configurations_that_spill_their_accumulators_are_not_candidates():
+    """A ping-pong warp group holds a whole CTA tile, a cooperative one half: 128x256 ping-pong and
+    256x256 need 256 fp32 registers per thread (10-20x slower on the H100); fp16 accumulators halve
+    that."""
+    fp32 = {t.describe() for t in candidate_tiles_sm90("float32")}
+    assert "tb128x128x64_c2x1x1_pingpong" in fp32 and "tb128x256x64_c1x2x1_cooperative" in fp32
+    assert not {"tb128x256x64_c1x2x1_pingpong", "tb256x128x64_c1x2x1_pingpong"} & fp32
+    assert not any(name.startswith("tb256x256") for name in fp32)
+    assert "tb128x256x64_c1x2x1_pingpong" in {t.describe() for t in candidate_tiles_sm90("float16")}
 
 
 def test_kernel_checks_the_device_before_launching():

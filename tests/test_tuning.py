@@ -110,9 +110,9 @@ def test_selection_uses_a_record_else_the_heuristic(tmp_path):
     heuristic = choose_kernel(PROBLEM, epilogue, 90)
     miss = choose_kernel(PROBLEM, epilogue, 90, db=db)
     assert miss.tile == heuristic.tile and miss.selected_by == "heuristic" and "no tuning record" in miss.note
-    db.add([_record(tile="tb128x256x64_c2x1x1_pingpong")])
+    db.add([_record(tile="tb256x128x64_c2x1x1_cooperative")])
     hit = choose_kernel(PROBLEM, epilogue, 90, db=db)
-    assert hit.selected_by == "tuned" and hit.tile.describe() == "tb128x256x64_c2x1x1_pingpong"
+    assert hit.selected_by == "tuned" and hit.tile.describe() == "tb256x128x64_c2x1x1_cooperative"
     assert hit.epilogue == epilogue  # profiled without epilogue, instantiated with it
     db.add([_record(tile="tb999x1x1_bogus")])
     stale = choose_kernel(PROBLEM, epilogue, 90, db=db)
