@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -73,6 +74,10 @@ def build(args) -> int:
 
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
+    for name in args.tiles or ():  # a cluster shape cutlass_library does not list, e.g. c1x4x1
+        base, cluster = re.sub(r"_c\d+x\d+x1_", "_c1x2x1_", name), re.search(r"_c(\d+)x(\d+)x1_", name)
+        if name not in tiles and base in tiles and cluster:
+            tiles[name] = dataclasses.replace(tiles[base], cluster=(int(cluster[1]), int(cluster[2]), 1))
     jobs = []
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     for m, n, k in shapes:
