@@ -73,16 +73,25 @@ def time_torch(fn, repeat: int = 15, number: int = 20) -> float:
     return statistics.median(samples)
 
 
-def time_alternating(timers: dict[str, Callable[[], float]], rounds: int = 3, discard: int = 1) -> dict[str, float]:
-    """Median of `rounds` measurements per timer, taken in turn (a, b, c, a, b, c, ...), after
-    `discard` rounds that are thrown away. A GPU's clocks drift with its temperature over a run:
-    timed one after the other, the first of two equal kernels looks faster (H100, session 6: 8% on
-    8192^3), and the first round after the warm-up ran 7-10% faster than every later one for
-    relax_cutlass and cuBLAS alike (H100, session 7), so ratios are taken this way."""
+def alternating_samples(
+    timers: dict[str, Callable[[], float]], rounds: int, discard: int = 0
+) -> dict[str, list[float]]:
+    """`rounds` measurements per timer, taken in turn (a, b, c, a, b, c, ...), after `discard`
+    rounds that are thrown away."""
     samples: dict[str, list[float]] = {name: [] for name in timers}
     for index in range(discard + rounds):
         for name, timer in timers.items():
             value = timer()
             if index >= discard:
                 samples[name].append(value)
+    return samples
+
+
+def time_alternating(timers: dict[str, Callable[[], float]], rounds: int = 3, discard: int = 1) -> dict[str, float]:
+    """Median of `rounds` measurements per timer, taken in turn after `discard` rounds thrown away.
+    A GPU's clocks drift with its temperature over a run: timed one after the other, the first of
+    two equal kernels looks faster (H100, session 6: 8% on 8192^3), and the first round after the
+    warm-up ran 7-10% faster than every later one for relax_cutlass and cuBLAS alike (H100, session
+    7), so ratios are taken this way."""
+    samples = alternating_samples(timers, rounds, discard)
     return {name: statistics.median(values) for name, values in samples.items()}

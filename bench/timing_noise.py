@@ -17,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from gpu_common import alternating_samples  # noqa: E402
+
 DEFAULT_CASES = ("dense_bias_gelu_m8192_k1024_n4096", "dense_bias_gelu_m4096_k4096_n1024")
 
 
@@ -34,11 +36,8 @@ def _samples(suite, build: Path, case: dict, rounds: int) -> dict[str, list[floa
         "inputs copy": lambda: suite.time_args(heuristic, copy),
         "cuBLAS mm": lambda: suite.time_torch(matmul_only),
     }
-    samples: dict[str, list[float]] = {label: [] for label in timers}
-    for _ in range(rounds):
-        for label, timer in timers.items():
-            samples[label].append(timer() * 1e3)
-    return samples
+    samples = alternating_samples(timers, rounds)  # every round kept, the first included
+    return {label: [ms * 1e3 for ms in values] for label, values in samples.items()}
 
 
 def main() -> int:

@@ -148,6 +148,17 @@ def attention_bench_case(case: dict, build: Path, _use_compile: bool) -> dict:
     return row
 
 
+def family_build(case: dict, build: Path, family: str) -> tuple[VirtualMachine, str]:
+    """One kernel family's library of a check case ("auto": the target's native kernels), and the
+    kernel it runs (or why the region stayed in TVM)."""
+    suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
+    if not case["offloaded"]:
+        kernel = "stays in TVM: " + "; ".join(case["left_in_tvm"][0]["reasons"])
+    else:
+        kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
+    return load(build / f"{case['name']}.{suffix}.so"), kernel
+
+
 def check_case(case: dict, build: Path) -> list[dict]:
     """Each kernel family's library against TVM's build and float64, on two input sets per shape."""
     vm_t = load(build / f"{case['name']}.tvm.so")
@@ -155,12 +166,7 @@ def check_case(case: dict, build: Path) -> list[dict]:
     acc = spec.get("options", {}).get("accumulator", "float32")
     rows = []
     for family in case.get("families", ["auto"]):
-        suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
-        if not case["offloaded"]:
-            kernel = "stays in TVM: " + "; ".join(case["left_in_tvm"][0]["reasons"])
-        else:
-            kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
-        vm_c = load(build / f"{case['name']}.{suffix}.so")
+        vm_c, kernel = family_build(case, build, family)
         for dims in case["runs"]:
             for seed in (1, 2):  # two input sets: stale or unwritten output cannot pass both
                 values = inputs_for(case["tvm_params"], dims, seed)
@@ -239,10 +245,8 @@ def check_gelu_every_fp16(manifest: dict, build: Path) -> list[dict]:
     exact = gelu_exact(x).astype("float16")
     rows = []
     for family in case.get("families", ["auto"]):
-        suffix = "cutlass" if family == "auto" else f"cutlass_{family}"
-        got = run(load(build / f"{GELU_CASE}.{suffix}.so"), case["cutlass_params"], values).reshape(-1)
-        ulps = fp16_ulps(got, exact)
-        kernel = case["offloaded"][0]["kernel"] if family == "auto" else case["sm80_kernels"][0]
+        vm, kernel = family_build(case, build, family)
+        ulps = fp16_ulps(run(vm, case["cutlass_params"], values).reshape(-1), exact)
         rows.append(
             {
                 "check": f"gelu of every fp16 value ({kernel})",
