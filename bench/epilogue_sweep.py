@@ -66,6 +66,22 @@ EPILOGUES = {
 }
 
 
+def _variant(name: str, tiles: dict):
+    """A configuration cutlass_library does not list, named like one it does: another cluster shape
+    (e.g. c1x4x1) or an explicit epilogue subtile (e.g. _epi128x64)."""
+    cluster, epilogue = re.search(r"_c(\d+)x(\d+)x1_", name), re.search(r"_epi(\d+)x(\d+)$", name)
+    base = re.sub(r"_c\d+x\d+x1_", "_c1x2x1_", re.sub(r"_epi\d+x\d+$", "", name))
+    if base not in tiles or cluster is None:
+        raise SystemExit(f"unknown SM90 configuration {name!r}: not a cutlass_library one, nor a variant of one")
+    fields = {"cluster": (int(cluster[1]), int(cluster[2]), 1)}
+    if epilogue:  # CUTLASS's SM90 builder takes 64-row subtiles for ping-pong, 128-row for cooperative
+        rows = {"pingpong": 64, "cooperative": 128}[tiles[base].schedule]
+        if int(epilogue[1]) != rows or int(epilogue[2]) % 16:
+            raise SystemExit(f"{name}: a {tiles[base].schedule} epilogue subtile is {rows} x (a multiple of 16)")
+        fields["epilogue_tile"] = (int(epilogue[1]), int(epilogue[2]))
+    return dataclasses.replace(tiles[base], **fields)
+
+
 def build(args) -> int:
     from relax_cutlass.kernel_spec import Epilogue, GemmKernel, GemmProblem
     from relax_cutlass.profile import ProfileJob, build_profiler
@@ -74,10 +90,9 @@ def build(args) -> int:
 
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
-    for name in args.tiles or ():  # a cluster shape cutlass_library does not list, e.g. c1x4x1
-        base, cluster = re.sub(r"_c\d+x\d+x1_", "_c1x2x1_", name), re.search(r"_c(\d+)x(\d+)x1_", name)
-        if name not in tiles and base in tiles and cluster:
-            tiles[name] = dataclasses.replace(tiles[base], cluster=(int(cluster[1]), int(cluster[2]), 1))
+    for name in args.tiles or ():
+        if name not in tiles:
+            tiles[name] = _variant(name, tiles)
     jobs = []
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     for m, n, k in shapes:

@@ -331,6 +331,8 @@ def emit_kernel(kernel: GemmKernel | Conv2dKernel | AttentionKernel) -> Source:
         args, args_type = GEMM_ARGS, "RelaxCutlassGemmArgs"
     # Custom activation functors (relax_cutlass.extend) are defined before the types that use them.
     parts["instance"] = kernel.epilogue.definitions(kernel.problem.element_out) + parts["instance"]
+    parts.setdefault("defines", "")
+    parts.setdefault("run", "op.run(stream)")
     text = KERNEL_TU.substitute(
         name=kernel.name, gemm_args=args, args_type=args_type, check_device=_check_device(kernel), **parts
     )

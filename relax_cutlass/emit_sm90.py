@@ -69,7 +69,7 @@ using EpilogueTree = ${tree_type};
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, ${element_acc}, float,
+    ${epilogue_tile}, ${element_acc}, float,
     ElementC, cutlass::layout::RowMajor, ${align_c},
     ${element_d}, cutlass::layout::RowMajor, ${align_d},
     ${epilogue_schedule}, EpilogueTree>::CollectiveOp;
@@ -104,7 +104,16 @@ using StrideA = typename Gemm::GemmKernel::StrideA;
        static_cast<ElementC const*>(${c_ptr}), cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m, n, 1)),
        static_cast<${element_d}*>(p->d), cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m, n, 1))}};""")
 
+# Programmatic dependent launch (PDL): CUTLASS's SM90 kernels then hold every global memory access
+# behind `griddepcontrol.wait` (which waits for the preceding kernel to finish and its writes to be
+# visible) and signal `griddepcontrol.launch_dependents` once their last main loop is done, so a
+# kernel launched with the PDL attribute is scheduled, and runs its prologue, while the kernel before
+# it drains its epilogue. Without the attribute both instructions are no-ops. RELAX_CUTLASS_PDL=0
+# launches without it (e.g. to compare, or for tools that do not support PDL).
+SM90_DEFINES = "#define CUTLASS_ENABLE_GDC_FOR_SM90 1  // before any CUTLASS header: see emit_sm90.py\n"
 SM90_INCLUDES = """\
+#include <cstdlib>
+#include <cstring>
 #include "cutlass/numeric_types.h"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
@@ -113,7 +122,18 @@ SM90_INCLUDES = """\
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/util/packed_stride.hpp"
+
+namespace {
+bool LaunchWithPdl() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("RELAX_CUTLASS_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+}  // namespace
 """
+SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl())"
 
 # schedule -> (kernel schedule, epilogue schedule)
 SCHEDULES = {
@@ -175,6 +195,10 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
         layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
         align=p.alignment, kernel_schedule=kernel_schedule, name=kernel.name,
         tile_scheduler=TILE_SCHEDULERS[t.scheduler],
+        epilogue_tile=(
+            "cutlass::epilogue::collective::EpilogueTileAuto" if t.epilogue_tile is None
+            else "cute::Shape<cute::_{}, cute::_{}>".format(*t.epilogue_tile)
+        ),
     )  # fmt: skip
     arguments = SM90_ARGUMENTS.substitute(
         element_a=CUTLASS_ELEMENT[p.element_a],
@@ -193,4 +217,6 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
         "instance": instance,
         "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
         "arguments": arguments,
+        "defines": SM90_DEFINES,
+        "run": SM90_RUN,
     }

@@ -163,12 +163,15 @@ class TileConfig:
     cluster: tuple[int, int, int] = (1, 1, 1)
     schedule: str = "multistage"  # SM80: "multistage"; SM90: "cooperative" | "pingpong"
     scheduler: str = "default"  # SM90: "default" | "streamk" | "splitk"
+    epilogue_tile: tuple[int, int] | None = None  # SM90: the epilogue's subtile (M, N); None: CUTLASS's
 
     def describe(self) -> str:
         tb = "x".join(map(str, self.threadblock))
         if self.schedule != "multistage":
             cluster = "x".join(map(str, self.cluster))
-            return f"tb{tb}_c{cluster}_{self.schedule}" + ("" if self.scheduler == "default" else f"_{self.scheduler}")
+            scheduler = "" if self.scheduler == "default" else f"_{self.scheduler}"
+            epilogue = "" if self.epilogue_tile is None else "_epi{}x{}".format(*self.epilogue_tile)
+            return f"tb{tb}_c{cluster}_{self.schedule}{scheduler}{epilogue}"
         warps = "x".join(map(str, self.warps))
         split = f"_splitk{self.split_k}" if self.split_k > 1 else ""
         return f"tb{tb}_w{warps}_s{self.stages}_swz{self.swizzle}{split}"

@@ -55,7 +55,7 @@ const char* CheckDevice() {
 # operator: a GEMM, or the implicit GEMM of a convolution.)
 KERNEL_TU = Template("""\
 // relax_cutlass generated kernel: $name
-#include <cstdint>
+${defines}#include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
@@ -96,7 +96,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   status = op.initialize(arguments, workspace, stream);
   const char* step = "initialize";
   if (status == cutlass::Status::kSuccess) {
-    status = op.run(stream);
+    status = ${run};
     step = "run";
   }
   if (workspace != nullptr) cudaFreeAsync(workspace, stream);

@@ -189,3 +189,23 @@ def test_choice_does_not_depend_on_the_hash_seed():
         for seed in (1, 2, 3, 4)
     }
     assert len(runs) == 1, runs
+
+
+def test_sm90_kernels_launch_as_programmatic_dependents():
+    """PDL hid 1.5-2 us of each back-to-back SM90 GEMM behind the previous kernel's tail on the H100
+    (session 8 sweep). CUTLASS reads the switch when its headers are included, so it must come
+    first; CUTLASS 2.x (SM80) kernels have no such launch."""
+    text = emit_kernel(region(dense_epilogue_model(512, 256, 128)).kernel).text
+    assert text.index("#define CUTLASS_ENABLE_GDC_FOR_SM90") < text.index("#include")
+    assert "/*launch_with_pdl=*/LaunchWithPdl()" in text and 'getenv("RELAX_CUTLASS_PDL")' in text
+    text80 = emit_kernel(region(dense_epilogue_model(512, 256, 128), arch="sm_80").kernel).text
+    assert "GDC" not in text80 and "status = op.run(stream);" in text80
+
+
+def test_epilogue_subtile_is_cutlass_choice_unless_set():
+    kernel = choose_kernel(GemmProblem(4096, 1024, 4096, True), Epilogue(bias=True), 90)
+    assert "EpilogueTileAuto" in emit_kernel(kernel).text
+    tile = dataclasses.replace(kernel.tile, epilogue_tile=(128, 64))
+    assert tile.describe() == kernel.tile.describe() + "_epi128x64"
+    text = emit_kernel(dataclasses.replace(kernel, tile=tile)).text
+    assert "cute::Shape<cute::_128, cute::_64>, float, float" in text and "EpilogueTileAuto" not in text
