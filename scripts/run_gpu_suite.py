@@ -50,11 +50,14 @@ def device_args(params: list[dict], values: dict[str, np.ndarray]) -> list:
     return [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
 
 
-def call(vm: VirtualMachine, args: list) -> np.ndarray:
-    out = vm["main"](*args)
+def to_host(out) -> np.ndarray:
     if not hasattr(out, "numpy"):  # models imported from a framework return a 1-tuple
         (out,) = out
     return out.numpy()
+
+
+def call(vm: VirtualMachine, args: list) -> np.ndarray:
+    return to_host(vm["main"](*args))
 
 
 def run(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> np.ndarray:
@@ -192,6 +195,29 @@ def check_case(case: dict, build: Path) -> list[dict]:
                     ok &= row["err_vs_f64"] <= (TOL_FP32_ACC if precise else TOL_FP16_ACC)
                 row["ok"] = bool(ok)
                 rows.append(row)
+    return rows
+
+
+def check_back_to_back(manifest: dict, build: Path, calls: int = 16) -> list[dict]:
+    """Chains of SM90 kernels, which launch as programmatic dependents (PDL), called `calls` times
+    back to back with no synchronization in between, each call on its own input set: every output
+    must still be TVM's. A kernel that touched its input before the kernel writing it had finished
+    would fail here; a check that synchronizes after each call can hide such a race."""
+    rows = []
+    for case in manifest.get("graphs", []) + manifest.get("frontends", []):
+        if sum(r["kernel"].startswith("sm90_") for r in case["offloaded"]) < 2:
+            continue
+        vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+        for dims in case["runs"]:
+            inputs = [inputs_for(case["tvm_params"], dims, seed) for seed in range(10, 10 + calls)]
+            args = [device_args(case["cutlass_params"], values) for values in inputs]
+            outputs = [vm_c["main"](*a) for a in args]  # queued back to back; each output kept alive
+            expected = [run(vm_t, case["tvm_params"], values) for values in inputs]
+            errors = [rel_error(to_host(o), e) for o, e in zip(outputs, expected, strict=True)]
+            rows.append(
+                {"case": case["name"], "dims": dims, "calls": calls, "max_err_vs_tvm": max(errors),
+                 "ok": max(errors) <= TOL_VS_TVM}
+            )  # fmt: skip
     return rows
 
 
@@ -754,6 +780,10 @@ def main() -> int:
     if "conv" in only and manifest.get("conv"):
         results["conv_glue"] = check_conv_glue_errors(manifest, build)
         print(f"conv glue argument checks: {'ok' if all(r['ok'] for r in results['conv_glue']) else 'FAIL'}")
+    if "graphs" in only or "frontends" in only:
+        results["back_to_back"] = check_back_to_back(manifest, build)
+        for row in results["back_to_back"]:
+            print(f"back to back {row['case']} {row['dims']}: {'ok' if row['ok'] else 'FAIL'}", flush=True)
     if "tests" in only:
         results["glue"] = check_glue_errors(manifest, build)
         print(f"glue argument checks: {'ok' if all(r['ok'] for r in results['glue']) else 'FAIL'}", flush=True)
@@ -802,7 +832,8 @@ def main() -> int:
     failed = [
         r for key in (*SECTIONS, "attention_bench") if key != "sweep" for r in results[key] if not r.get("ok", True)
     ]
-    failed += [r for key in ("glue", "conv_glue", "gelu16") for r in results.get(key, []) if not r["ok"]]
+    checks = ("glue", "conv_glue", "gelu16", "back_to_back")
+    failed += [r for key in checks for r in results.get(key, []) if not r["ok"]]
     for r in failed:
         print("FAILED:", json.dumps(r))
     print_summary(results)

@@ -107,6 +107,18 @@ def test_gelu_of_every_fp16_value_is_within_one_ulp():
     print(rows)
 
 
+@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
+def test_chained_sm90_kernels_called_back_to_back_match_tvm():
+    """Programmatic dependent launch must never let a kernel read an input still being written."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_gpu_suite import check_back_to_back
+
+    rows = check_back_to_back(json.loads(MANIFEST.read_text()), BUILD)
+    if not rows:
+        pytest.skip("no chain of SM90 kernels in this build (scripts/build_gpu_suite.py --only graphs)")
+    assert all(r["ok"] for r in rows), rows
+
+
 TUNE = ROOT / "build" / "tune"
 tune_skip = skip_reason or (
     None if (TUNE / "profile.json").exists() else "no profiler: run `python -m relax_cutlass tune build`"
