@@ -134,6 +134,11 @@ bool LaunchWithPdl() {
 }  // namespace
 """
 SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl())"
+# The switch and the launch go together: a kernel without the waits must never be launched early.
+PDL_PARTS = {"defines": SM90_DEFINES, "run": SM90_RUN}
+# CUTLASS 4.2's stream-K scheduler does not compile with the switch (its const `is_last_tile`
+# passes a member to a non-const reference), so stream-K and split-K kernels launch plainly.
+PDL_SCHEDULERS = ("default",)
 
 # schedule -> (kernel schedule, epilogue schedule)
 SCHEDULES = {
@@ -217,6 +222,5 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
         "instance": instance,
         "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
         "arguments": arguments,
-        "defines": SM90_DEFINES,
-        "run": SM90_RUN,
+        **(PDL_PARTS if t.scheduler in PDL_SCHEDULERS else {}),
     }

@@ -200,6 +200,12 @@ def test_sm90_kernels_launch_as_programmatic_dependents():
     assert "/*launch_with_pdl=*/LaunchWithPdl()" in text and 'getenv("RELAX_CUTLASS_PDL")' in text
     text80 = emit_kernel(region(dense_epilogue_model(512, 256, 128), arch="sm_80").kernel).text
     assert "GDC" not in text80 and "status = op.run(stream);" in text80
+    # CUTLASS 4.2's stream-K scheduler does not compile with it: those kernels launch plainly.
+    split_k = choose_kernel(
+        GemmProblem(128, 1024, 4096, True), Epilogue(), 90, tile="tb128x128x64_c1x2x1_cooperative_splitk"
+    )
+    text = emit_kernel(split_k).text
+    assert "GDC" not in text and "status = op.run(stream);" in text
 
 
 def test_epilogue_subtile_is_cutlass_choice_unless_set():
