@@ -137,7 +137,8 @@ SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchW
 # The switch and the launch go together: a kernel without the waits must never be launched early.
 PDL_PARTS = {"defines": SM90_DEFINES, "run": SM90_RUN}
 # CUTLASS 4.2's stream-K scheduler does not compile with the switch (its const `is_last_tile`
-# passes a member to a non-const reference), so stream-K and split-K kernels launch plainly.
+# passes a member to a non-const reference; fixed upstream after 4.2 by NVIDIA/cutlass PR 2686), so
+# stream-K and split-K kernels launch plainly.
 PDL_SCHEDULERS = ("default",)
 
 # schedule -> (kernel schedule, epilogue schedule)
