@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
-from .kernel_spec import ACTIVATIONS, AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
+from .kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -87,7 +87,7 @@ def epilogue_key(epilogue: Epilogue, element_out: str) -> str:
     if epilogue == Epilogue():
         return ""
     names = (epilogue.activation, epilogue.residual_activation)
-    forms = {a: ACTIVATIONS[a].for_output(element_out).name for a in names}
+    forms = dict(zip(names, (form.name for form in epilogue.functors(element_out)), strict=True))
     return "+".join(forms.get(part, part) for part in epilogue.parts())
 
 

@@ -207,7 +207,7 @@ def check_back_to_back(manifest: dict, build: Path, calls: int = 16) -> list[dic
     for case in manifest.get("graphs", []) + manifest.get("frontends", []):
         if sum(r["kernel"].startswith("sm90_") for r in case["offloaded"]) < 2:
             continue
-        vm_c, vm_t = load(build / f"{case['name']}.cutlass.so"), load(build / f"{case['name']}.tvm.so")
+        (vm_c, _), vm_t = family_build(case, build, "auto"), load(build / f"{case['name']}.tvm.so")
         for dims in case["runs"]:
             inputs = [inputs_for(case["tvm_params"], dims, seed) for seed in range(10, 10 + calls)]
             args = [device_args(case["cutlass_params"], values) for values in inputs]
