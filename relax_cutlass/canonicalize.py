@@ -5,6 +5,11 @@ reshape(B, S, N), with an astype after the first reshape once ToMixedPrecision h
 reshape between the GEMM (+ bias) and what follows (gelu, a residual add) would end the fused
 region at the bias. Relax's matmul takes the N-D input directly, so the pair of reshapes is
 dropped: matmul(x, W) (+ b) on (B, S, K) is the same computation, and the epilogue after it fuses.
+
+The same pass also turns a batched matmul whose weight is one 2-D matrix broadcast over the batch
+back into matmul(x, W). torch.export writes some linear layers (a Hugging Face BERT's attention
+output projection under SDPA) as expand(W^T, (B, K, N)) + bmm; after bind_params + FoldConstant
+the broadcast is a (B, K, N) constant of B equal slices, which no ND x 2D GEMM pattern matches.
 Nothing else is touched.
 """
 
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
@@ -56,13 +62,55 @@ def _rewrite(func: relax.Function) -> relax.Function:
     return rewrite_call(out, rewriter, func)
 
 
+def _broadcast_source(weight: relax.Expr, batch_dims: int) -> relax.Expr | None:
+    """The 2-D matrix that `weight` (rank 2 + batch_dims) repeats over its leading dims, or None.
+
+    Either broadcast_to(W) of a 2-D W, or a constant whose slices over the leading dims are all
+    equal (compared exactly, so a constant that merely looks broadcast is never changed)."""
+    if isinstance(weight, relax.Call) and weight.op == tvm.ir.Op.get("relax.broadcast_to"):
+        source = weight.args[0]
+        dims = static_shape(source)
+        wdims = static_shape(weight)
+        if dims is not None and wdims is not None and len(dims) == 2 and dims == wdims[-2:]:
+            return source
+        return None
+    if not isinstance(weight, tvm.ir.GenericConst):
+        return None
+    value = weight.value.numpy()
+    if value.ndim != 2 + batch_dims or value.ndim < 3:
+        return None
+    flat = value.reshape(-1, *value.shape[-2:])
+    if not all(np.array_equal(flat[0], s) for s in flat[1:]):
+        return None
+    return relax.const(np.ascontiguousarray(flat[0]), str(weight.ty.dtype))
+
+
+def unbroadcast_weights(func: relax.Function) -> relax.Function:
+    """matmul(x, W broadcast to (..., K, N)) -> matmul(x, W) for a 2-D W repeated over x's batch."""
+    x, weight = wildcard(), wildcard()
+    pattern = is_op("relax.matmul")(x, weight)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        xs, ws = static_shape(m[x]), static_shape(m[weight])
+        if xs is None or ws is None or len(ws) < 3 or len(xs) < len(ws) or xs[-len(ws) : -2] != ws[:-2]:
+            return orig
+        source = _broadcast_source(m[weight], len(ws) - 2)
+        if source is None:
+            return orig
+        return relax.op.matmul(m[x], source, out_dtype=str(orig.ty.dtype))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")
 class FoldLinearReshapes:
-    """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b]."""
+    """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b], and
+    matmul(x, W broadcast over the batch) -> matmul(x, W)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         functions = {
-            gv: _rewrite(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()
+            gv: _rewrite(unbroadcast_weights(func)) if isinstance(func, relax.Function) else func
+            for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
 

@@ -143,3 +143,37 @@ def test_fold_linear_reshapes_only_folds_the_exact_flatten():
     assert _op_names(kept["main"]).count("relax.reshape") == 2
     for mod in (build([2, 8, 32]), build([4, 4, 32])):
         compare_on_cpu(mod, random_inputs(mod))
+
+
+def test_batched_matmul_with_a_broadcast_weight_becomes_a_dense():
+    """A Hugging Face BERT under SDPA exports its attention output projection as expand(W^T) + bmm;
+    bound and folded, the weight is a (B, K, N) constant of B equal slices. It must reach the GEMM
+    patterns as matmul(x, W) with the 2-D W (then the bias fuses); a batched weight whose slices
+    differ stays a batched matmul."""
+    from relax_cutlass.transform import FoldLinearReshapes
+
+    rng = np.random.default_rng(0)
+    weight = rng.uniform(-1, 1, (16, 32)).astype("float16")
+
+    def build(batch_weight):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([2, 8, 16], "float16"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit(relax.op.matmul(x, batch_weight))
+                y = bb.emit(relax.op.add(y, relax.const(rng.uniform(-1, 1, 32).astype("float16"))))
+                out = bb.emit_output(y)
+            bb.emit_func_output(out)
+        return bb.get()
+
+    folded = build(relax.const(np.stack([weight, weight])))
+    expression = build(relax.op.broadcast_to(relax.const(weight), [2, 16, 32]))
+    distinct = build(relax.const(np.stack([weight, weight[::-1].copy()])))
+    for mod in (folded, expression):
+        rewritten = FoldLinearReshapes()(mod)
+        assert "relax.broadcast_to" not in _op_names(rewritten["main"])
+        _, _, offloaded = compare_on_cpu(mod, random_inputs(mod))
+        (region,) = relax_cutlass.offload_report(offloaded).offloaded
+        assert region["epilogue"] == "bias" and region["mnk"] == [16, 32, 16]
+    _, _, offloaded = compare_on_cpu(distinct, random_inputs(distinct))
+    assert not relax_cutlass.offload_report(offloaded).offloaded
