@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["offload_pipeline", "offload_report", "transform", "__version__"]
+__all__ = ["from_torch", "offload_pipeline", "offload_report", "transform", "__version__"]
 
 
 def __getattr__(name: str):
@@ -20,6 +20,10 @@ def __getattr__(name: str):
         from .pipeline import offload_pipeline
 
         return offload_pipeline
+    if name == "from_torch":
+        from .frontend import from_torch
+
+        return from_torch
     if name == "offload_report":
         from .report import offload_report
 

@@ -259,14 +259,15 @@ def bind_float16(mod: tvm.IRModule, weights: dict[str, np.ndarray], dtype: str =
     return to_float16(relax.transform.BindParams("main", weights)(mod), dtype)
 
 
-def to_float16(mod: tvm.IRModule, dtype: str = "float16") -> tvm.IRModule:
+def to_float16(mod: tvm.IRModule, dtype: str = "float16", convert_layout: bool = True) -> tvm.IRModule:
     """A float32 model with its weights bound -> NHWC, float16 compute: ConvertToNHWC (batch norm
     folded into convolutions, filters re-laid out once), then TVM's ToMixedPrecision and
     FoldConstant, so every weight reaches the offload passes as a float16 constant. Inputs and
     outputs stay float32, as the framework model's."""
     from .layout import ConvertToNHWC
 
-    mod = ConvertToNHWC()(mod)
+    if convert_layout:
+        mod = ConvertToNHWC()(mod)
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
     return relax.transform.FoldConstant()(mod)
 

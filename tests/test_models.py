@@ -177,3 +177,71 @@ def test_batched_matmul_with_a_broadcast_weight_becomes_a_dense():
         assert region["epilogue"] == "bias" and region["mnk"] == [16, 32, 16]
     _, _, offloaded = compare_on_cpu(distinct, random_inputs(distinct))
     assert not relax_cutlass.offload_report(offloaded).offloaded
+
+
+def test_from_torch_imports_a_half_precision_model_as_users_hold_it():
+    """The naive path (model.half(), then torch.export) fails inside TVM's frontend (its
+    batch_norm and addmm converters want float32); from_torch takes the model as the user holds
+    it and returns a bound fp16 module that computes what the float32 model does, without
+    changing the user's model."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class ConvAddmm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16)
+            self.weight, self.bias = nn.Parameter(torch.randn(16, 32) / 4), nn.Parameter(torch.randn(32))
+
+        def forward(self, x):
+            pooled = torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+            return torch.addmm(self.bias, pooled, self.weight)
+
+    torch.manual_seed(0)
+    model = ConvAddmm().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.1, 0.1)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(2, 8, 12, 12)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    model.half()
+    mod = relax_cutlass.from_torch(model, (x.half(),))
+    assert next(model.parameters()).dtype == torch.float16
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["float32"]
+    got, _, rewritten = compare_on_cpu(mod, [x.numpy()])
+    assert sorted(r["op"] for r in relax_cutlass.offload_report(rewritten).offloaded) == ["conv2d", "matmul"]
+    from harness import rel_error
+
+    assert rel_error(got, expected) < 1e-2
+
+
+def test_from_torch_imports_gpt2_with_its_cache_on_and_integer_token_ids():
+    """A transformers GPT-2 as constructed (use_cache on) exports a concat of an empty 1-D cache
+    with the 4-D keys, which TVM's frontend rejects: from_torch exports without the cache (same
+    outputs) on a copy; the token ids stay int64 and every Conv1D (addmm) is offloaded."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, n_positions=64, vocab_size=128)
+    gpt2 = transformers.GPT2Model(config).eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = gpt2
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).last_hidden_state
+
+    mod = relax_cutlass.from_torch(LastHiddenState().half(), (torch.randint(0, 128, (1, 16)),))
+    assert config.use_cache
+    assert [str(p.ty.dtype) for p in mod["main"].params] == ["int64"]
+    offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
+    assert len(relax_cutlass.offload_report(offloaded).offloaded) == 4  # c_attn, attn c_proj, c_fc, mlp c_proj
+
+
+def test_from_torch_rejects_an_unsupported_dtype():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="dtype 'float32' is not supported"):
+        relax_cutlass.from_torch(torch.nn.Linear(8, 8), torch.zeros(2, 8), dtype="float32")

@@ -1,0 +1,101 @@
+"""from_torch: a PyTorch model and example inputs -> a bound, 16-bit, offload-ready IRModule.
+
+The path a new user tries first, `model.half()` then torch.export, fails inside TVM's frontend
+(its batch_norm and addmm converters check for float32). The path that works is the usual TVM
+flow: export in float32, import with `from_exported_program`, bind the weights as constants, then
+lower to float16 (or bfloat16) on the Relax side. This module is that path as one call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tvm
+
+__all__ = ["from_torch"]
+
+SUPPORTED_DTYPES = ("float16", "bfloat16")
+
+
+def _example_tuple(example_inputs: Any) -> tuple:
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def _float32(value: Any, torch) -> Any:
+    """Floating tensors to float32 (the export dtype); integer ones (token ids, masks) unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().float() if value.is_floating_point() else value.detach()
+    if isinstance(value, Mapping):
+        return {k: _float32(v, torch) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return type(value)(_float32(v, torch) for v in value)
+    return value
+
+
+def _exportable_copy(model, torch):
+    """A float32, eval-mode, CPU copy of `model`; the user's model is left untouched.
+
+    A Hugging Face model's key/value cache is switched off: inference without it computes the
+    same outputs, and its first step concatenates an empty 1-D tensor with 4-D keys, which
+    torch accepts but TVM's concat converter rejects."""
+    model = copy.deepcopy(model).float().eval().cpu()
+    for module in model.modules():  # the model itself, or one wrapped inside the user's module
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False
+    return model
+
+
+def from_torch(
+    model,
+    example_inputs: Any,
+    dtype: str = "float16",
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    convert_layout: bool = True,
+) -> tvm.IRModule:
+    """Import a PyTorch module for offloading: torch.export (float32) -> `from_exported_program` ->
+    weights bound as constants -> NHWC convolutions with batch norm folded -> `dtype` compute.
+
+    `example_inputs`: a tensor or a tuple of them (token ids stay integer). `dtype`: "float16" or
+    "bfloat16". The model may be in any precision and on any device; a float32 CPU copy is
+    exported, and the model itself is not changed. The module's inputs and outputs keep the
+    framework model's float32 (ToMixedPrecision casts at the edges), so it is fed the same
+    arrays as the PyTorch model. `dynamic_shapes` is passed to torch.export (symbolic batch or
+    sequence). `convert_layout=False` keeps NCHW convolutions (they then stay in TVM).
+
+    Returns the module, ready for `relax_cutlass.offload_pipeline(...)` or TVM's own build.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"from_torch: dtype {dtype!r} is not supported; use one of {SUPPORTED_DTYPES}")
+    try:
+        import torch
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError("relax_cutlass.from_torch needs PyTorch: pip install 'relax_cutlass[models]'") from err
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from .models import to_float16
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"from_torch: expected a torch.nn.Module, got {type(model).__name__}")
+    args = _float32(_example_tuple(example_inputs), torch)
+    kwargs = _float32(dict(example_kwargs or {}), torch)
+    args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    exportable = _exportable_copy(model, torch)
+    with torch.no_grad():
+        exported = torch.export.export(exportable, args, kwargs, dynamic_shapes=dynamic_shapes)
+    mod = from_exported_program(exported, keep_params_as_input=True)
+    mod, params = relax.frontend.detach_params(mod)
+    inputs = len(mod["main"].params) - len(params.get("main", []))
+    weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}
+    mod = relax.transform.BindParams("main", weights)(mod)
+    return to_float16(mod, dtype, convert_layout=convert_layout)
