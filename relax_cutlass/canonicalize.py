@@ -148,3 +148,40 @@ def fold_scalar_casts(func: relax.Function) -> relax.Function:
         return relax.const(value.astype(str(orig.ty.dtype)), str(orig.ty.dtype))
 
     return rewrite_call(pattern, rewriter, func)
+
+
+# Dtypes TVM 0.27's CUDA cumsum handles; a bool input aborts the process with a misaligned shared
+# memory write (gpu_2d_continuous_cumsum, seen on the H100) and int8 does not compile.
+_CUMSUM_DTYPES = ("int32", "int64", "float16", "float32", "float64")
+
+
+def widen_narrow_cumsums(func: relax.Function) -> relax.Function:
+    """cumsum over bool / 8- or 16-bit ints -> the same sums in int32, cast back to the result type.
+
+    The integer sums are exact and then narrowed as the original's result type narrows them (for
+    bool: any True so far), so the function computes the same values, in a form TVM can build."""
+    x = wildcard()
+    pattern = is_op("relax.cumsum")(x)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        source, result = str(m[x].ty.dtype), str(orig.ty.dtype)
+        if source in _CUMSUM_DTYPES and result in _CUMSUM_DTYPES:
+            return orig
+        wide = result if result in _CUMSUM_DTYPES else "int32"
+        attrs = orig.attrs
+        summed = relax.op.cumsum(relax.op.astype(m[x], wide), attrs.axis, wide, bool(attrs.exclusive))
+        return summed if wide == result else relax.op.astype(summed, result)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.WidenNarrowCumsums")
+class WidenNarrowCumsums:
+    """Every cumsum over a dtype TVM's CUDA build cannot take, computed in int32 instead."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        functions = {
+            gv: widen_narrow_cumsums(func) if isinstance(func, relax.Function) else func
+            for gv, func in mod.functions_items()
+        }
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

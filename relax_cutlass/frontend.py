@@ -52,6 +52,28 @@ def _exportable_copy(model, torch):
     return model
 
 
+def _torch_cumsum(node, importer) -> tvm.ir.Expr:
+    """torch.cumsum with torch's type promotion: a bool or integer input sums in int64 unless a
+    dtype is given. TVM's converter keeps the input dtype, so a cumsum over a bool mask (as
+    transformers' packed-sequence check writes it) would saturate at True instead of counting."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    dtype = node.kwargs.get("dtype")
+    source = str(x.ty.dtype)
+    if dtype is not None:
+        dtype = importer._convert_data_type(str(dtype), importer.env)
+    elif source == "bool" or source.startswith(("int", "uint")):
+        dtype = "int64"
+    if dtype is not None and dtype != source:
+        x = importer.block_builder.emit(relax.op.astype(x, dtype))
+    return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
+
+
+CONVERTERS = {"cumsum.default": _torch_cumsum}
+
+
 def from_torch(
     model,
     example_inputs: Any,
@@ -93,7 +115,7 @@ def from_torch(
     exportable = _exportable_copy(model, torch)
     with torch.no_grad():
         exported = torch.export.export(exportable, args, kwargs, dynamic_shapes=dynamic_shapes)
-    mod = from_exported_program(exported, keep_params_as_input=True)
+    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
     mod, params = relax.frontend.detach_params(mod)
     inputs = len(mod["main"].params) - len(params.get("main", []))
     weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}

@@ -5,13 +5,23 @@ from __future__ import annotations
 import tvm
 
 from .arch import parse_arch
-from .transform import ConvertToNHWC, CutlassCodegen, FoldLinearReshapes, LiftConstants, PartitionForCutlass
+from .transform import (
+    ConvertToNHWC,
+    CutlassCodegen,
+    FoldLinearReshapes,
+    LiftConstants,
+    PartitionForCutlass,
+    WidenNarrowCumsums,
+)
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants -> CutlassCodegen.
+    """WidenNarrowCumsums -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
+    -> CutlassCodegen.
 
-    `arch="auto"` detects the local GPU (and fails clearly without one). FoldLinearReshapes drops
+    WidenNarrowCumsums computes cumsums over bool or 8/16-bit ints in int32 (TVM's CUDA cumsum
+    aborts the process on a bool input; transformers' mask code has one). `arch="auto"` detects
+    the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
     accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
@@ -19,6 +29,13 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []
     return tvm.transform.Sequential(
-        [FoldLinearReshapes(), *layout, PartitionForCutlass(sm), LiftConstants(), CutlassCodegen(sm, **options)],
+        [
+            WidenNarrowCumsums(),
+            FoldLinearReshapes(),
+            *layout,
+            PartitionForCutlass(sm),
+            LiftConstants(),
+            CutlassCodegen(sm, **options),
+        ],
         name="relax_cutlass.offload_pipeline",
     )

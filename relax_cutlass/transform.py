@@ -1,9 +1,16 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
-from .canonicalize import FoldLinearReshapes
+from .canonicalize import FoldLinearReshapes, WidenNarrowCumsums
 from .codegen import CutlassCodegen
 from .constants import LiftConstants
 from .layout import ConvertToNHWC
 from .partition import PartitionForCutlass
 
-__all__ = ["ConvertToNHWC", "CutlassCodegen", "FoldLinearReshapes", "LiftConstants", "PartitionForCutlass"]
+__all__ = [
+    "ConvertToNHWC",
+    "CutlassCodegen",
+    "FoldLinearReshapes",
+    "LiftConstants",
+    "PartitionForCutlass",
+    "WidenNarrowCumsums",
+]

@@ -245,3 +245,20 @@ def test_from_torch_rejects_an_unsupported_dtype():
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match="dtype 'float32' is not supported"):
         relax_cutlass.from_torch(torch.nn.Linear(8, 8), torch.zeros(2, 8), dtype="float32")
+
+
+def test_from_torch_counts_a_bool_cumsum_as_torch_does():
+    """torch.cumsum over a bool (or integer) tensor sums in int64; TVM's converter kept the bool
+    dtype (saturating at True). transformers' packed-sequence check is such a cumsum."""
+    torch = pytest.importorskip("torch")
+
+    class CountPositive(torch.nn.Module):
+        def forward(self, x):
+            return (x > 0).cumsum(-1)
+
+    x = torch.randn(2, 64)
+    mod = relax_cutlass.from_torch(CountPositive(), (x,))
+    from harness import build_cpu, run_vm
+
+    got = run_vm(build_cpu(mod), [x.numpy()])
+    np.testing.assert_array_equal(got, CountPositive()(x).numpy())
