@@ -409,16 +409,22 @@ def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
     return problems
 
 
-def conv2d_problems(conv: relax.Call) -> list[str]:
-    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel (empty when it can)."""
+def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
+    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel (empty when it can).
+
+    layout_skipped: why ConvertToNHWC left the conv's function in NCHW, if it did."""
     data, weight = conv.args
     attrs = conv.attrs
     problems = []
     layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
     if layouts != CONV2D_LAYOUTS:
         problems.append(
-            f"layouts {layouts} are not NHWC/OHWI; run relax_cutlass.transform.ConvertToNHWC() first "
-            "(offload_pipeline does)"
+            f"layouts {layouts} are not NHWC/OHWI; "
+            + (
+                f"ConvertToNHWC skipped the layout conversion of this function ({layout_skipped})"
+                if layout_skipped
+                else "run relax_cutlass.transform.ConvertToNHWC() first (offload_pipeline does)"
+            )
         )
     if int(attrs.groups) != 1:
         problems.append(

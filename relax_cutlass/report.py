@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from .constants import offloaded_functions
+from .layout import layout_skipped
 from .patterns import conv2d_problems, matmul_problems, static_shape
 
 
@@ -133,7 +134,7 @@ def _flops(call: relax.Call) -> int | None:
     return 2 * math.prod(out) * lhs[-1]
 
 
-def _matmul_row(name: str, call: relax.Call, var2val) -> dict:
+def _matmul_row(name: str, call: relax.Call, var2val, _layout_skipped: str | None) -> dict:
     rhs = call.args[1]
     producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
     transposed = (
@@ -153,13 +154,13 @@ def _matmul_row(name: str, call: relax.Call, var2val) -> dict:
     }
 
 
-def _conv2d_row(name: str, call: relax.Call, _var2val) -> dict:
+def _conv2d_row(name: str, call: relax.Call, _var2val, layout_skipped: str | None) -> dict:
     return {
         "function": name,
         "op": "conv2d",
         "shapes": _shapes(call),
         "flops": _flops(call),
-        "reasons": conv2d_problems(call) or [NOT_MATCHED],
+        "reasons": conv2d_problems(call, layout_skipped) or [NOT_MATCHED],
     }
 
 
@@ -167,13 +168,13 @@ ROOT_OPS = {"relax.matmul": _matmul_row, "relax.nn.conv2d": _conv2d_row}
 
 
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
-    rows = []
+    rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
         var2val = get_var2val(func)
         for op_name, row in ROOT_OPS.items():
-            rows += [row(gv.name_hint, call, var2val) for call in _calls(func, op_name)]
+            rows += [row(gv.name_hint, call, var2val, skipped.get(gv.name_hint)) for call in _calls(func, op_name)]
     return rows
 
 

@@ -1,9 +1,9 @@
 """Real models written in PyTorch and imported through TVM's own frontend.
 
-torchvision is not installable everywhere relax_cutlass runs, so ResNet-50 is written out here
-(the torchvision v1.5 architecture: stride on the 3x3 conv of each bottleneck). Importing goes
-through `torch.export` + `tvm.relax.frontend.torch.from_exported_program`, the path users take, with
-the weights kept as parameters so `bind_weights` can turn them into constants.
+torchvision is not installable everywhere relax_cutlass runs, so ResNet-50 (the torchvision v1.5
+architecture: stride on the 3x3 conv of each bottleneck) and a vit_b_16-style ViT are written out
+here. Importing goes through `torch.export` + `tvm.relax.frontend.torch.from_exported_program`, the
+path users take, with the weights kept as parameters so `bind_weights` can turn them into constants.
 """
 
 from __future__ import annotations
@@ -249,3 +249,66 @@ def llama_mlp_module(tokens: int = 64, hidden: int = 256, intermediate: int = 70
     torch.manual_seed(seed)
     example = (torch.from_numpy(np.zeros((tokens, hidden), "float32")),)
     return import_exported(GatedMLP().eval(), example)
+
+
+def vit(
+    image: int = 64,
+    patch: int = 16,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    mlp: int | None = None,
+    num_classes: int = 10,
+    seed: int = 0,
+):
+    """A torchvision-style Vision Transformer (vit_b_16 is image=224, hidden=768, layers=12,
+    heads=12, mlp=3072, num_classes=1000), eval mode, random init.
+
+    The torchvision structure: a patch x patch, stride-patch conv stem, flatten(2).transpose(1, 2)
+    to tokens, a class token concatenated in front, a position embedding added, pre-norm encoder
+    layers (nn.MultiheadAttention with its packed q/k/v projection, GELU MLP), a final LayerNorm and
+    the head on the class token. Input: (batch, 3, image, image).
+    """
+    torch = _torch()
+    nn = torch.nn
+    tokens = (image // patch) ** 2 + 1
+
+    class VisionTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv_proj = nn.Conv2d(3, hidden, patch, stride=patch)
+            self.class_token = nn.Parameter(0.02 * torch.randn(1, 1, hidden))
+            self.pos_embedding = nn.Parameter(0.02 * torch.randn(1, tokens, hidden))
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(
+                    hidden,
+                    heads,
+                    mlp or 4 * hidden,
+                    dropout=0.0,
+                    activation="gelu",
+                    layer_norm_eps=1e-6,
+                    batch_first=True,
+                    norm_first=True,
+                )
+                for _ in range(layers)
+            )
+            self.ln = nn.LayerNorm(hidden, eps=1e-6)
+            self.head = nn.Linear(hidden, num_classes)
+
+        def forward(self, x):
+            x = self.conv_proj(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embedding
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.ln(x)[:, 0])
+
+    torch.manual_seed(seed)
+    return VisionTransformer().eval()
+
+
+def vit_module(batch: int = 1, image: int = 64, **kwargs) -> tuple[tvm.IRModule, dict]:
+    """The ViT of `vit` imported from PyTorch: (IRModule, weights), input `x` of shape (batch, 3, image, image)."""
+    torch = _torch()
+    model = vit(image=image, **kwargs)
+    example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
+    return import_exported(model, example)
