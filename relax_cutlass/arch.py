@@ -1,4 +1,4 @@
-"""Parse and detect the target GPU architecture."""
+"""Parse and detect the target GPU architecture, and say which kernel family serves it."""
 
 from __future__ import annotations
 
@@ -6,24 +6,56 @@ import re
 import shutil
 import subprocess
 
-# SM count of the flagship part of each family, for the wave-quantization heuristic.
-SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132}
+# SMs nvcc 13 can target that relax_cutlass builds for (its kernels need SM80's mma.sync).
+KNOWN_ARCHES = (80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
+BLACKWELL = (100, 103, 110, 120, 121)
+
+# SM count of the flagship part of each SM, for the wave-quantization heuristic.
+SM_COUNT = {
+    80: 108,  # A100
+    86: 84,  # RTX 3090 / A40
+    89: 128,  # RTX 4090 (L40S: 142)
+    90: 132,  # H100 SXM
+    100: 148,  # B200
+    # B300 (Blackwell Ultra): the die has 160 SMs; shipped parts are assumed to enable 148 as the
+    # B200 does (not verified on hardware: only the wave model's SM count depends on it).
+    103: 148,
+    110: 20,  # Jetson AGX Thor (2560 CUDA cores)
+    120: 170,  # RTX 5090 (RTX PRO 6000 Blackwell: 188)
+    121: 48,  # DGX Spark, GB10 (6144 CUDA cores)
+}
 
 
 def parse_arch(arch: str | int) -> int:
-    """'sm_80' / 'sm_90a' / '90' / 90 / 'auto' -> 80 / 90 ..."""
-    if isinstance(arch, int):
+    """'sm_80' / 'sm_90a' / 'sm_100f' / '120' / 121 / '10.0' / 'auto' -> 80 / 90 / 100 / 120 / 121 / 100 ...
+
+    The 'a' (arch-specific) and 'f' (family) suffixes are accepted and name the same SM: relax_cutlass
+    decides per kernel family how to compile for it (`nvcc_gencode`)."""
+    if isinstance(arch, int) and not isinstance(arch, bool):
         value = arch
     elif arch == "auto":
         value = detect_arch()
     else:
-        match = re.fullmatch(r"(?:sm_?)?(\d{2,3})a?", str(arch).strip().lower())
-        if not match:
-            raise ValueError(f"arch {arch!r} is not understood: use 'sm_80', 'sm_86', 'sm_90a' or 'auto'")
-        value = int(match.group(1))
+        text = str(arch).strip().lower()
+        match = re.fullmatch(r"(?:sm_?|compute_?)?(\d{2,3})[af]?", text)
+        dotted = re.fullmatch(r"(\d{1,2})\.(\d)", text)  # a compute capability, as nvidia-smi prints it
+        if match:
+            value = int(match.group(1))
+        elif dotted:
+            value = int(dotted.group(1)) * 10 + int(dotted.group(2))
+        else:
+            raise ValueError(
+                f"arch {arch!r} is not understood: use e.g. 'sm_80', 'sm_86', 'sm_90a', 'sm_100a', 'sm_120' or 'auto'"
+            )
     if value < 80:
         raise ValueError(
-            f"arch sm_{value} is not supported: relax_cutlass generates SM80+ tensor-op kernels (Ampere, Ada, Hopper)"
+            f"arch sm_{value} is not supported: relax_cutlass generates SM80+ tensor-op kernels "
+            "(Ampere, Ada, Hopper, Blackwell)"
+        )
+    if value not in KNOWN_ARCHES:
+        raise ValueError(
+            f"arch sm_{value} is not one relax_cutlass knows how to build for; known: "
+            + ", ".join(f"sm_{a}" for a in KNOWN_ARCHES)
         )
     return value
 
@@ -43,7 +75,12 @@ def detect_arch() -> int:
             f"arch='auto' found no usable GPU (nvidia-smi: {proc.stderr.strip() or 'no devices'}); "
             "pass the target explicitly, e.g. arch='sm_80'"
         )
-    major, minor = caps[0].split(".")
+    return compute_capability(caps[0])
+
+
+def compute_capability(text: str) -> int:
+    """nvidia-smi's compute_cap ("8.0", "9.0", "10.0", "12.1") -> 80, 90, 100, 121."""
+    major, minor = text.strip().split(".")
     return int(major) * 10 + int(minor)
 
 
@@ -55,13 +92,57 @@ def local_gpu_arch() -> int | None:
         return None
 
 
-# Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg), which run on that SM only.
-ARCH_SPECIFIC = (90, 100)
+def native_family(arch: int) -> int:
+    """The kernel family a target runs natively: 90 (CUTLASS 3.x TMA + wgmma) on sm_90a only;
+    80 (CUTLASS 2.x mma.sync, also the fused attention kernel) everywhere else. wgmma exists on
+    SM90 alone: CUTLASS compiles its SM90 kernels for any other target into stubs that do nothing
+    (see relax_cutlass.sass_check), and relax_cutlass has no native Blackwell (tcgen05) kernels yet."""
+    return 90 if arch == 90 else 80
+
+
+def family_note(arch: int) -> str:
+    """Why `arch` gets the SM80 family, for the offload report ("" where that needs no word)."""
+    if arch in BLACKWELL:
+        return (
+            f"SM80 family (CUTLASS 2.x mma.sync) for sm_{arch}: Blackwell runs it; SM90 wgmma kernels do not "
+            "run on Blackwell and relax_cutlass has no native tcgen05 kernels yet"
+        )
+    return ""
+
+
+# Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg), which run on that SM only. The
+# SM80 family uses no arch-specific feature, so Blackwell targets get plain SASS + PTX.
+ARCH_SPECIFIC = (90,)
+
+
+def arch_name(arch: int) -> str:
+    """The target as nvcc names its SASS: 'sm_90a', 'sm_100', 'sm_120'."""
+    return f"sm_{arch}{'a' if arch in ARCH_SPECIFIC else ''}"
 
 
 def nvcc_gencode(arch: int) -> list[str]:
     """nvcc flags for one arch: the target's own SASS, plus PTX where the driver can JIT it for
-    newer GPUs (arch-specific 'a' targets such as sm_90a have no forward-compatible PTX)."""
+    newer GPUs (arch-specific 'a' targets such as sm_90a have no forward-compatible PTX). Plain
+    sm_100 SASS also runs on sm_103, and sm_120 SASS on sm_121 (same major, newer minor)."""
     if arch in ARCH_SPECIFIC:
         return [f"-gencode=arch=compute_{arch}a,code=sm_{arch}a"]
     return [f"-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"]
+
+
+FAMILIES = ("auto", "sm80", "sm90")
+
+
+def resolve_family(family: str, arch: int) -> str:
+    """Check a `family=` option against the target: "auto" (the target's native family), "sm80"
+    (CUTLASS 2.x kernels on any target) or "sm90" (sm_90a only, where it is what "auto" picks).
+    -> "auto" or "sm80"."""
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: use 'auto' (the target's native kernels), 'sm80' or 'sm90' (sm_90a)")
+    if family == "sm90":
+        if arch != 90:
+            raise ValueError(
+                f"family='sm90' needs arch='sm_90a': CUTLASS's SM90 wgmma kernels run on Hopper only, and "
+                f"compiled for sm_{arch} they are stubs that do nothing; use family='auto' or 'sm80'"
+            )
+        return "auto"
+    return family

@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .arch import parse_arch
+from .arch import parse_arch, resolve_family
 from .compile import cache_dir, compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
 from .kernel_spec import AttentionProblem, AttentionRegion, Conv2dProblem, Conv2dRegion, GemmRegion
@@ -41,7 +41,7 @@ class CodegenOptions:
     m_hint: int = DEFAULT_M_HINT  # M assumed by the heuristic when M is symbolic
     jobs: int | None = None  # parallel compiler processes (default: all cores)
     compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
-    family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a); "sm80": CUTLASS 2.x
+    family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a, else SM80); "sm80": CUTLASS 2.x
     tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
     # Tuning database (JSON lines) whose measured choices win over the heuristic.
     tuning_db: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_TUNING_DB", ""))
@@ -55,12 +55,13 @@ class CodegenOptions:
         unknown = set(options) - known
         if unknown:
             raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
-        if options.get("family", "auto") not in ("auto", "sm80"):
-            raise ValueError(f"family={options['family']!r}: use 'auto' (native kernels) or 'sm80'")
         acc = options.get("accumulator", "float32")
         if acc not in ACCUMULATOR_DTYPES:
             raise ValueError(f"accumulator={acc!r}: use one of {ACCUMULATOR_DTYPES}")
-        created = CodegenOptions(arch=parse_arch(arch), **options)
+        sm = parse_arch(arch)
+        # "sm90" is "auto" on sm_90a and an error elsewhere (its kernels would be stubs there).
+        options["family"] = resolve_family(options.get("family", "auto"), sm)
+        created = CodegenOptions(arch=sm, **options)
         if created.profile not in ("auto", "never"):
             raise ValueError(f"profile={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
         return created

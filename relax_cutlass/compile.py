@@ -42,6 +42,9 @@ class Source:
     text: str
     kind: str  # "cuda" | "host"
     extra_flags: tuple[str, ...] = ()  # e.g. the include dirs of a CUTLASS example's headers
+    # Kernel family ("sm80", "sm90", "fmha"): relax_cutlass.sass_check requires its MMA instructions
+    # in the object's SASS. "" for sources that are not tensor-core kernels.
+    family: str = ""
 
 
 def cache_dir() -> Path:
@@ -167,13 +170,23 @@ def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     return obj, False
 
 
+def _compile_checked(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
+    """_compile_one, then (kernels, cached or not) the SASS check: a stub never reaches a library."""
+    from .sass_check import verify_object
+
+    obj, cached = _compile_one(tc, src, arch)
+    verify_object(obj, src.name, src.family, arch)
+    return obj, cached
+
+
 def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> dict[str, tuple[Path, bool]]:
-    """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores)."""
+    """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores); every kernel
+    object is checked for its family's tensor-core instructions (relax_cutlass.sass_check)."""
     tc = toolchain()
     unique = {s.name: s for s in sources}
     jobs = jobs or int(os.environ.get("RELAX_CUTLASS_JOBS", 0)) or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(unique)))) as pool:
-        futures = {name: pool.submit(_compile_one, tc, s, arch) for name, s in unique.items()}
+        futures = {name: pool.submit(_compile_checked, tc, s, arch) for name, s in unique.items()}
         return {name: f.result() for name, f in futures.items()}
 
 

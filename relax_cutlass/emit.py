@@ -13,7 +13,7 @@ import enum
 import functools
 from string import Template
 
-from .arch import ARCH_SPECIFIC
+from .arch import ARCH_SPECIFIC, arch_name
 from .attention import OPERAND_AXES
 from .compile import Source, fmha_flags
 from .cutlass_lib import data_type
@@ -307,12 +307,15 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
 
 
 def _check_device(kernel) -> str:
+    """The run-time guard: an arch-specific object (sm_90a) runs on exactly that SM; plain SASS +
+    PTX (sm_80, sm_100, sm_120, ...) on it and on every newer GPU, whose driver JITs the PTX (or, in
+    the same major, runs the SASS: sm_100 on sm_103, sm_120 on sm_121)."""
     exact = kernel.target in ARCH_SPECIFIC
     return Template(CHECK_DEVICE).substitute(
         name=kernel.name,
         arch=kernel.target,
         arch_exact=str(exact).lower(),
-        arch_name=f"{kernel.target}{'a' if exact else ''}",
+        arch_name=arch_name(kernel.target).removeprefix("sm_"),
     )
 
 
@@ -336,7 +339,7 @@ def emit_kernel(kernel: GemmKernel | Conv2dKernel | AttentionKernel) -> Source:
     text = KERNEL_TU.substitute(
         name=kernel.name, gemm_args=args, args_type=args_type, check_device=_check_device(kernel), **parts
     )
-    return Source(kernel.name, text, "cuda")
+    return Source(kernel.name, text, "cuda", family=f"sm{kernel.arch}")
 
 
 def _attention_kernel(kernel: AttentionKernel) -> Source:
@@ -350,7 +353,7 @@ def _attention_kernel(kernel: AttentionKernel) -> Source:
         max_k=kernel.max_head_dim,
         check_device=_check_device(kernel),
     )
-    return Source(kernel.name, text, "cuda", fmha_flags())
+    return Source(kernel.name, text, "cuda", fmha_flags(), family="fmha")
 
 
 _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBfloat"}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .arch import arch_name
 from .templates import GELU16_FUNCTOR
 
 # Relax dtype -> CUTLASS element type.
@@ -315,8 +316,11 @@ class _Region:
             "mnk": mnk,
             **details,
             "kernel": self.kernel.name,
+            # the kernel family ("sm80": CUTLASS 2.x mma.sync, "sm90": 3.x wgmma) and the SASS it is built as
+            "family": f"sm{self.kernel.arch}",
+            "target": arch_name(self.kernel.target),
             "selected_by": self.kernel.selected_by,
-            "note": self.kernel.note,
+            "note": self.kernel.note,  # why this family, where the target's own is not it
         }
 
 

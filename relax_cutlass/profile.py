@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from .arch import native_family, resolve_family
 from .compile import Source, compile_all, link_relocatable
 from .emit import emit_kernel
 from .kernel_spec import (
@@ -41,7 +42,6 @@ from .kernel_spec import (
 )
 from .select import (
     SM90_HEURISTIC_TILES,
-    SMEM_LIMIT,
     _fitting,
     _rank_sm80,
     _smem_bytes,
@@ -56,6 +56,7 @@ from .select import (
     choose_split_k,
     estimate_cost,
     sm90_fallback_reason,
+    smem_limit,
     under_fills,
 )
 from .templates import ATTENTION_ARGS, CONV2D_ARGS, GEMM_ARGS
@@ -90,7 +91,7 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         pool = [
             t
             for t in candidate_tiles(problem.element_accumulator, problem.element_a)
-            if _smem_bytes(t) <= SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
+            if _smem_bytes(t) <= smem_limit(arch)
         ]
         chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
         rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
@@ -111,7 +112,8 @@ def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
 
 
 def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
-    return 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    family = resolve_family(family, arch)
+    return 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,10 @@ class OffloadReport:
     def __str__(self) -> str:
         sites = sum(r.get("calls", 1) for r in self.offloaded)
         fraction = self.offloaded_flop_fraction
+        targets = ", ".join(sorted({r["target"] for r in self.offloaded if "target" in r}))
+        title = f"relax_cutlass offload report{' for ' + targets if targets else ''}"
         lines = [
-            f"relax_cutlass offload report: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
+            f"{title}: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
             f"{len(self.left_in_tvm)} candidate(s) left in TVM"
             + (f"; {100 * fraction:.1f}% of the GEMM/conv2d FLOPs offloaded" if fraction is not None else "")
         ]

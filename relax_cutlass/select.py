@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import math
 
-from .arch import SM_COUNT
+from .arch import SM_COUNT, family_note, native_family, resolve_family
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .kernel_spec import (
@@ -39,8 +39,26 @@ from .kernel_spec import (
 )
 from .tuning import attention_key, conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
 
-# Shared memory a CTA may use, per SM generation (bytes).
-SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+# Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
+# capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
+SMEM_LIMIT = {
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    103: 227 * 1024,
+    110: 227 * 1024,
+    120: 99 * 1024,
+    121: 99 * 1024,
+}
+
+
+def smem_limit(arch: int) -> int:
+    return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
+
+
 DEFAULT_M_HINT = 1024
 
 
@@ -198,17 +216,19 @@ def choose_kernel(
     measured choice when `db` has a record for it, else the heuristic.
 
     SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
-    (the reason is kept in the kernel's note, and shown by the offload report). `tile` pins a
+    (the reason is kept in the kernel's note, and shown by the offload report); every other
+    target (Ampere, Ada, Blackwell) gets CUTLASS 2.x kernels (`arch.native_family`). `tile` pins a
     configuration by its `TileConfig.describe()` name (for sweeps and profiling).
     """
+    family = resolve_family(family, arch)
     if db is not None and not tile:
         tuned = _tuned(problem, epilogue, arch, m_hint, family, db)
         if isinstance(tuned, GemmKernel):
             return tuned
         kernel = choose_kernel(problem, epilogue, arch, m_hint, family)
         return dataclasses.replace(kernel, note="; ".join(filter(None, [kernel.note, tuned])))
-    note = ""
-    if arch >= 90 and family == "auto":
+    note = family_note(arch)
+    if native_family(arch) == 90 and family == "auto":
         note = sm90_fallback_reason(problem) or ""
         if not note:
             if tile:
@@ -221,7 +241,7 @@ def choose_kernel(
                     tile,
                 )
             return _choose_sm90(problem, epilogue, arch, m_hint)
-    elif arch >= 90:
+    elif native_family(arch) == 90:
         note = "SM80 kernel requested (family='sm80')"
     legal = _fitting(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
     if tile:
@@ -231,8 +251,7 @@ def choose_kernel(
 
 
 def _fitting(tiles, arch: int, problem) -> list[TileConfig]:
-    smem_limit = SMEM_LIMIT.get(arch, SMEM_LIMIT[80])
-    legal = [t for t in tiles if _smem_bytes(t) <= smem_limit]
+    legal = [t for t in tiles if _smem_bytes(t) <= smem_limit(arch)]
     if not legal:
         raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
     return legal
@@ -286,7 +305,8 @@ def _stage_record(db, key):
 
 def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
     """The database's kernel for `problem`, or why there is none (a note for the report)."""
-    native = 90 if arch >= 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    family = resolve_family(family, arch)
+    native = 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
     m = problem.m if problem.m is not None else m_bucket(m_hint)
     key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue, problem.element_out))
     record, choice, note = _stage_record(db, key)
@@ -304,6 +324,7 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     )
     for candidate in candidates:
         if candidate.describe() == choice[0]:
+            note = "; ".join(filter(None, [family_note(arch), note]))
             return GemmKernel(problem, epilogue, candidate, arch=native, target=arch, selected_by="tuned", note=note)
     return f"tuning record names {choice[0]!r}, not a candidate here: heuristic"
 
@@ -428,8 +449,8 @@ def choose_conv2d_kernel(
     SM90 targets run these CUTLASS 2.x kernels too (the kernel's note says so): relax_cutlass does
     not instantiate CUTLASS 3.x convolutions yet.
     """
-    del family  # conv2d has one kernel family so far
-    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch >= 90 else ""
+    resolve_family(family, arch)  # conv2d has one kernel family so far; a wrong option still fails
+    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch == 90 else family_note(arch)
     gemm = problem.implicit_gemm(n_hint)
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     if db is not None and not tile:
@@ -484,7 +505,7 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> At
     ):
         queries, keys = 32, 128
     aligned = problem.alignment == 8
-    note = "SM80 fused attention kernel (no SM90 one yet)" if arch >= 90 else ""
+    note = "SM80 fused attention kernel (no SM90 one yet)" if arch == 90 else family_note(arch)
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
     if db is None or len(attention_tiles(problem)) < 2:
         return kernel

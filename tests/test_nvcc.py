@@ -20,6 +20,45 @@ from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 pytestmark = pytest.mark.nvcc
 
 
+@pytest.mark.parametrize(
+    "family,arch,opcode",
+    [("sm80", 80, "HMMA"), ("sm90", 90, "HGMMA"), ("sm80", 100, "HMMA"), ("sm80", 120, "HMMA")],
+)
+def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
+    """One small GEMM per (family, target) as offload_pipeline builds it: its SASS is for the
+    target and holds the family's tensor-core instructions (wgmma's HGMMA on sm_90a, mma.sync's HMMA
+    elsewhere, Blackwell included), which compile_all's guard checked."""
+    from relax_cutlass.arch import arch_name
+    from relax_cutlass.kernel_spec import Epilogue, GemmProblem
+    from relax_cutlass.sass_check import mma_counts
+    from relax_cutlass.select import choose_kernel
+
+    kernel = choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), arch, family="auto" if arch == 90 else family)
+    assert f"sm{kernel.arch}" == family and kernel.target == arch
+    ((obj, _),) = compile_all([emit_kernel(kernel)], arch).values()
+    counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))
+    print(f"{kernel.name} for {arch_name(arch)}: {counts}")
+    assert sass == [arch_name(arch)] and counts[opcode] > 0
+    assert counts["HGMMA" if opcode == "HMMA" else "HMMA"] == 0
+
+
+def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):
+    """The bug of issue 21, planted: an SM90 wgmma kernel compiled for sm_100a (as offload_pipeline
+    used to) compiles without complaint into a stub; the guard refuses it, and again from the cache."""
+    import dataclasses
+
+    import relax_cutlass.compile
+    from relax_cutlass.kernel_spec import Epilogue, GemmProblem
+    from relax_cutlass.sass_check import StubKernelError
+    from relax_cutlass.select import choose_kernel
+
+    kernel = dataclasses.replace(choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), 90), target=100)
+    monkeypatch.setattr(relax_cutlass.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_100a,code=sm_100a"])
+    for _ in range(2):
+        with pytest.raises(StubKernelError, match=r"sm90_gemm_\S+ is a CUTLASS 3.x SM90 .* \(sm_100a\) has HGMMA x0"):
+            compile_all([emit_kernel(kernel)], 100)
+
+
 def test_seed_scenario_bert_large_ffn_exports(tmp_path):
     """dense + bias + gelu at BERT-large FFN shapes, weights bound and folded (fp16 bias), offloaded,
     compiled for sm_80 with tvm.compile and shipped with export_library."""
