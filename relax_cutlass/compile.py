@@ -3,6 +3,11 @@
 Every object is cached on disk under a content hash of everything that can change its bytes (source,
 flags, arch, compiler and CUTLASS versions, our version), so a rebuild recompiles nothing and a
 build on a machine without a GPU produces the same objects as one with.
+
+A module's glue needs nothing from the C++ runtime (libstdc++, libsupc++, libgcc_eh): TVM
+links modules into shared libraries with `$CXX`, whose libstdc++ may exist only as a static, non-PIC
+archive that no shared library can contain. The glue uses tvm-ffi's C ABI and is compiled without
+exceptions or RTTI.
 """
 
 from __future__ import annotations
@@ -123,7 +128,7 @@ def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Pa
             str(src_path), "-o", str(obj_path),
         ]  # fmt: skip
     return [
-        tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden",
+        tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti",
         *(f"-I{p}" for p in tc.includes_host), str(src_path), "-o", str(obj_path),
     ]  # fmt: skip
 
