@@ -4,10 +4,12 @@ Every object is cached on disk under a content hash of everything that can chang
 flags, arch, compiler and CUTLASS versions, our version), so a rebuild recompiles nothing and a
 build on a machine without a GPU produces the same objects as one with.
 
-A module's glue needs nothing from the C++ runtime (libstdc++, libsupc++, libgcc_eh): TVM
-links modules into shared libraries with `$CXX`, whose libstdc++ may exist only as a static, non-PIC
+A module's merged object needs nothing from the C++ runtime (libstdc++, libsupc++, libgcc_eh): TVM
+links it into shared libraries with `$CXX`, whose libstdc++ may exist only as a static, non-PIC
 archive that no shared library can contain. The glue uses tvm-ffi's C ABI and is compiled without
-exceptions or RTTI.
+exceptions or RTTI; kernels are compiled without exceptions and never include <iostream>
+(templates.KERNEL_PRELUDE), and the static-initialization guards nvcc's launch stubs call come from
+templates.CXX_ABI_SUPPORT.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import nvcc_gencode
+from .templates import CXX_ABI_SUPPORT
 
 __all__ = ["CompileError", "Source", "Toolchain", "cache_dir", "compile_all", "fmha_flags", "link_relocatable"]
 
@@ -119,11 +122,51 @@ def toolchain() -> Toolchain:
     )
 
 
+# The one CUTLASS header that `throw`s in code every kernel compiles: cute's TMA descriptor helpers,
+# for swizzle, fill and L2 modes relax_cutlass never builds. Kernels are compiled without exceptions
+# (see the module docstring), which rejects a throw, so kernels see a copy of it in which each
+# `throw std::runtime_error(message)` reports the message and aborts instead.
+_THROWING_HEADER = "cute/arch/copy_sm90_desc.hpp"
+_THROW = "throw std::runtime_error("
+_NO_THROW_PREAMBLE = """\
+// relax_cutlass: a copy of CUTLASS's header in which `throw std::runtime_error(message)` became
+// relax_cutlass_unsupported(message): kernels are compiled without exceptions (compile.py).
+#include <cstdio>
+#include <cstdlib>
+[[noreturn]] inline void relax_cutlass_unsupported(const char* message) {
+  std::fprintf(stderr, "CUTLASS: %s\\n", message);
+  std::abort();
+}
+"""
+
+
+def _no_throw_overlay() -> tuple[str, ...]:
+    """nvcc flags putting the copy of _THROWING_HEADER without throws ahead of CUTLASS's own (a
+    directory named by the copy's hash under the cache dir); none if the header has no throw."""
+    original = _pkg_dir("cutlass_library") / "source" / "include" / _THROWING_HEADER
+    text = original.read_text()
+    if "throw" not in text:
+        return ()
+    pragma = "#pragma once\n"
+    patched = text.replace(pragma, pragma + _NO_THROW_PREAMBLE, 1).replace(_THROW, "relax_cutlass_unsupported(")
+    if pragma not in text or "throw" in patched.replace(_NO_THROW_PREAMBLE, ""):
+        raise RuntimeError(f"{original} throws in a way relax_cutlass does not know; is nvidia-cutlass 4.2 installed?")
+    root = cache_dir() / f"include-nothrow-{hashlib.sha256(patched.encode()).hexdigest()[:16]}"
+    header = root / _THROWING_HEADER
+    if not header.exists():
+        header.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=header.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(patched)
+        os.replace(tmp, header)
+    return (f"-I{root}",)
+
+
 def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Path) -> list[str]:
     if src.kind == "cuda":
         return [
-            tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-w",
-            "--expt-relaxed-constexpr", "-DNDEBUG", *nvcc_gencode(arch),
+            tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-Xcompiler=-fno-exceptions", "-w",
+            "--expt-relaxed-constexpr", "-DNDEBUG", *nvcc_gencode(arch), *_no_throw_overlay(),
             *(f"-I{p}" for p in tc.includes_cuda), *src.extra_flags,
             str(src_path), "-o", str(obj_path),
         ]  # fmt: skip
@@ -183,7 +226,8 @@ def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> di
 
 
 def link_relocatable(objects: list[Path], name: str) -> Path:
-    """Merge objects (plus the static CUDA runtime) into one relocatable object.
+    """Merge objects (plus the static CUDA runtime and templates.CXX_ABI_SUPPORT) into one
+    relocatable object.
 
     One object per module keeps `load_static_library` and `export_library` simple, and linking
     cudart statically makes the exported library independent of how the host process loaded CUDA.
@@ -199,6 +243,8 @@ def link_relocatable(objects: list[Path], name: str) -> Path:
     )
     if cudart is None:
         raise RuntimeError(f"libcudart_static.a not found under {tc.cuda_home}; is the CUDA toolkit complete?")
+    support, _ = _compile_one(tc, Source("relax_cutlass_cxxabi", CXX_ABI_SUPPORT, "host"), 0)
+    objects = [*objects, support]
     key = hashlib.sha256("\0".join(sorted(str(o) for o in objects) + [str(cudart)]).encode()).hexdigest()[:32]
     out = cache_dir() / f"{name}-{key}.o"
     if out.exists():

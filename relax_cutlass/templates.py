@@ -51,13 +51,63 @@ const char* CheckDevice() {
 }
 """
 
+# Every kernel object's first lines (after its #defines). A module takes nothing from the C++
+# runtime: libstdc++ may exist only as a static, non-PIC archive, which no shared library can link
+# (compile.py says how the rest is kept out). CUTLASS's host code reports a few failures (a TMA
+# descriptor it cannot encode, a rejected cluster shape, xFormers' alignment checks) on std::cout /
+# std::cerr, and merely including <iostream> adds a static std::ios_base::Init. So <iostream> is
+# never included (its include guard is taken), and std::cout / std::cerr / std::clog are stand-ins
+# that print text, numbers and pointers with stdio.
+KERNEL_PRELUDE = """\
+#include <cstdio>
+#include <ostream>
+#include <type_traits>
+#define _GLIBCXX_IOSTREAM 1  // libstdc++'s include guard
+#define _LIBCPP_IOSTREAM 1   // libc++'s
+namespace relax_cutlass_io {
+struct Stream {
+  bool to_stdout;
+  std::FILE* file() const { return to_stdout ? stdout : stderr; }
+  template <typename T>
+  Stream& operator<<(const T& value) {
+    if constexpr (std::is_same_v<T, char>) {
+      std::fputc(value, file());
+    } else if constexpr (std::is_convertible_v<const T&, const char*>) {
+      std::fputs(value, file());
+    } else if constexpr (std::is_pointer_v<T>) {
+      std::fprintf(file(), "%p", static_cast<const void*>(value));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      std::fprintf(file(), "%g", static_cast<double>(value));
+    } else if constexpr (std::is_unsigned_v<T>) {
+      std::fprintf(file(), "%llu", static_cast<unsigned long long>(value));
+    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+      std::fprintf(file(), "%lld", static_cast<long long>(value));
+    } else {
+      std::fputs("<value>", file());  // a CUTLASS type: its operator<< takes a real std::ostream
+    }
+    return *this;
+  }
+  Stream& operator<<(std::ostream& (*)(std::ostream&)) {  // std::endl, the one manipulator used
+    std::fputc('\\n', file());
+    std::fflush(file());
+    return *this;
+  }
+};
+}  // namespace relax_cutlass_io
+namespace std {
+static relax_cutlass_io::Stream cout{true}, cerr{false}, clog{false};
+}  // namespace std
+"""
+
 # One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
 # operator: a GEMM, or the implicit GEMM of a convolution.)
 KERNEL_TU = Template(
     """\
 // relax_cutlass generated kernel: $name
-${defines}#include <cstdint>
-#include <cstdio>
+${defines}"""
+    + KERNEL_PRELUDE
+    + """\
+#include <cstdint>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 $includes
@@ -108,9 +158,48 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
 """
 )
 
+# The one piece of the C++ ABI that kernel objects still call: nvcc's launch stub keeps each
+# kernel's handle in a function-local static, whose initialization compilers guard with
+# __cxa_guard_acquire / _release / _abort (libsupc++). Defined here instead, hidden, and linked
+# into every module (link_relocatable), where they become local symbols. As in the Itanium ABI,
+# byte 0 of the 64-bit guard says "initialized" (compilers test it inline before calling in);
+# byte 1 says "a thread is initializing", and other threads wait for it.
+CXX_ABI_SUPPORT = """\
+// relax_cutlass: static-initialization guards, so that modules take nothing from libsupc++.
+#include <sched.h>
+#include <stdint.h>
+
+extern "C" {
+__attribute__((visibility("hidden"))) int __cxa_guard_acquire(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  char* busy = done + 1;
+  while (true) {
+    if (__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 0;
+    char idle = 0;
+    if (__atomic_compare_exchange_n(busy, &idle, 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+      if (!__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 1;  // this thread initializes
+      __atomic_store_n(busy, 0, __ATOMIC_RELEASE);             // another one finished meanwhile
+      return 0;
+    }
+    sched_yield();
+  }
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_release(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  __atomic_store_n(done, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(done + 1, 0, __ATOMIC_RELEASE);
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
+  __atomic_store_n(reinterpret_cast<char*>(guard) + 1, 0, __ATOMIC_RELEASE);
+}
+}
+"""
+
 # What every host unit (a module's glue, the profiler's) builds its TVM FFI functions from. They are
 # written against tvm-ffi's C ABI alone and compiled without exceptions or RTTI, so that a module
-# needs nothing from the C++ runtime (see compile.py): each function is a TVMFFISafeCallType
+# needs nothing from the C++ runtime (see KERNEL_PRELUDE): each function is a TVMFFISafeCallType
 # (`int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`) that raises
 # with TVMFFIErrorSetRaisedFromCStr and returns -1. Tensors arrive as DLTensor* or tvm-ffi Tensors.
 FFI_HELPERS = """\
@@ -498,8 +587,10 @@ struct RelaxCutlassAttentionArgs {
 ATTENTION_KERNEL_TU = Template(
     """\
 // relax_cutlass generated kernel: $name
+"""
+    + KERNEL_PRELUDE
+    + """\
 #include <cstdint>
-#include <cstdio>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 #include "kernel_forward.h"
