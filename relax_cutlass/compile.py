@@ -9,7 +9,7 @@ links it into shared libraries with `$CXX`, whose libstdc++ may exist only as a 
 archive that no shared library can contain. The glue uses tvm-ffi's C ABI and is compiled without
 exceptions or RTTI; kernels are compiled without exceptions and never include <iostream>
 (templates.KERNEL_PRELUDE), and the static-initialization guards nvcc's launch stubs call come from
-templates.CXX_ABI_SUPPORT.
+templates.CXX_ABI_SUPPORT. `link_relocatable` checks the result.
 """
 
 from __future__ import annotations
@@ -28,7 +28,16 @@ from pathlib import Path
 from .arch import nvcc_gencode
 from .templates import CXX_ABI_SUPPORT
 
-__all__ = ["CompileError", "Source", "Toolchain", "cache_dir", "compile_all", "fmha_flags", "link_relocatable"]
+__all__ = [
+    "CompileError",
+    "Source",
+    "Toolchain",
+    "cache_dir",
+    "compile_all",
+    "cxx_runtime_symbols",
+    "fmha_flags",
+    "link_relocatable",
+]
 
 
 class CompileError(RuntimeError):
@@ -225,9 +234,39 @@ def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> di
         return {name: f.result() for name, f in futures.items()}
 
 
+@functools.cache
+def cxx_runtime_symbols(cxx: str) -> frozenset[str]:
+    """Every global symbol that the C++ runtime archives of the compiler `cxx` define (libstdc++.a,
+    libsupc++.a, libgcc_eh.a; those it does not have are skipped)."""
+    names: set[str] = set()
+    for archive in ("libstdc++.a", "libsupc++.a", "libgcc_eh.a"):
+        found = subprocess.run([cxx, f"-print-file-name={archive}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(found) or not os.path.exists(found):
+            continue
+        listing = subprocess.run(["nm", "-g", "--defined-only", found], capture_output=True, text=True).stdout
+        names.update(fields[2] for fields in map(str.split, listing.splitlines()) if len(fields) == 3)
+    return frozenset(names)
+
+
+def _check_no_cxx_runtime(obj: Path, cxx: str) -> None:
+    """Raise if the linked module `obj` still needs a symbol from the C++ runtime (a relax_cutlass
+    bug: see the module docstring)."""
+    undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split()
+    leaked = sorted(set(undefined) & cxx_runtime_symbols(cxx))
+    if not leaked:
+        return
+    demangled = subprocess.run(["c++filt"], input="\n".join(leaked), capture_output=True, text=True).stdout
+    names = demangled.split("\n")[: len(leaked)] if demangled else leaked
+    raise RuntimeError(
+        f"relax_cutlass bug: the linked module {obj.name} needs {len(leaked)} symbol(s) from the C++ runtime "
+        f"(libstdc++ / libsupc++ / libgcc_eh), so exporting it fails with a toolchain whose libstdc++ is "
+        f"static and non-PIC: {'; '.join(names[:20])}{' ...' if len(leaked) > 20 else ''}. Please report it."
+    )
+
+
 def link_relocatable(objects: list[Path], name: str) -> Path:
     """Merge objects (plus the static CUDA runtime and templates.CXX_ABI_SUPPORT) into one
-    relocatable object.
+    relocatable object, checked to need nothing from the C++ runtime.
 
     One object per module keeps `load_static_library` and `export_library` simple, and linking
     cudart statically makes the exported library independent of how the host process loaded CUDA.
@@ -261,5 +300,10 @@ def link_relocatable(objects: list[Path], name: str) -> Path:
         if proc.returncode != 0:
             os.unlink(tmp)
             raise CompileError(objects[0], cmd, proc.stdout + proc.stderr)
+    try:
+        _check_no_cxx_runtime(Path(tmp), tc.cxx)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     os.replace(tmp, out)
     return out

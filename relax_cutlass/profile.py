@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from .compile import Source, compile_all, link_relocatable
+from .compile import Source, compile_all, link_relocatable, toolchain
 from .emit import emit_kernel
 from .kernel_spec import (
     ACTIVATIONS,
@@ -489,7 +489,7 @@ def build_profiler(jobs: list[ProfileJob], arch: int, out: Path, jobs_parallel: 
     objects = compile_all(sources, arch, jobs_parallel)
     merged = link_relocatable([objects[s.name][0] for s in sources], "relax_cutlass_profiler")
     library = out / "profiler.so"
-    cmd = ["g++", "-shared", "-o", str(library), str(merged), "-lpthread", "-ldl", "-lrt"]
+    cmd = [toolchain().cxx, "-shared", "-o", str(library), str(merged), "-lpthread", "-ldl", "-lrt"]
     subprocess.run(cmd, check=True, capture_output=True)
     manifest = {"arch": arch, "library": library.name, "jobs": [_job_entry(job, index) for job in jobs]}
     (out / "profile.json").write_text(json.dumps(manifest, indent=1))

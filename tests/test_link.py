@@ -1,11 +1,15 @@
-"""The glue, written against tvm-ffi's C ABI (so that modules need nothing from the C++ runtime),
-is tested through that ABI:
+"""Modules link with any toolchain: the merged object needs nothing from the C++ runtime.
+
+On some hosts `$CXX`'s libstdc++ exists only as a static, non-PIC archive, which no shared library
+can contain; TVM links exported libraries (and, for the VM, unlinked external objects) with `$CXX`.
+The glue is written against tvm-ffi's C ABI, so its checks are tested here through that ABI too:
 compiled with the host compiler and linked with stand-ins for the kernels.
 """
 
 import ctypes
 import dataclasses
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +19,11 @@ import numpy as np
 import pytest
 import tvm_ffi
 
+import relax_cutlass
 from relax_cutlass.codegen import CodegenOptions, plan_regions
-from relax_cutlass.compile import compile_all
+from relax_cutlass.compile import compile_all, link_relocatable, toolchain
 from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.emit import emit_glue
+from relax_cutlass.emit import emit_glue, emit_kernel
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
@@ -215,3 +220,95 @@ def test_conv2d_and_attention_glue_through_the_c_abi(glue):
     assert state.get("last_first_arg", ctypes.c_int64) == 2  # the batch
     with pytest.raises(ValueError, match=r"query rank is 3 but the kernel was built for 4 \(shape \(2, 16, 256\)\)"):
         fn(*args(cuda(np.zeros((2, 16, 256), "float16"))))
+
+
+# --- real builds (nvcc) ---
+
+
+def _archive(name: str) -> Path | None:
+    found = subprocess.run([toolchain().cxx, f"-print-file-name={name}"], capture_output=True, text=True).stdout
+    path = Path(found.strip())
+    return path if path.is_absolute() and path.exists() else None
+
+
+def _defined(archive: Path) -> dict[str, str]:
+    """{symbol: nm type letter} of every global symbol `archive` defines."""
+    listing = subprocess.run(["nm", "-g", "--defined-only", str(archive)], capture_output=True, text=True).stdout
+    return {f[2]: f[1] for f in map(str.split, listing.splitlines()) if len(f) == 3}
+
+
+def _dense_module():
+    """The module every test here builds: one small dense + bias + gelu region (one kernel)."""
+    mod = dense_epilogue_model(128, 256, 128, activation="gelu")
+    return bind_weights(mod, random_weights(mod))
+
+
+@pytest.mark.nvcc
+def test_merged_object_needs_nothing_from_the_cxx_runtime():
+    archives = [a for a in map(_archive, ("libstdc++.a", "libsupc++.a", "libgcc_eh.a")) if a]
+    if not archives:
+        pytest.skip(f"{toolchain().cxx} has no static C++ runtime archives to compare with")
+    runtime = {name for a in archives for name in _defined(a)}
+    (region,) = regions_of(_dense_module())
+    sources = [emit_kernel(region.kernel), emit_glue([region], "link_test")]
+    objects = compile_all(sources, 80)
+    merged = link_relocatable([objects[s.name][0] for s in sources], "link_test")
+    undefined = set(
+        subprocess.run(["nm", "-u", str(merged)], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert "cudaGetLastError" not in undefined  # the static CUDA runtime is inside
+    assert not sorted(undefined & runtime)
+
+
+def _static_only_cxx(root: Path) -> Path:
+    """A `g++` whose libstdc++ is only a static, non-PIC archive: it defines every symbol the real
+    libstdc++.a / libsupc++.a define (weak ones weak) in one object holding an absolute (R_X86_64_32)
+    relocation, so any reference to any of them makes a shared link fail."""
+    gxx, gcc = shutil.which("g++"), shutil.which("gcc")
+    archives = [a for a in map(_archive, ("libstdc++.a", "libsupc++.a")) if a]
+    if not (gxx and gcc and archives):
+        pytest.skip("needs g++, gcc and the static libstdc++ to imitate")
+    symbols = {}
+    for archive in archives:
+        symbols.update(_defined(archive))
+    lines = [".data", "relax_cutlass_fake_data: .long 0", ".text"]
+    for name, kind in sorted(symbols.items()):
+        lines += [f'.{"weak" if kind in "WVu" else "globl"} "{name}"', f'"{name}":']
+    lines += ["  movl $relax_cutlass_fake_data, %eax", "  ret", '.section .note.GNU-stack,"",@progbits']
+    (root / "fake.s").write_text("\n".join(lines) + "\n")
+    subprocess.run([gcc, "-c", "-fno-pic", "-mcmodel=small", "fake.s", "-o", "fake.o"], cwd=root, check=True)
+    subprocess.run(["ar", "rcs", "libstdc++.a", "fake.o"], cwd=root, check=True)
+    wrapper = root / "g++"
+    # Compiling is the real g++'s; linking is the C driver's (no libstdc++ of its own) plus ours.
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'for a in "$@"; do case "$a" in -c|-E|-S|-print-*) exec {gxx} "$@";; esac; done\n'
+        f'exec {gcc} "$@" -L{root} -lstdc++ -lm\n'
+    )
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-shared", "-fPIC", "-o", str(root / "probe.so"), "fake.o"], cwd=root,
+                           capture_output=True, text=True)  # fmt: skip
+    assert probe.returncode != 0 and "recompile with -fPIC" in probe.stderr, probe.stderr  # it is unusable
+    return wrapper
+
+
+@pytest.mark.nvcc
+def test_exports_with_a_static_non_pic_libstdcxx(tmp_path, monkeypatch):
+    """export_library links the module with $CXX (and so does the VM, through Executable.jit, for a
+    module not linked yet): with a libstdc++ that cannot go into a shared library, both must still
+    succeed, and the library must load and check its arguments."""
+    import tvm
+
+    toolchain()  # cached with the real compiler: the wrapper lives only as long as this test
+    fake = tmp_path / "toolchain"
+    fake.mkdir()
+    monkeypatch.setenv("CXX", str(_static_only_cxx(fake)))
+    offloaded = relax_cutlass.offload_pipeline("sm_80")(_dense_module())
+    (row,) = relax_cutlass.offload_report(offloaded).offloaded
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm"))
+    lib = tmp_path / "model.so"
+    ex.export_library(str(lib))
+    for module in (tvm.runtime.load_module(str(lib)), ex.jit()):
+        fn = module.get_function(row["symbol"], query_imports=True)
+        with pytest.raises(ValueError, match="lhs must be on a CUDA device"):
+            fn(*(tvm.runtime.tensor(np.zeros(s, "float16")) for s in ([128, 128], [128, 256], [256], [128, 256])))
