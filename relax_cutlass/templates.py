@@ -266,6 +266,7 @@ GLUE_TU = Template(
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cuda_runtime_api.h>
 #include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
@@ -350,6 +351,32 @@ int CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const 
                static_cast<long long>(got), static_cast<long long>(want), ShapeStr(t).text);
 }
 
+// Errors of CUDA itself (no GPU, no or an old driver), not of earlier work.
+bool CudaUnusable(cudaError_t error) {
+  switch (error) {
+    case cudaErrorNoDevice: case cudaErrorInsufficientDriver: case cudaErrorStubLibrary:
+    case cudaErrorInitializationError: case cudaErrorSystemDriverMismatch: case cudaErrorSystemNotReady:
+    case cudaErrorCompatNotSupportedOnDevice: case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Called just before a launch. A kernel that fails asynchronously (an illegal address, say) leaves
+// its error for a later CUDA call to report; launching on would blame this region's kernel for it,
+// or crash later. The error is read (and, unless sticky, cleared) here and raised, naming it.
+int CheckNoPendingCudaError(const char* fn) {
+  const cudaError_t pending = cudaGetLastError();
+  if (pending == cudaSuccess) return 0;
+  if (CudaUnusable(pending)) {
+    return Raise("RuntimeError", "%s: no usable CUDA device (%s: %s)", fn, cudaGetErrorName(pending),
+                 cudaGetErrorString(pending));
+  }
+  return Raise("RuntimeError", "%s: not launched: an error from earlier CUDA work is pending (%s: %s); a kernel "
+               "that failed asynchronously may have left the CUDA context unusable", fn, cudaGetErrorName(pending),
+               cudaGetErrorString(pending));
+}
 }  // namespace
 
 $functions
@@ -380,6 +407,7 @@ $extra_checks
   if (m == 0) return 0;
   RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${launch}) return Raise("RuntimeError", "%s: %s", fn, err);
   return 0;
@@ -460,6 +488,7 @@ $extra_checks
                               $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
                               Data(data), Data(weight), $bias_ptr, $residual_ptr,
                               const_cast<void*>(Data(out))};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
   return 0;
@@ -695,6 +724,7 @@ $shape_checks
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
       const_cast<void*>(Data(out)), ${scale}f};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
   return 0;

@@ -3,7 +3,7 @@
 On some hosts `$CXX`'s libstdc++ exists only as a static, non-PIC archive, which no shared library
 can contain; TVM links exported libraries (and, for the VM, unlinked external objects) with `$CXX`.
 The glue is written against tvm-ffi's C ABI, so its checks are tested here through that ABI too:
-compiled with the host compiler and linked with stand-ins for the kernels.
+compiled with the host compiler and linked with stand-ins for the kernels and the CUDA runtime.
 """
 
 import ctypes
@@ -38,13 +38,19 @@ def regions_of(mod, arch="sm_80"):
 
 # --- the glue through tvm-ffi's C ABI, with stand-in kernels and CUDA runtime (host compiler only) ---
 
-# Each kernel records its call and returns what the test sets.
+# Each kernel records its call; the CUDA runtime's error state is what the test sets.
 STAND_INS = """\
 #include <stdint.h>
 const char* kernel_error = 0;         /* what every kernel returns */
 const char* last_kernel = 0;          /* the last kernel called, and the first int64 of its args */
 int64_t last_first_arg = -1;
+int pending_error = 0;                /* what cudaGetLastError returns (then 0) */
 $kernels
+int cudaGetLastError(void) { int e = pending_error; pending_error = 0; return e; }
+const char* cudaGetErrorName(int e) {
+  return e == 700 ? "cudaErrorIllegalAddress" : e == 35 ? "cudaErrorInsufficientDriver" : "cudaErrorOther";
+}
+const char* cudaGetErrorString(int e) { return e == 700 ? "an illegal memory access was encountered" : "?"; }
 """
 
 STAND_IN_KERNEL = """\
@@ -134,6 +140,7 @@ class _State:
         self.set("kernel_error", ctypes.c_char_p, None)
         self.set("last_kernel", ctypes.c_char_p, None)
         self.set("last_first_arg", ctypes.c_int64, -1)
+        self.set("pending_error", ctypes.c_int, 0)
 
 
 def test_glue_checks_and_launches_through_the_c_abi(glue):
@@ -156,8 +163,9 @@ def test_glue_checks_and_launches_through_the_c_abi(glue):
         call(m)
         assert state.get("last_kernel", ctypes.c_char_p).decode() == kernel
         assert state.get("last_first_arg", ctypes.c_int64) == m
-    # M = 0: nothing runs.
+    # M = 0: nothing runs, and CUDA is not even asked.
     state.reset()
+    state.set("pending_error", ctypes.c_int, 700)
     fn(cuda(np.zeros((0, 32), "float16")), w, b, cuda(np.zeros((0, 64), "float16")))
     assert state.get("last_kernel", ctypes.c_char_p) is None
 
@@ -183,6 +191,16 @@ def test_glue_checks_and_launches_through_the_c_abi(glue):
     with pytest.raises(TypeError, match=r"argument #1 \(rhs\) must be a tensor, got int"):
         fn(cuda(np.zeros((8, 32), "float16")), 3, b, cuda(np.zeros((8, 64), "float16")))
 
+    # An error left by earlier CUDA work is raised, naming it, and nothing is launched.
+    state.reset()
+    state.set("pending_error", ctypes.c_int, 700)
+    with pytest.raises(RuntimeError, match=f"^{gemm.symbol}: not launched: an error from earlier CUDA work is "
+                       r"pending \(cudaErrorIllegalAddress: an illegal memory access was encountered\)"):  # fmt: skip
+        fn(cuda(np.zeros((8, 32), "float16")), w, b, cuda(np.zeros((8, 64), "float16")))
+    assert state.get("last_kernel", ctypes.c_char_p) is None
+    state.set("pending_error", ctypes.c_int, 35)
+    with pytest.raises(RuntimeError, match=f"^{gemm.symbol}: no usable CUDA device \\(cudaErrorInsufficientDriver"):
+        fn(cuda(np.zeros((8, 32), "float16")), w, b, cuda(np.zeros((8, 64), "float16")))
     # A kernel's own error is a RuntimeError naming the region.
     state.reset()
     state.set("kernel_error", ctypes.c_char_p, b"some_kernel: run failed: Error Internal")
