@@ -3,6 +3,13 @@
 Every object is cached on disk under a content hash of everything that can change its bytes (source,
 flags, arch, compiler and CUTLASS versions, our version), so a rebuild recompiles nothing and a
 build on a machine without a GPU produces the same objects as one with.
+
+A module's merged object needs nothing from the C++ runtime (libstdc++, libsupc++, libgcc_eh): TVM
+links it into shared libraries with `$CXX`, whose libstdc++ may exist only as a static, non-PIC
+archive that no shared library can contain. The glue uses tvm-ffi's C ABI and is compiled without
+exceptions or RTTI; kernels are compiled without exceptions and never include <iostream>
+(templates.KERNEL_PRELUDE), and the static-initialization guards nvcc's launch stubs call come from
+templates.CXX_ABI_SUPPORT. `link_relocatable` checks the result.
 """
 
 from __future__ import annotations
@@ -19,8 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .arch import nvcc_gencode
+from .templates import CXX_ABI_SUPPORT
 
-__all__ = ["CompileError", "Source", "Toolchain", "cache_dir", "compile_all", "fmha_flags", "link_relocatable"]
+__all__ = [
+    "CompileError",
+    "Source",
+    "Toolchain",
+    "cache_dir",
+    "compile_all",
+    "cxx_runtime_symbols",
+    "fmha_flags",
+    "link_relocatable",
+]
 
 
 class CompileError(RuntimeError):
@@ -117,16 +134,56 @@ def toolchain() -> Toolchain:
     )
 
 
+# The one CUTLASS header that `throw`s in code every kernel compiles: cute's TMA descriptor helpers,
+# for swizzle, fill and L2 modes relax_cutlass never builds. Kernels are compiled without exceptions
+# (see the module docstring), which rejects a throw, so kernels see a copy of it in which each
+# `throw std::runtime_error(message)` reports the message and aborts instead.
+_THROWING_HEADER = "cute/arch/copy_sm90_desc.hpp"
+_THROW = "throw std::runtime_error("
+_NO_THROW_PREAMBLE = """\
+// relax_cutlass: a copy of CUTLASS's header in which `throw std::runtime_error(message)` became
+// relax_cutlass_unsupported(message): kernels are compiled without exceptions (compile.py).
+#include <cstdio>
+#include <cstdlib>
+[[noreturn]] inline void relax_cutlass_unsupported(const char* message) {
+  std::fprintf(stderr, "CUTLASS: %s\\n", message);
+  std::abort();
+}
+"""
+
+
+def _no_throw_overlay() -> tuple[str, ...]:
+    """nvcc flags putting the copy of _THROWING_HEADER without throws ahead of CUTLASS's own (a
+    directory named by the copy's hash under the cache dir); none if the header has no throw."""
+    original = _pkg_dir("cutlass_library") / "source" / "include" / _THROWING_HEADER
+    text = original.read_text()
+    if "throw" not in text:
+        return ()
+    pragma = "#pragma once\n"
+    patched = text.replace(pragma, pragma + _NO_THROW_PREAMBLE, 1).replace(_THROW, "relax_cutlass_unsupported(")
+    if pragma not in text or "throw" in patched.replace(_NO_THROW_PREAMBLE, ""):
+        raise RuntimeError(f"{original} throws in a way relax_cutlass does not know; is nvidia-cutlass 4.2 installed?")
+    root = cache_dir() / f"include-nothrow-{hashlib.sha256(patched.encode()).hexdigest()[:16]}"
+    header = root / _THROWING_HEADER
+    if not header.exists():
+        header.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=header.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(patched)
+        os.replace(tmp, header)
+    return (f"-I{root}",)
+
+
 def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Path) -> list[str]:
     if src.kind == "cuda":
         return [
-            tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-w",
-            "--expt-relaxed-constexpr", "-DNDEBUG", *nvcc_gencode(arch),
+            tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-Xcompiler=-fno-exceptions", "-w",
+            "--expt-relaxed-constexpr", "-DNDEBUG", *nvcc_gencode(arch), *_no_throw_overlay(),
             *(f"-I{p}" for p in tc.includes_cuda), *src.extra_flags,
             str(src_path), "-o", str(obj_path),
         ]  # fmt: skip
     return [
-        tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden",
+        tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti",
         *(f"-I{p}" for p in tc.includes_host), str(src_path), "-o", str(obj_path),
     ]  # fmt: skip
 
@@ -190,8 +247,39 @@ def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> di
         return {name: f.result() for name, f in futures.items()}
 
 
+@functools.cache
+def cxx_runtime_symbols(cxx: str) -> frozenset[str]:
+    """Every global symbol that the C++ runtime archives of the compiler `cxx` define (libstdc++.a,
+    libsupc++.a, libgcc_eh.a; those it does not have are skipped)."""
+    names: set[str] = set()
+    for archive in ("libstdc++.a", "libsupc++.a", "libgcc_eh.a"):
+        found = subprocess.run([cxx, f"-print-file-name={archive}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(found) or not os.path.exists(found):
+            continue
+        listing = subprocess.run(["nm", "-g", "--defined-only", found], capture_output=True, text=True).stdout
+        names.update(fields[2] for fields in map(str.split, listing.splitlines()) if len(fields) == 3)
+    return frozenset(names)
+
+
+def _check_no_cxx_runtime(obj: Path, cxx: str) -> None:
+    """Raise if the linked module `obj` still needs a symbol from the C++ runtime (a relax_cutlass
+    bug: see the module docstring)."""
+    undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True, check=True).stdout.split()
+    leaked = sorted(set(undefined) & cxx_runtime_symbols(cxx))
+    if not leaked:
+        return
+    demangled = subprocess.run(["c++filt"], input="\n".join(leaked), capture_output=True, text=True).stdout
+    names = demangled.split("\n")[: len(leaked)] if demangled else leaked
+    raise RuntimeError(
+        f"relax_cutlass bug: the linked module {obj.name} needs {len(leaked)} symbol(s) from the C++ runtime "
+        f"(libstdc++ / libsupc++ / libgcc_eh), so exporting it fails with a toolchain whose libstdc++ is "
+        f"static and non-PIC: {'; '.join(names[:20])}{' ...' if len(leaked) > 20 else ''}. Please report it."
+    )
+
+
 def link_relocatable(objects: list[Path], name: str) -> Path:
-    """Merge objects (plus the static CUDA runtime) into one relocatable object.
+    """Merge objects (plus the static CUDA runtime and templates.CXX_ABI_SUPPORT) into one
+    relocatable object, checked to need nothing from the C++ runtime.
 
     One object per module keeps `load_static_library` and `export_library` simple, and linking
     cudart statically makes the exported library independent of how the host process loaded CUDA.
@@ -207,6 +295,8 @@ def link_relocatable(objects: list[Path], name: str) -> Path:
     )
     if cudart is None:
         raise RuntimeError(f"libcudart_static.a not found under {tc.cuda_home}; is the CUDA toolkit complete?")
+    support, _ = _compile_one(tc, Source("relax_cutlass_cxxabi", CXX_ABI_SUPPORT, "host"), 0)
+    objects = [*objects, support]
     key = hashlib.sha256("\0".join(sorted(str(o) for o in objects) + [str(cudart)]).encode()).hexdigest()[:32]
     out = cache_dir() / f"{name}-{key}.o"
     if out.exists():
@@ -223,5 +313,10 @@ def link_relocatable(objects: list[Path], name: str) -> Path:
         if proc.returncode != 0:
             os.unlink(tmp)
             raise CompileError(objects[0], cmd, proc.stdout + proc.stderr)
+    try:
+        _check_no_cxx_runtime(Path(tmp), tc.cxx)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     os.replace(tmp, out)
     return out

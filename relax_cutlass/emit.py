@@ -362,14 +362,13 @@ _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBf
 def _gemm_glue_function(region: GemmRegion) -> str:
     p = region.kernel.problem
     roles = region.roles
-    params = _glue_params(region)
     checks = _role_aliases(region) + _tensor_checks(region, ("lhs", "rhs", "out", "residual"))
-    extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.n}, bias);'] if "bias" in roles else []
+    extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.n}, bias));'] if "bias" in roles else []
     extra += _residual_checks(roles)
     rhs_dims = (p.n, p.k) if p.b_transposed else (p.k, p.n)
     return GLUE_FUNCTION.substitute(
         symbol=region.symbol,
-        params=params,
+        unpack=_unpack_args(region),
         checks=checks,
         k=p.k,
         n=p.n,
@@ -394,19 +393,24 @@ def _launch(region: GemmRegion) -> str:
     return call
 
 
-def _glue_params(region) -> str:
-    """The exported function's parameters: one per composite parameter (R.Shape ones, passed by
-    fused views with symbolic shapes, are taken and ignored), then the output."""
-    params = [
-        f"tvm::ffi::Shape {role}" if dtype == "shape" else f"TensorView {role}"
-        for role, dtype in zip(region.arg_roles, region.arg_dtypes, strict=True)
+def _unpack_args(region) -> str:
+    """The exported function's arguments, read as `const DLTensor*`s named by role: one per
+    composite parameter (R.Shape ones, passed by fused views with symbolic shapes, are taken and
+    ignored), then the output."""
+    roles = [*region.arg_roles, "out"]
+    dtypes = [*region.arg_dtypes, region.out_dtype]
+    tensors = [(i, role) for i, (role, dtype) in enumerate(zip(roles, dtypes, strict=True)) if dtype != "shape"]
+    lines = [
+        f'  TRY(CheckArgCount(fn, num_args, {len(roles)}, "{", ".join(roles)}"));',
+        "  const DLTensor " + ", ".join(f"*{role}" for _, role in tensors) + ";",
     ]
-    return ", ".join([*params, "TensorView out"])
+    lines += [f'  TRY(TensorArg(fn, ffi_args, {i}, "{role}", &{role}));' for i, role in tensors]
+    return "\n".join(lines)
 
 
 def _role_aliases(region: GemmRegion | Conv2dRegion) -> str:
     """A name for each second role of a parameter (the residual that is also the lhs)."""
-    return "".join(f"  const TensorView& {alias} = {role};\n" for alias, role in region.role_aliases)
+    return "".join(f"  const DLTensor* {alias} = {role};\n" for alias, role in region.role_aliases)
 
 
 def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, ...]) -> str:
@@ -418,7 +422,7 @@ def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, .
             continue
         code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
         align_bytes = max(1, alignment * bits // 8) if role in vector_roles else bits // 8
-        checks.append(f'  CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id);')
+        checks.append(f'  TRY(CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id));')
     return "\n".join(checks)
 
 
@@ -426,19 +430,19 @@ def _residual_checks(roles) -> list[str]:
     if "residual" not in roles:
         return []
     return [
-        '  CheckDim(fn, "residual rank", residual.ndim(), out.ndim(), residual);',
-        "  for (int i = 0; i < out.ndim(); ++i)\n"
-        '    CheckDim(fn, "residual dim", residual.size(i), out.size(i), residual);',
+        '  TRY(CheckDim(fn, "residual rank", residual->ndim, out->ndim, residual));',
+        "  for (int i = 0; i < out->ndim; ++i)\n"
+        '    TRY(CheckDim(fn, "residual dim", residual->shape[i], out->shape[i], residual));',
     ]
 
 
 def _conv2d_glue_function(region: Conv2dRegion) -> str:
     p = region.kernel.problem
     roles = region.roles
-    extra = [f'  CheckDim(fn, "bias size", bias.numel(), {p.k}, bias);'] if "bias" in roles else []
+    extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.k}, bias));'] if "bias" in roles else []
     return CONV2D_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
-        params=_glue_params(region),
+        unpack=_unpack_args(region),
         checks=_role_aliases(region) + _tensor_checks(region, ("data", "weight", "out", "residual")),
         h=p.h, w=p.w, c=p.c, k=p.k, r=p.r, s=p.s, p=p.p, q=p.q,
         pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
@@ -451,17 +455,18 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
 
 
 def _attention_glue_function(region: AttentionRegion) -> str:
-    """Sizes (static ones as literals, symbolic ones read from the one dimension that holds
-    them), a check of every dimension of q/k/v against the axes it holds, and the strides."""
+    """The ranks of q/k/v, then sizes (static ones as literals, symbolic ones read from the one
+    dimension that holds them), a check of every dimension of q/k/v against the axes it holds, and
+    the strides."""
     p = region.kernel.problem
     static = {"B": p.batch, "S": p.seq_q, "T": p.seq_kv, "N": p.heads, "H": p.head_dim, "V": p.head_dim_value}
     names = {"B": "batch", "S": "seq_q", "T": "seq_kv"}
     expr = {axis: str(v) if v is not None else names[axis] for axis, v in static.items()}
     reads = {"query": p.query_reads, "key": p.key_reads, "value": p.value_reads}
     ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
-    sizes, checks, strides, defined = [], [], {}, set()
+    sizes, rank_checks, checks, strides, defined = [], [], [], {}, set()
     for role, axes in OPERAND_AXES:
-        checks.append(f'  CheckDim(fn, "{role} rank", {role}.ndim(), {ranks[role]}, {role});')
+        rank_checks.append(f'  TRY(CheckDim(fn, "{role} rank", {role}->ndim, {ranks[role]}, {role}));')
         held: dict[int, list[str]] = {}
         for axis, (dim, factor) in zip(axes, reads[role], strict=True):
             held.setdefault(dim, []).append(axis)
@@ -471,10 +476,10 @@ def _attention_glue_function(region: AttentionRegion) -> str:
             for axis in inside:  # a symbolic axis is defined by the first dimension holding it
                 if static[axis] is None and axis not in defined:
                     others = "".join(f" / {expr[a]}" for a in inside if a != axis)
-                    sizes.append(f"  const int64_t {names[axis]} = {role}.size({dim}){others};")
+                    sizes.append(f"  const int64_t {names[axis]} = {role}->shape[{dim}]{others};")
                     defined.add(axis)
             want = " * ".join(expr[a] for a in inside) or "1"
-            checks.append(f'  CheckDim(fn, "{role} dim {dim}", {role}.size({dim}), {want}, {role});')
+            checks.append(f'  TRY(CheckDim(fn, "{role} dim {dim}", {role}->shape[{dim}], {want}, {role}));')
     for axis in ("B", "S", "T"):
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
@@ -484,8 +489,9 @@ def _attention_glue_function(region: AttentionRegion) -> str:
         operands.append(f"Data({role}), {b}, {rows}, {n}")
     return ATTENTION_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
-        params=_glue_params(region),
+        unpack=_unpack_args(region),
         checks=_tensor_checks(region, ("query", "key", "value", "out")),
+        rank_checks="\n".join(rank_checks),
         sizes="\n".join(sizes),
         shape_checks="\n".join(checks),
         heads=p.heads,

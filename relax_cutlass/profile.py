@@ -26,7 +26,7 @@ from pathlib import Path
 from string import Template
 
 from .arch import native_family, resolve_family
-from .compile import Source, compile_all, link_relocatable
+from .compile import Source, compile_all, link_relocatable, toolchain
 from .emit import emit_kernel
 from .kernel_spec import (
     ACTIVATIONS,
@@ -59,7 +59,7 @@ from .select import (
     smem_limit,
     under_fills,
 )
-from .templates import ATTENTION_ARGS, CONV2D_ARGS, GEMM_ARGS
+from .templates import ATTENTION_ARGS, CONV2D_ARGS, FFI_HELPERS, GEMM_ARGS
 from .tuning import M_BUCKETS, TuningKey, attention_key, conv2d_key, epilogue_key, gemm_key, parse_label
 
 DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)
@@ -274,75 +274,150 @@ def plan_epilogue_jobs(
 
 # One timing function per candidate kernel: a first launch (surfacing any error), then
 # `iterations` back-to-back launches between CUDA events on TVM's stream; returns ms per launch.
-# One timing function per candidate kernel: a first launch (surfacing any error), then
-# `iterations` back-to-back launches between CUDA events on TVM's stream; returns ms per launch.
 # bias / residual are read only by kernels whose epilogue has them (the runner passes stand-ins).
+# Each is a TVM FFI function written against tvm-ffi's C ABI, as the model glue is
+# (templates.FFI_HELPERS).
 PROFILE_GEMM = Template("""\
-double profile_${index}(TensorView a, TensorView b, TensorView bias, TensorView residual, TensorView d,
-                        int64_t m, int64_t n, int64_t k, bool b_transposed, int64_t iterations) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
+  const char* fn = "relax_cutlass_profile_${index}";
+  TRY(CheckArgCount(fn, num_args, 10, "a, b, bias, residual, d, m, n, k, b_transposed, iterations"));
+  const DLTensor *a, *b, *bias, *residual, *d;
+  int64_t m, n, k, b_transposed, iterations;
+  TRY(TensorArg(fn, ffi_args, 0, "a", &a));
+  TRY(TensorArg(fn, ffi_args, 1, "b", &b));
+  TRY(TensorArg(fn, ffi_args, 2, "bias", &bias));
+  TRY(TensorArg(fn, ffi_args, 3, "residual", &residual));
+  TRY(TensorArg(fn, ffi_args, 4, "d", &d));
+  TRY(IntArg(fn, ffi_args, 5, "m", &m));
+  TRY(IntArg(fn, ffi_args, 6, "n", &n));
+  TRY(IntArg(fn, ffi_args, 7, "k", &k));
+  TRY(IntArg(fn, ffi_args, 8, "b_transposed", &b_transposed));
+  TRY(IntArg(fn, ffi_args, 9, "iterations", &iterations));
   RelaxCutlassGemmArgs args{m, n, k, Data(a), k, Data(b), b_transposed ? k : n,
                             ${bias}, ${residual}, n, const_cast<void*>(Data(d)), n};
-  return TimeLaunches(d, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
+  return TimeLaunches(d, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
 PROFILE_CONV2D = Template("""\
-double profile_${index}(TensorView x, TensorView w, TensorView bias, TensorView residual, TensorView d,
-                        tvm::ffi::Shape shape, int64_t split_k, int64_t iterations) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
+  const char* fn = "relax_cutlass_profile_${index}";
+  TRY(CheckArgCount(fn, num_args, 8, "x, w, bias, residual, d, shape, split_k, iterations"));
+  const DLTensor *x, *w, *bias, *residual, *d;
+  const int64_t* shape;
+  int64_t split_k, iterations;
+  TRY(TensorArg(fn, ffi_args, 0, "x", &x));
+  TRY(TensorArg(fn, ffi_args, 1, "w", &w));
+  TRY(TensorArg(fn, ffi_args, 2, "bias", &bias));
+  TRY(TensorArg(fn, ffi_args, 3, "residual", &residual));
+  TRY(TensorArg(fn, ffi_args, 4, "d", &d));
   // shape: n, h, w, c, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w
+  TRY(ShapeArg(fn, ffi_args, 5, "shape", 15, &shape));
+  TRY(IntArg(fn, ffi_args, 6, "split_k", &split_k));
+  TRY(IntArg(fn, ffi_args, 7, "iterations", &iterations));
   int v[15];
   for (int i = 0; i < 15; ++i) v[i] = static_cast<int>(shape[i]);
   RelaxCutlassConv2dArgs args{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
                               v[11], v[12], v[13], v[14], static_cast<int>(split_k),
                               Data(x), Data(w), ${bias}, ${residual}, const_cast<void*>(Data(d))};
-  return TimeLaunches(d, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
+  return TimeLaunches(d, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
 PROFILE_ATTENTION = Template("""\
-double profile_${index}(TensorView q, TensorView k, TensorView v, TensorView out, tvm::ffi::Shape shape,
-                        double scale, int64_t iterations) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
+  const char* fn = "relax_cutlass_profile_${index}";
+  TRY(CheckArgCount(fn, num_args, 7, "q, k, v, out, shape, scale, iterations"));
+  const DLTensor *q, *k, *v, *out;
+  const int64_t* shape;
+  double scale;
+  int64_t iterations;
+  TRY(TensorArg(fn, ffi_args, 0, "q", &q));
+  TRY(TensorArg(fn, ffi_args, 1, "k", &k));
+  TRY(TensorArg(fn, ffi_args, 2, "v", &v));
+  TRY(TensorArg(fn, ffi_args, 3, "out", &out));
   // shape: batch, seq_q, seq_kv, heads, head_dim, head_dim_value; q, k, v, out packed BSNH
+  TRY(ShapeArg(fn, ffi_args, 4, "shape", 6, &shape));
+  TRY(FloatArg(fn, ffi_args, 5, "scale", &scale));
+  TRY(IntArg(fn, ffi_args, 6, "iterations", &iterations));
   const int64_t b = shape[0], s = shape[1], t = shape[2], n = shape[3], h = shape[4], dv = shape[5];
   RelaxCutlassAttentionArgs args{b, n, s, t, h, dv,
                                  Data(q), s * n * h, n * h, h,
                                  Data(k), t * n * h, n * h, h,
                                  Data(v), t * n * dv, n * dv, dv,
                                  const_cast<void*>(Data(out)), static_cast<float>(scale)};
-  return TimeLaunches(out, iterations, [&](void* stream) { return ${kernel}_run(&args, stream); });
+  return TimeLaunches(out, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(relax_cutlass_profile_${index}, profile_${index});
 """)
 
-PROFILER_TU = Template("""\
+PROFILER_TU = Template(
+    """\
 // relax_cutlass profiler: one timing function per candidate kernel.
+#include <cstdarg>
 #include <cstdint>
-#include <cuda_runtime.h>
-#include <tvm/ffi/container/shape.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/error.h>
+#include <cstdio>
+#include <cuda_runtime_api.h>
+#include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
-#include <tvm/ffi/function.h>
 
 $args
 $decls
 
+"""
+    + FFI_HELPERS
+    + """
 namespace {
-using tvm::ffi::TensorView;
-const void* Data(const TensorView& t) { return static_cast<const char*>(t.data_ptr()) + t.byte_offset(); }
+int IntArg(const char* fn, const TVMFFIAny* args, int index, const char* name, int64_t* out) {
+  const TVMFFIAny& arg = args[index];
+  if (arg.type_index != kTVMFFIInt && arg.type_index != kTVMFFIBool) {
+    return Raise("TypeError", "%s: argument #%d (%s) must be an int, got %s", fn, index, name,
+                 TypeName(arg.type_index));
+  }
+  *out = arg.v_int64;
+  return 0;
+}
 
+int FloatArg(const char* fn, const TVMFFIAny* args, int index, const char* name, double* out) {
+  const TVMFFIAny& arg = args[index];
+  if (arg.type_index == kTVMFFIFloat) {
+    *out = arg.v_float64;
+    return 0;
+  }
+  int64_t value = 0;
+  TRY(IntArg(fn, args, index, name, &value));
+  *out = static_cast<double>(value);
+  return 0;
+}
+
+// A tvm-ffi Shape of `size` values.
+int ShapeArg(const char* fn, const TVMFFIAny* args, int index, const char* name, size_t size, const int64_t** out) {
+  const TVMFFIAny& arg = args[index];
+  if (arg.type_index != kTVMFFIShape) {
+    return Raise("TypeError", "%s: argument #%d (%s) must be a Shape, got %s", fn, index, name,
+                 TypeName(arg.type_index));
+  }
+  const TVMFFIShapeCell* cell = TVMFFIShapeGetCellPtr(arg.v_obj);
+  if (cell->size != size) {
+    return Raise("ValueError", "%s: %s has %zu values, not %zu", fn, name, cell->size, size);
+  }
+  *out = cell->data;
+  return 0;
+}
+
+// Times `launch` on TVM's stream for `out`'s device; the result is milliseconds per launch.
 template <typename Launch>
-double TimeLaunches(const TensorView& out, int64_t iterations, Launch launch) {
-  void* stream = TVMFFIEnvGetStream(kDLCUDA, out.device().device_id);
-  if (const char* err = launch(stream)) TVM_FFI_THROW(RuntimeError) << err;
+int TimeLaunches(const DLTensor* out, int64_t iterations, TVMFFIAny* result, Launch launch) {
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, out->device.device_id);
+  if (const char* err = launch(stream)) return Raise("RuntimeError", "%s", err);
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
   cudaEventRecord(start, static_cast<cudaStream_t>(stream));
   for (int64_t i = 0; i < iterations; ++i) {
-    if (const char* err = launch(stream)) TVM_FFI_THROW(RuntimeError) << err;
+    if (const char* err = launch(stream)) return Raise("RuntimeError", "%s", err);
   }
   cudaEventRecord(stop, static_cast<cudaStream_t>(stream));
   cudaEventSynchronize(stop);
@@ -350,12 +425,16 @@ double TimeLaunches(const TensorView& out, int64_t iterations, Launch launch) {
   cudaEventElapsedTime(&ms, start, stop);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  return double(ms) / double(iterations);
+  result->type_index = kTVMFFIFloat;
+  result->zero_padding = 0;
+  result->v_float64 = double(ms) / double(iterations);
+  return 0;
 }
+}  // namespace
 
 $functions
-}  // namespace
-""")
+"""
+)
 
 
 def _job_entry(job: ProfileJob, index: dict[str, int]) -> dict:
@@ -412,7 +491,7 @@ def build_profiler(jobs: list[ProfileJob], arch: int, out: Path, jobs_parallel: 
     objects = compile_all(sources, arch, jobs_parallel)
     merged = link_relocatable([objects[s.name][0] for s in sources], "relax_cutlass_profiler")
     library = out / "profiler.so"
-    cmd = ["g++", "-shared", "-o", str(library), str(merged), "-lpthread", "-ldl", "-lrt"]
+    cmd = [toolchain().cxx, "-shared", "-o", str(library), str(merged), "-lpthread", "-ldl", "-lrt"]
     subprocess.run(cmd, check=True, capture_output=True)
     manifest = {"arch": arch, "library": library.name, "jobs": [_job_entry(job, index) for job in jobs]}
     (out / "profile.json").write_text(json.dumps(manifest, indent=1))

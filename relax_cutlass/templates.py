@@ -51,12 +51,63 @@ const char* CheckDevice() {
 }
 """
 
+# Every kernel object's first lines (after its #defines). A module takes nothing from the C++
+# runtime: libstdc++ may exist only as a static, non-PIC archive, which no shared library can link
+# (compile.py says how the rest is kept out). CUTLASS's host code reports a few failures (a TMA
+# descriptor it cannot encode, a rejected cluster shape, xFormers' alignment checks) on std::cout /
+# std::cerr, and merely including <iostream> adds a static std::ios_base::Init. So <iostream> is
+# never included (its include guard is taken), and std::cout / std::cerr / std::clog are stand-ins
+# that print text, numbers and pointers with stdio.
+KERNEL_PRELUDE = """\
+#include <cstdio>
+#include <ostream>
+#include <type_traits>
+#define _GLIBCXX_IOSTREAM 1  // libstdc++'s include guard
+#define _LIBCPP_IOSTREAM 1   // libc++'s
+namespace relax_cutlass_io {
+struct Stream {
+  bool to_stdout;
+  std::FILE* file() const { return to_stdout ? stdout : stderr; }
+  template <typename T>
+  Stream& operator<<(const T& value) {
+    if constexpr (std::is_same_v<T, char>) {
+      std::fputc(value, file());
+    } else if constexpr (std::is_convertible_v<const T&, const char*>) {
+      std::fputs(value, file());
+    } else if constexpr (std::is_pointer_v<T>) {
+      std::fprintf(file(), "%p", static_cast<const void*>(value));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      std::fprintf(file(), "%g", static_cast<double>(value));
+    } else if constexpr (std::is_unsigned_v<T>) {
+      std::fprintf(file(), "%llu", static_cast<unsigned long long>(value));
+    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+      std::fprintf(file(), "%lld", static_cast<long long>(value));
+    } else {
+      std::fputs("<value>", file());  // a CUTLASS type: its operator<< takes a real std::ostream
+    }
+    return *this;
+  }
+  Stream& operator<<(std::ostream& (*)(std::ostream&)) {  // std::endl, the one manipulator used
+    std::fputc('\\n', file());
+    std::fflush(file());
+    return *this;
+  }
+};
+}  // namespace relax_cutlass_io
+namespace std {
+static relax_cutlass_io::Stream cout{true}, cerr{false}, clog{false};
+}  // namespace std
+"""
+
 # One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
 # operator: a GEMM, or the implicit GEMM of a convolution.)
-KERNEL_TU = Template("""\
+KERNEL_TU = Template(
+    """\
 // relax_cutlass generated kernel: $name
-${defines}#include <cstdint>
-#include <cstdio>
+${defines}"""
+    + KERNEL_PRELUDE
+    + """\
+#include <cstdint>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 $includes
@@ -104,106 +155,263 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   if (cudaPeekAtLastError() != cudaSuccess) return Fail("kernel launch", cutlass::Status::kErrorInternal);
   return nullptr;
 }
-""")
+"""
+)
+
+# The one piece of the C++ ABI that kernel objects still call: nvcc's launch stub keeps each
+# kernel's handle in a function-local static, whose initialization compilers guard with
+# __cxa_guard_acquire / _release / _abort (libsupc++). Defined here instead, hidden, and linked
+# into every module (link_relocatable), where they become local symbols. As in the Itanium ABI,
+# byte 0 of the 64-bit guard says "initialized" (compilers test it inline before calling in);
+# byte 1 says "a thread is initializing", and other threads wait for it.
+CXX_ABI_SUPPORT = """\
+// relax_cutlass: static-initialization guards, so that modules take nothing from libsupc++.
+#include <sched.h>
+#include <stdint.h>
+
+extern "C" {
+__attribute__((visibility("hidden"))) int __cxa_guard_acquire(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  char* busy = done + 1;
+  while (true) {
+    if (__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 0;
+    char idle = 0;
+    if (__atomic_compare_exchange_n(busy, &idle, 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+      if (!__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 1;  // this thread initializes
+      __atomic_store_n(busy, 0, __ATOMIC_RELEASE);             // another one finished meanwhile
+      return 0;
+    }
+    sched_yield();
+  }
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_release(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  __atomic_store_n(done, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(done + 1, 0, __ATOMIC_RELEASE);
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
+  __atomic_store_n(reinterpret_cast<char*>(guard) + 1, 0, __ATOMIC_RELEASE);
+}
+}
+"""
+
+# What every host unit (a module's glue, the profiler's) builds its TVM FFI functions from. They are
+# written against tvm-ffi's C ABI alone and compiled without exceptions or RTTI, so that a module
+# needs nothing from the C++ runtime (see KERNEL_PRELUDE): each function is a TVMFFISafeCallType
+# (`int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`) that raises
+# with TVMFFIErrorSetRaisedFromCStr and returns -1. Tensors arrive as DLTensor* or tvm-ffi Tensors.
+FFI_HELPERS = """\
+// A check returns nonzero once it has raised an error: hand the failure (-1) to tvm-ffi.
+#define TRY(check)               \\
+  do {                           \\
+    if ((check) != 0) return -1; \\
+  } while (0)
+
+namespace {
+// Raises `kind` (the Python exception type: ValueError, TypeError, ...) with a printf-formatted
+// message; returns -1.
+__attribute__((format(printf, 2, 3))) int Raise(const char* kind, const char* format, ...) {
+  char message[1024];
+  va_list values;
+  va_start(values, format);
+  std::vsnprintf(message, sizeof(message), format, values);
+  va_end(values);
+  TVMFFIErrorSetRaisedFromCStr(kind, message);
+  return -1;
+}
+
+const char* TypeName(int32_t type_index) {
+  switch (type_index) {
+    case kTVMFFINone: return "None";
+    case kTVMFFIInt: return "int";
+    case kTVMFFIBool: return "bool";
+    case kTVMFFIFloat: return "float";
+    case kTVMFFIRawStr: case kTVMFFISmallStr: case kTVMFFIStr: return "str";
+    case kTVMFFIShape: return "Shape";
+    case kTVMFFIArray: return "Array";
+    default: return "another type";
+  }
+}
+
+int CheckArgCount(const char* fn, int32_t got, int32_t want, const char* params) {
+  if (got == want) return 0;
+  return Raise("TypeError", "%s: takes %d arguments (%s), got %d", fn, want, params, got);
+}
+
+// Argument `index` as a tensor: a DLTensor* or a tvm-ffi Tensor object.
+int TensorArg(const char* fn, const TVMFFIAny* args, int index, const char* name, const DLTensor** out) {
+  const TVMFFIAny& arg = args[index];
+  if (arg.type_index == kTVMFFIDLTensorPtr) {
+    *out = static_cast<const DLTensor*>(arg.v_ptr);
+    return 0;
+  }
+  if (arg.type_index == kTVMFFITensor) {
+    *out = TVMFFITensorGetDLTensorPtr(arg.v_obj);
+    return 0;
+  }
+  return Raise("TypeError", "%s: argument #%d (%s) must be a tensor, got %s (type index %d)", fn, index, name,
+               TypeName(arg.type_index), static_cast<int>(arg.type_index));
+}
+
+const void* Data(const DLTensor* t) { return static_cast<const char*>(t->data) + t->byte_offset; }
+}  // namespace
+"""
 
 # One module -> one glue object exporting a TVM FFI function per offloaded region.
-GLUE_TU = Template("""\
-// relax_cutlass generated host glue: shape/dtype checks, stream, launch.
+GLUE_TU = Template(
+    """\
+// relax_cutlass generated host glue: argument checks, stream, launch.
+#include <cstdarg>
 #include <cstdint>
-#include <string>
-#include <tvm/ffi/container/shape.h>
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/error.h>
+#include <cstdio>
+#include <cuda_runtime_api.h>
+#include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
-#include <tvm/ffi/function.h>
 
 $gemm_args
 $kernel_decls
 
+"""
+    + FFI_HELPERS
+    + """
 namespace {
-using tvm::ffi::TensorView;
+// "(2, 3, 4)": a tensor's shape, for messages.
+struct ShapeText {
+  char text[256];
+};
 
-std::string ShapeStr(const TensorView& t) {
-  std::string s = "(";
-  for (int i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + ")";
+ShapeText ShapeStr(const DLTensor* t) {
+  ShapeText s;
+  const int size = static_cast<int>(sizeof(s.text));
+  int used = std::snprintf(s.text, size, "(");
+  for (int i = 0; i < t->ndim && used < size; ++i) {
+    used += std::snprintf(s.text + used, size - used, "%s%lld", i ? ", " : "", static_cast<long long>(t->shape[i]));
+  }
+  if (used < size) std::snprintf(s.text + used, size - used, ")");
+  return s;
 }
 
-const void* Data(const TensorView& t) {
-  return static_cast<const char*>(t.data_ptr()) + t.byte_offset();
+int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
 }
 
-void CheckTensor(const char* fn, const char* role, const TensorView& t, uint8_t code, uint8_t bits,
-                 int alignment_bytes, int device_id) {
-  if (t.device().device_type != kDLCUDA) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << role << " must be on a CUDA device (got device type "
-                              << t.device().device_type << ")";
+// Row-major (as tvm-ffi's IsContiguous: size-1 dimensions may have any stride, empty tensors are).
+bool IsContiguous(const DLTensor* t) {
+  if (t->strides == nullptr) return true;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return true;
   }
-  if (t.device().device_id != device_id) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << role << " is on cuda:" << t.device().device_id
-                              << " but the output is on cuda:" << device_id;
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] == 1) continue;
+    if (t->strides[i] != expected) return false;
+    expected *= t->shape[i];
   }
-  if (t.dtype().code != code || t.dtype().bits != bits || t.dtype().lanes != 1) {
-    TVM_FFI_THROW(TypeError) << fn << ": " << role << " has the wrong dtype (code "
-                             << int(t.dtype().code) << ", " << int(t.dtype().bits)
-                             << " bits); the kernel was built for code " << int(code) << ", "
-                             << int(bits) << " bits";
+  return true;
+}
+
+int CheckTensor(const char* fn, const char* role, const DLTensor* t, uint8_t code, uint8_t bits,
+                int alignment_bytes, int device_id) {
+  if (t->device.device_type != kDLCUDA) {
+    return Raise("ValueError", "%s: %s must be on a CUDA device (got device type %d)", fn, role,
+                 static_cast<int>(t->device.device_type));
   }
-  if (!t.IsContiguous()) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << role << " must be contiguous (row-major)";
+  if (t->device.device_id != device_id) {
+    return Raise("ValueError", "%s: %s is on cuda:%d but the output is on cuda:%d", fn, role,
+                 t->device.device_id, device_id);
+  }
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
+    return Raise("TypeError", "%s: %s has the wrong dtype (code %d, %d bits); the kernel was built for code %d, "
+                 "%d bits", fn, role, int(t->dtype.code), int(t->dtype.bits), int(code), int(bits));
+  }
+  if (!IsContiguous(t)) {
+    return Raise("ValueError", "%s: %s must be contiguous (row-major)", fn, role);
   }
   if (reinterpret_cast<uintptr_t>(Data(t)) % alignment_bytes != 0) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << role << " data is not " << alignment_bytes
-                              << "-byte aligned, which the kernel's vector width requires";
+    return Raise("ValueError", "%s: %s data is not %d-byte aligned, which the kernel's vector width requires", fn,
+                 role, alignment_bytes);
   }
+  return 0;
 }
 
 // The element stride of `dim` in a contiguous (checked) tensor.
-int64_t PackedStride(const TensorView& t, int dim) {
+int64_t PackedStride(const DLTensor* t, int dim) {
   int64_t stride = 1;
-  for (int i = dim + 1; i < t.ndim(); ++i) stride *= t.size(i);
+  for (int i = dim + 1; i < t->ndim; ++i) stride *= t->shape[i];
   return stride;
 }
 
-void CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const TensorView& t) {
-  if (got != want) {
-    TVM_FFI_THROW(ValueError) << fn << ": " << what << " is " << got << " but the kernel was "
-                              << "built for " << want << " (shape " << ShapeStr(t) << ")";
+int CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const DLTensor* t) {
+  if (got == want) return 0;
+  return Raise("ValueError", "%s: %s is %lld but the kernel was built for %lld (shape %s)", fn, what,
+               static_cast<long long>(got), static_cast<long long>(want), ShapeStr(t).text);
+}
+
+// Errors of CUDA itself (no GPU, no or an old driver), not of earlier work.
+bool CudaUnusable(cudaError_t error) {
+  switch (error) {
+    case cudaErrorNoDevice: case cudaErrorInsufficientDriver: case cudaErrorStubLibrary:
+    case cudaErrorInitializationError: case cudaErrorSystemDriverMismatch: case cudaErrorSystemNotReady:
+    case cudaErrorCompatNotSupportedOnDevice: case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
   }
+}
+
+// Called just before a launch. A kernel that fails asynchronously (an illegal address, say) leaves
+// its error for a later CUDA call to report; launching on would blame this region's kernel for it,
+// or crash later. The error is read (and, unless sticky, cleared) here and raised, naming it.
+int CheckNoPendingCudaError(const char* fn) {
+  const cudaError_t pending = cudaGetLastError();
+  if (pending == cudaSuccess) return 0;
+  if (CudaUnusable(pending)) {
+    return Raise("RuntimeError", "%s: no usable CUDA device (%s: %s)", fn, cudaGetErrorName(pending),
+                 cudaGetErrorString(pending));
+  }
+  return Raise("RuntimeError", "%s: not launched: an error from earlier CUDA work is pending (%s: %s); a kernel "
+               "that failed asynchronously may have left the CUDA context unusable", fn, cudaGetErrorName(pending),
+               cudaGetErrorString(pending));
 }
 }  // namespace
 
 $functions
-""")
+"""
+)
 
+# One exported function per region; `unpack` reads the arguments into `const DLTensor*`s named
+# by their roles (ffi_args, since `args` is the kernel's argument struct).
 GLUE_FUNCTION = Template("""\
-namespace {
-void ${symbol}_impl($params) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
   const char* fn = "$symbol";
-  const int device_id = out.device().device_id;
+$unpack
+  const int device_id = out->device.device_id;
 $checks
-  if (lhs.ndim() < 2) {
-    TVM_FFI_THROW(ValueError) << fn << ": lhs must have rank >= 2, got " << ShapeStr(lhs);
+  if (lhs->ndim < 2) {
+    return Raise("ValueError", "%s: lhs must have rank >= 2, got %s", fn, ShapeStr(lhs).text);
   }
-  CheckDim(fn, "lhs inner dim K", lhs.size(lhs.ndim() - 1), $k, lhs);
-  const int64_t m = lhs.numel() / $k;
-  CheckDim(fn, "rhs rank", rhs.ndim(), 2, rhs);
-  CheckDim(fn, "rhs dim 0", rhs.size(0), $rhs_dim0, rhs);
-  CheckDim(fn, "rhs dim 1", rhs.size(1), $rhs_dim1, rhs);
-  CheckDim(fn, "output rank", out.ndim(), lhs.ndim(), out);
-  for (int i = 0; i + 1 < lhs.ndim(); ++i) CheckDim(fn, "output leading dim", out.size(i), lhs.size(i), out);
-  CheckDim(fn, "output dim N", out.size(out.ndim() - 1), $n, out);
+  TRY(CheckDim(fn, "lhs inner dim K", lhs->shape[lhs->ndim - 1], $k, lhs));
+  const int64_t m = Numel(lhs) / $k;
+  TRY(CheckDim(fn, "rhs rank", rhs->ndim, 2, rhs));
+  TRY(CheckDim(fn, "rhs dim 0", rhs->shape[0], $rhs_dim0, rhs));
+  TRY(CheckDim(fn, "rhs dim 1", rhs->shape[1], $rhs_dim1, rhs));
+  TRY(CheckDim(fn, "output rank", out->ndim, lhs->ndim, out));
+  for (int i = 0; i + 1 < lhs->ndim; ++i) TRY(CheckDim(fn, "output leading dim", out->shape[i], lhs->shape[i], out));
+  TRY(CheckDim(fn, "output dim N", out->shape[out->ndim - 1], $n, out));
 $extra_checks
-  if (m == 0) return;
+  if (m == 0) return 0;
   RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${launch}) {
-    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
-  }
+  if (const char* err = ${launch}) return Raise("RuntimeError", "%s: %s", fn, err);
+  return 0;
 }
-}  // namespace
-TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)
 
 # The problem and tensor layouts every conv2d kernel builds its arguments from.
@@ -249,43 +457,42 @@ CONV2D_RESIDUAL_ARGUMENTS = (
 )
 
 CONV2D_GLUE_FUNCTION = Template("""\
-namespace {
-void ${symbol}_impl($params) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
   const char* fn = "$symbol";
-  const int device_id = out.device().device_id;
+$unpack
+  const int device_id = out->device.device_id;
 $checks
-  CheckDim(fn, "data rank (NHWC)", data.ndim(), 4, data);
-  CheckDim(fn, "data H", data.size(1), $h, data);
-  CheckDim(fn, "data W", data.size(2), $w, data);
-  CheckDim(fn, "data C", data.size(3), $c, data);
-  CheckDim(fn, "weight rank (OHWI)", weight.ndim(), 4, weight);
-  CheckDim(fn, "weight O", weight.size(0), $k, weight);
-  CheckDim(fn, "weight H", weight.size(1), $r, weight);
-  CheckDim(fn, "weight W", weight.size(2), $s, weight);
-  CheckDim(fn, "weight I", weight.size(3), $c, weight);
-  const int64_t n = data.size(0);
-  CheckDim(fn, "output rank (NHWC)", out.ndim(), 4, out);
-  CheckDim(fn, "output N", out.size(0), n, out);
-  CheckDim(fn, "output H", out.size(1), $p, out);
-  CheckDim(fn, "output W", out.size(2), $q, out);
-  CheckDim(fn, "output C", out.size(3), $k, out);
+  TRY(CheckDim(fn, "data rank (NHWC)", data->ndim, 4, data));
+  TRY(CheckDim(fn, "data H", data->shape[1], $h, data));
+  TRY(CheckDim(fn, "data W", data->shape[2], $w, data));
+  TRY(CheckDim(fn, "data C", data->shape[3], $c, data));
+  TRY(CheckDim(fn, "weight rank (OHWI)", weight->ndim, 4, weight));
+  TRY(CheckDim(fn, "weight O", weight->shape[0], $k, weight));
+  TRY(CheckDim(fn, "weight H", weight->shape[1], $r, weight));
+  TRY(CheckDim(fn, "weight W", weight->shape[2], $s, weight));
+  TRY(CheckDim(fn, "weight I", weight->shape[3], $c, weight));
+  const int64_t n = data->shape[0];
+  TRY(CheckDim(fn, "output rank (NHWC)", out->ndim, 4, out));
+  TRY(CheckDim(fn, "output N", out->shape[0], n, out));
+  TRY(CheckDim(fn, "output H", out->shape[1], $p, out));
+  TRY(CheckDim(fn, "output W", out->shape[2], $q, out));
+  TRY(CheckDim(fn, "output C", out->shape[3], $k, out));
 $extra_checks
-  if (n == 0) return;
+  if (n == 0) return 0;
   if (n > INT32_MAX / ($h * $w * $c) || n > INT32_MAX / ($p * $q * $k)) {
-    TVM_FFI_THROW(ValueError) << fn << ": batch " << n << " makes a tensor of more than 2^31 elements, "
-                              << "which CUTLASS's 32-bit conv2d indexing cannot address; split the batch";
+    return Raise("ValueError", "%s: batch %lld makes a tensor of more than 2^31 elements, which CUTLASS's 32-bit "
+                 "conv2d indexing cannot address; split the batch", fn, static_cast<long long>(n));
   }
   RelaxCutlassConv2dArgs args{static_cast<int>(n), $h, $w, $c, $k, $r, $s, $p, $q,
                               $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
                               Data(data), Data(weight), $bias_ptr, $residual_ptr,
                               const_cast<void*>(Data(out))};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
-    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
-  }
+  if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
+  return 0;
 }
-}  // namespace
-TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)
 
 # An elementwise functor applied to a whole fragment, as the Array-typed epilogues call it; appended
@@ -406,10 +613,13 @@ struct RelaxCutlassAttentionArgs {
 # One fused attention configuration -> one object exporting `<kernel>_run`: CUTLASS's
 # examples/41 forward kernel (xFormers' memory-efficient attention), launched as its own
 # example launches it.
-ATTENTION_KERNEL_TU = Template("""\
+ATTENTION_KERNEL_TU = Template(
+    """\
 // relax_cutlass generated kernel: $name
+"""
+    + KERNEL_PRELUDE
+    + """\
 #include <cstdint>
-#include <cstdio>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 #include "kernel_forward.h"
@@ -489,33 +699,34 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   if (launched != cudaSuccess) return Fail("kernel launch");
   return nullptr;
 }
-""")
+"""
+)
 
 ATTENTION_GLUE_FUNCTION = Template("""\
-namespace {
-void ${symbol}_impl($params) {
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
   const char* fn = "$symbol";
-  const int device_id = out.device().device_id;
+$unpack
+  const int device_id = out->device.device_id;
 $checks
+$rank_checks
 $sizes
 $shape_checks
-  CheckDim(fn, "output elements", out.numel(), batch * seq_q * $heads * $head_dim_value, out);
-  if (batch == 0 || seq_q == 0) return;
+  TRY(CheckDim(fn, "output elements", Numel(out), batch * seq_q * $heads * $head_dim_value, out));
+  if (batch == 0 || seq_q == 0) return 0;
   if (seq_kv == 0) {
-    TVM_FFI_THROW(ValueError) << fn << ": attention over zero keys (shape " << ShapeStr(key) << ") is undefined";
+    return Raise("ValueError", "%s: attention over zero keys (shape %s) is undefined", fn, ShapeStr(key).text);
   }
-  if (batch > 65535 || query.numel() > INT32_MAX || key.numel() > INT32_MAX || value.numel() > INT32_MAX) {
-    TVM_FFI_THROW(ValueError) << fn << ": batch " << batch << " or a q/k/v tensor of over 2^31 elements is past "
-                              << "the fused attention kernel's 32-bit row strides and grid; split the batch";
+  if (batch > 65535 || Numel(query) > INT32_MAX || Numel(key) > INT32_MAX || Numel(value) > INT32_MAX) {
+    return Raise("ValueError", "%s: batch %lld or a q/k/v tensor of over 2^31 elements is past the fused attention "
+                 "kernel's 32-bit row strides and grid; split the batch", fn, static_cast<long long>(batch));
   }
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
       const_cast<void*>(Data(out)), ${scale}f};
+  TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
-    TVM_FFI_THROW(RuntimeError) << fn << ": " << err;
-  }
+  if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
+  return 0;
 }
-}  // namespace
-TVM_FFI_DLL_EXPORT_TYPED_FUNC($symbol, ${symbol}_impl);
 """)

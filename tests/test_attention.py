@@ -293,7 +293,7 @@ def test_emitted_kernel_and_glue():
     glue = emit_glue([region], "m").text
     # The exported graph hands the kernel (B, S, N, H) tensors: batch, rows and heads are dims 0, 1, 2.
     assert "Data(query), PackedStride(query, 0), PackedStride(query, 1), PackedStride(query, 2)" in glue
-    assert 'CheckDim(fn, "query dim 3", query.size(3), 64, query);' in glue and "0.125f" in glue
+    assert 'TRY(CheckDim(fn, "query dim 3", query->shape[3], 64, query));' in glue and "0.125f" in glue
 
 
 def test_head_split_is_read_through_strides():

@@ -20,7 +20,7 @@ def _normalized(text: str) -> str:
 def _significant(fragments: list[str]) -> list[str]:
     """The literal parts of a message that say something (12+ characters), without the leading
     punctuation and names between them, cut at the first C format or template placeholder."""
-    parts = (re.split(r"[%$]", re.sub(r"^(\$name)?[\s:;,()`'-]+", "", _normalized(f)))[0].strip() for f in fragments)
+    parts = (re.split(r"[%$]", re.sub(r"^(\$name|%s|[\s:;,()`'-])+", "", _normalized(f)))[0].strip() for f in fragments)
     return [p for p in parts if len(p) >= 12]
 
 
@@ -30,7 +30,7 @@ def _covered(fragments: list[str], doc: str) -> bool:
     significant = _significant(fragments)
     if significant:
         return any(p[:30] in doc for p in significant)
-    shapes = (re.sub(r"\\\$name|%[sd]", ".*?", re.escape(_normalized(f))) for f in fragments if f.strip())
+    shapes = (re.sub(r"\\\$name|%(ll|z)?[sdu]", ".*?", re.escape(_normalized(f))) for f in fragments if f.strip())
     return any(re.search(shape, doc) for shape in shapes)
 
 
@@ -63,8 +63,10 @@ def _cpp_errors() -> list[tuple[str, list[str]]]:
     found = []
     for path in (PACKAGE / "templates.py", PACKAGE / "profile.py", PACKAGE / "emit.py"):
         text = path.read_text()
-        for match in re.finditer(r"(TVM_FFI_THROW\(\w+\)|snprintf\(message|return \"\$name)[^;]*;", text):
+        for match in re.finditer(r"(Raise\(\"\w+\",|snprintf\(message|return \"\$name)[^;]*;", text):
             literals = re.findall(r'"((?:[^"\\]|\\.)*)"', match.group(0))
+            if match.group(0).startswith("Raise("):
+                literals = literals[1:]  # the exception type
             if any(len(lit) >= 12 for lit in literals):
                 found.append((f"{path.name}:{text[: match.start()].count(chr(10)) + 1}", literals))
     return found
