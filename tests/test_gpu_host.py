@@ -29,24 +29,25 @@ from relax_cutlass.arch import local_gpu_arch  # noqa: E402
 from relax_cutlass.models import dense_epilogue_model  # noqa: E402
 
 
-def _dense_bias_build():
-    """A dense + bias region (weights as parameters) offloaded, built and loaded: (vm, function)."""
+def _dense_bias_build(tmp_path):
+    """A dense + bias region (weights as parameters) offloaded, built, exported with the host's
+    default toolchain and loaded: (vm, the region's function)."""
     mod = dense_epilogue_model(m=64, n=256, k=128)
     offloaded = relax_cutlass.offload_pipeline("auto")(mod)
     (region,) = relax_cutlass.offload_report(offloaded).offloaded
     assert region["shapes"] == {"lhs": [64, 128], "rhs": [256, 128], "bias": [256]}
     sm = local_gpu_arch()
     target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}{'a' if sm == 90 else ''}"}, host="llvm")
-    ex = tvm.compile(offloaded, target)
-    vm = relax.VirtualMachine(ex, tvm.cuda(0))
-    return vm, ex.mod.get_function(region["symbol"], query_imports=True)
+    tvm.compile(offloaded, target).export_library(str(tmp_path / "dense.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "dense.so"))
+    return relax.VirtualMachine(lib, tvm.cuda(0)), lib.get_function(region["symbol"], query_imports=True)
 
 
-def test_bad_operands_raise_and_the_process_goes_on():
+def test_bad_operands_raise_and_the_process_goes_on(tmp_path):
     """An offloaded call given a misaligned view, a wrong shape or a host tensor raises an exception
     that names the region and the problem, before anything is launched; the same function and the
     whole model then still compute the right result in this process."""
-    vm, fn = _dense_bias_build()
+    vm, fn = _dense_bias_build(tmp_path)
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (64, 128)).astype("float16")
