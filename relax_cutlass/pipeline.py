@@ -5,20 +5,37 @@ from __future__ import annotations
 import tvm
 
 from .arch import parse_arch
-from .transform import ConvertToNHWC, CutlassCodegen, FoldLinearReshapes, LiftConstants, PartitionForCutlass
+from .transform import (
+    ConvertToNHWC,
+    CutlassCodegen,
+    FoldLinearReshapes,
+    LiftConstants,
+    MakeGemmBroadcastsExplicit,
+    PartitionForCutlass,
+)
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants -> CutlassCodegen.
+    """FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants -> CutlassCodegen
+    -> MakeGemmBroadcastsExplicit.
 
     `arch="auto"` detects the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
     accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
+    MakeGemmBroadcastsExplicit runs last, on what stays in TVM: a conv/matmul left there whose output
+    a later op broadcasts (a squeeze-excitation scale) would otherwise fail TVM's CUDA build.
     """
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []
     return tvm.transform.Sequential(
-        [FoldLinearReshapes(), *layout, PartitionForCutlass(sm), LiftConstants(), CutlassCodegen(sm, **options)],
+        [
+            FoldLinearReshapes(),
+            *layout,
+            PartitionForCutlass(sm),
+            LiftConstants(),
+            CutlassCodegen(sm, **options),
+            MakeGemmBroadcastsExplicit(),
+        ],
         name="relax_cutlass.offload_pipeline",
     )

@@ -1,9 +1,17 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
+from .broadcasts import MakeGemmBroadcastsExplicit
 from .canonicalize import FoldLinearReshapes
 from .codegen import CutlassCodegen
 from .constants import LiftConstants
 from .layout import ConvertToNHWC
 from .partition import PartitionForCutlass
 
-__all__ = ["ConvertToNHWC", "CutlassCodegen", "FoldLinearReshapes", "LiftConstants", "PartitionForCutlass"]
+__all__ = [
+    "ConvertToNHWC",
+    "CutlassCodegen",
+    "FoldLinearReshapes",
+    "LiftConstants",
+    "MakeGemmBroadcastsExplicit",
+    "PartitionForCutlass",
+]
