@@ -272,6 +272,23 @@ def to_float16(mod: tvm.IRModule, dtype: str = "float16", convert_layout: bool =
     return relax.transform.FoldConstant()(mod)
 
 
+def tvm_baseline(mod: tvm.IRModule) -> tvm.IRModule:
+    """The module to give TVM's default build (`tvm.compile`, DLight schedules) as the baseline of
+    a model that relax_cutlass offloads: `mod` (e.g. `bind_float16`'s NHWC float16 graph) with
+    `MakeGemmBroadcastsExplicit` applied, and nothing else changed.
+
+    TVM 0.27 cannot build a conv/matmul whose output a later op broadcasts (the squeeze-excitation
+    scale of MobileNetV3: FuseOps fuses `scale * x` into the 1x1 conv's kernel and DLight's Matmul
+    rule asserts "There are some consumers of the cache-write stage that are not properly
+    inlined."). The rewrite spells such broadcasts out as `broadcast_to`, which keeps them out of
+    the GEMM's kernel; values are unchanged and modules without the form are returned as they are.
+    `offload_pipeline` applies the same pass to what it leaves in TVM.
+    """
+    from .broadcasts import MakeGemmBroadcastsExplicit
+
+    return MakeGemmBroadcastsExplicit()(mod)
+
+
 def onnx_conv_mlp(batch: int = 2, seed: int = 0):
     """A small ONNX model built with onnx.helper (conv + bias + relu, global pooling, Gemm + Relu,
     MatMul + Add), weights as initializers; imported with `tvm.relax.frontend.onnx.from_onnx`.

@@ -10,6 +10,7 @@ from .transform import (
     CutlassCodegen,
     FoldLinearReshapes,
     LiftConstants,
+    MakeGemmBroadcastsExplicit,
     PartitionForCutlass,
     WidenNarrowCumsums,
 )
@@ -17,7 +18,7 @@ from .transform import (
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
     """WidenNarrowCumsums -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
-    -> CutlassCodegen.
+    -> CutlassCodegen -> MakeGemmBroadcastsExplicit.
 
     WidenNarrowCumsums computes cumsums over bool or 8/16-bit ints in int32 (TVM's CUDA cumsum
     aborts the process on a bool input; transformers' mask code has one). `arch="auto"` detects
@@ -25,6 +26,8 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
     accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
+    MakeGemmBroadcastsExplicit runs last, on what stays in TVM: a conv/matmul left there whose output
+    a later op broadcasts (a squeeze-excitation scale) would otherwise fail TVM's CUDA build.
     """
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []
@@ -36,6 +39,7 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
             PartitionForCutlass(sm),
             LiftConstants(),
             CutlassCodegen(sm, **options),
+            MakeGemmBroadcastsExplicit(),
         ],
         name="relax_cutlass.offload_pipeline",
     )

@@ -1,5 +1,6 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
+from .broadcasts import MakeGemmBroadcastsExplicit
 from .canonicalize import FoldLinearReshapes, WidenNarrowCumsums
 from .codegen import CutlassCodegen
 from .constants import LiftConstants
@@ -11,6 +12,7 @@ __all__ = [
     "CutlassCodegen",
     "FoldLinearReshapes",
     "LiftConstants",
+    "MakeGemmBroadcastsExplicit",
     "PartitionForCutlass",
     "WidenNarrowCumsums",
 ]

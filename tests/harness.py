@@ -66,10 +66,12 @@ def _static_view_shapes(composite: relax.Function) -> relax.Function:
 
 def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:
     """-> (partitioned+lifted module, rewritten module) with no kernels compiled (linear-layer
-    reshapes folded and NCHW convs brought to NHWC first, as offload_pipeline does)."""
+    reshapes folded and NCHW convs brought to NHWC first, broadcasts of what stays in TVM made
+    explicit last, as offload_pipeline does)."""
     t = relax_cutlass.transform
-    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(t.FoldLinearReshapes()(mod))))
-    rewritten = relax_cutlass.transform.CutlassCodegen(compile=False, **options)(partitioned)
+    canonical = t.FoldLinearReshapes()(t.WidenNarrowCumsums()(mod))
+    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(canonical)))
+    rewritten = t.MakeGemmBroadcastsExplicit()(t.CutlassCodegen(compile=False, **options)(partitioned))
     return partitioned, rewritten
 
 
