@@ -315,6 +315,10 @@ def vit_module(batch: int = 1, image: int = 64, **kwargs) -> tuple[tvm.IRModule,
     """The ViT of `vit` imported from PyTorch: (IRModule, weights), input `x` of shape (batch, 3, image, image)."""
     torch = _torch()
     model = vit(image=image, **kwargs)
+    example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
+    return import_exported(model, example)
+
+
 # torchvision's mobilenet_v3_large settings: (kernel, expanded, out, squeeze-excite, activation, stride)
 # per inverted-residual block, input channels chained from the previous block (16 after the stem).
 MOBILENET_V3_LARGE = (
