@@ -79,9 +79,9 @@ def main():
                 np.isfinite(got).all() or not np.isfinite(ref).all()
             )
         if not same:
-            print(f"FIRST DIFFERENCE: {binding.var.name} = {binding.value}")
-            print("cuda:", got.reshape(-1)[:48])
-            print("llvm:", ref.reshape(-1)[:48])
+            print("cuda:", got.reshape(-1)[:16])
+            print("llvm:", ref.reshape(-1)[:16])
+            print(f"FIRST DIFFERENCE: {binding.var.name} = {str(binding.value)[:400]}")
             return
     print(f"no difference in {len(probed)} tensors")
 
