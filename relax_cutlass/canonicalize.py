@@ -175,13 +175,42 @@ def widen_narrow_cumsums(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
-@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.WidenNarrowCumsums")
-class WidenNarrowCumsums:
-    """Every cumsum over a dtype TVM's CUDA build cannot take, computed in int32 instead."""
+def expand_integer_powers(func: relax.Function) -> relax.Function:
+    """power(x, c) with c a constant integer from -4 to 4 -> products of x (1 / products for c < 0).
+
+    TVM 0.27's CUDA build computes power through exp2(c * log2(x)), which is NaN for any negative
+    x: GPT-2's gelu (x ** 3) and Llama's RMSNorm (x ** 2) gave NaN outputs on the H100 in the
+    offloaded build and TVM's own alike. Products are exact where the exponent is an integer."""
+    x, exponent = wildcard(), is_const()
+    pattern = is_op("relax.power")(x, exponent)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        value = m[exponent].value.numpy()
+        if value.size != 1 or not np.isfinite(value).all():
+            return orig
+        c = float(value.reshape(-1)[0])
+        if c != round(c) or abs(c) > 4 or c == 0 or not isinstance(orig.ty, relax.TensorType):
+            return orig
+        base = m[x]
+        dtype = str(orig.ty.dtype)
+        if str(base.ty.dtype) != dtype:
+            base = relax.op.astype(base, dtype)
+        product = base
+        for _ in range(int(abs(c)) - 1):
+            product = relax.op.multiply(product, base)
+        return product if c > 0 else relax.op.divide(relax.const(1.0, dtype), product)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
+class FixTvmCudaForms:
+    """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over narrow
+    dtypes (abort or no build) and small integer powers (NaN for negative bases)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         functions = {
-            gv: widen_narrow_cumsums(func) if isinstance(func, relax.Function) else func
+            gv: expand_integer_powers(widen_narrow_cumsums(func)) if isinstance(func, relax.Function) else func
             for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -104,6 +104,7 @@ def from_torch(
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
+    from .canonicalize import FixTvmCudaForms
     from .models import to_float16
 
     if not isinstance(model, torch.nn.Module):
@@ -120,4 +121,7 @@ def from_torch(
     inputs = len(mod["main"].params) - len(params.get("main", []))
     weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}
     mod = relax.transform.BindParams("main", weights)(mod)
+    # Forms TVM's own CUDA build gets wrong (values unchanged), so that TVM's build of the module is
+    # right too, not only the offloaded one.
+    mod = FixTvmCudaForms()(mod)
     return to_float16(mod, dtype, convert_layout=convert_layout)

@@ -8,20 +8,21 @@ from .arch import parse_arch
 from .transform import (
     ConvertToNHWC,
     CutlassCodegen,
+    FixTvmCudaForms,
     FoldLinearReshapes,
     LiftConstants,
     MakeGemmBroadcastsExplicit,
     PartitionForCutlass,
-    WidenNarrowCumsums,
 )
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """WidenNarrowCumsums -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
+    """FixTvmCudaForms -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
     -> CutlassCodegen -> MakeGemmBroadcastsExplicit.
 
-    WidenNarrowCumsums computes cumsums over bool or 8/16-bit ints in int32 (TVM's CUDA cumsum
-    aborts the process on a bool input; transformers' mask code has one). `arch="auto"` detects
+    FixTvmCudaForms rewrites forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over
+    bool or 8/16-bit ints (it aborts the process on transformers' bool mask cumsum) and x ** c for
+    small integer c (NaN for negative x: GPT-2's gelu, Llama's RMSNorm). `arch="auto"` detects
     the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
@@ -33,7 +34,7 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     layout = [ConvertToNHWC()] if convert_layout else []
     return tvm.transform.Sequential(
         [
-            WidenNarrowCumsums(),
+            FixTvmCudaForms(),
             FoldLinearReshapes(),
             *layout,
             PartitionForCutlass(sm),

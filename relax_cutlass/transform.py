@@ -1,7 +1,7 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
 from .broadcasts import MakeGemmBroadcastsExplicit
-from .canonicalize import FoldLinearReshapes, WidenNarrowCumsums
+from .canonicalize import FixTvmCudaForms, FoldLinearReshapes
 from .codegen import CutlassCodegen
 from .constants import LiftConstants
 from .layout import ConvertToNHWC
@@ -10,9 +10,9 @@ from .partition import PartitionForCutlass
 __all__ = [
     "ConvertToNHWC",
     "CutlassCodegen",
+    "FixTvmCudaForms",
     "FoldLinearReshapes",
     "LiftConstants",
     "MakeGemmBroadcastsExplicit",
     "PartitionForCutlass",
-    "WidenNarrowCumsums",
 ]

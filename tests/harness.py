@@ -69,7 +69,7 @@ def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRM
     reshapes folded and NCHW convs brought to NHWC first, broadcasts of what stays in TVM made
     explicit last, as offload_pipeline does)."""
     t = relax_cutlass.transform
-    canonical = t.FoldLinearReshapes()(t.WidenNarrowCumsums()(mod))
+    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
     partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(canonical)))
     rewritten = t.MakeGemmBroadcastsExplicit()(t.CutlassCodegen(compile=False, **options)(partitioned))
     return partitioned, rewritten

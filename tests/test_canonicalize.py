@@ -6,7 +6,7 @@ import tvm
 from harness import build_cpu, run_vm
 from tvm import relax
 
-from relax_cutlass.transform import WidenNarrowCumsums
+from relax_cutlass.transform import FixTvmCudaForms
 
 
 def _cumsum_module(dtype: str, out_dtype: str | None = None):
@@ -36,7 +36,7 @@ def test_narrow_integer_cumsums_are_computed_in_a_dtype_tvm_builds(dtype, out_dt
     and cannot compile int8: the sums are taken in int32 (or the wider result dtype) and narrowed
     exactly as the original's result type narrows them."""
     mod = _cumsum_module(dtype, out_dtype)
-    widened = WidenNarrowCumsums()(mod)
+    widened = FixTvmCudaForms()(mod)
     assert "relax.astype" in _ops(widened)
     (cumsum,) = [c for c in _calls(widened) if c.op.name == "relax.cumsum"]
     assert str(cumsum.args[0].ty.dtype) in ("int32", "int64")
@@ -50,7 +50,7 @@ def test_narrow_integer_cumsums_are_computed_in_a_dtype_tvm_builds(dtype, out_dt
 def test_bool_cumsum_is_any_so_far():
     """A bool cumsum (the Relax op on a bool input with no dtype) narrows counts back to bool: True
     from the first True on, which is what its CUDA code computes where it runs at all."""
-    widened = WidenNarrowCumsums()(_cumsum_module("bool"))
+    widened = FixTvmCudaForms()(_cumsum_module("bool"))
     x = np.zeros((2, 512), bool)
     x[0, 7] = x[0, 9] = x[1, 511] = True
     got = run_vm(build_cpu(widened), [x])
@@ -60,10 +60,38 @@ def test_bool_cumsum_is_any_so_far():
 def test_wide_cumsums_are_untouched():
     for dtype in ("int32", "int64", "float16", "float32"):
         mod = _cumsum_module(dtype)
-        tvm.ir.assert_structural_equal(WidenNarrowCumsums()(mod), mod)
+        tvm.ir.assert_structural_equal(FixTvmCudaForms()(mod), mod)
 
 
 def _calls(mod):
     calls = []
     relax.analysis.post_order_visit(mod["main"].body, lambda e: isinstance(e, relax.Call) and calls.append(e))
     return [c for c in calls if isinstance(c.op, tvm.ir.Op)]
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, -1.0, 4.0])
+def test_small_integer_powers_become_products(exponent):
+    """TVM 0.27's CUDA power is NaN for a negative base (GPT-2's x ** 3 gelu, Llama's RMSNorm
+    x ** 2 on the H100): integer exponents from -4 to 4 become products, exact for any sign."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 64], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.power(x, relax.const(exponent, "float32"))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    fixed = FixTvmCudaForms()(mod)
+    assert "relax.power" not in _ops(fixed)
+    values = np.random.default_rng(0).uniform(-2, 2, (4, 64)).astype("float32")
+    np.testing.assert_allclose(run_vm(build_cpu(fixed), [values]), values.astype("f8") ** exponent, rtol=1e-5)
+
+
+def test_other_powers_are_untouched():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 64], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.power(x, relax.const(0.5, "float32"))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(FixTvmCudaForms()(mod), mod)
