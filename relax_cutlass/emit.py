@@ -20,8 +20,11 @@ from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
 from .kernel_spec import (
+    BIAS_AXES,
+    BIAS_VECTOR,
     CUTLASS_ELEMENT,
     DTYPE_BITS,
+    MASKED_ROWS,
     Activation,
     AttentionKernel,
     AttentionRegion,
@@ -351,6 +354,7 @@ def _attention_kernel(kernel: AttentionKernel) -> Source:
         queries=kernel.queries_per_block,
         keys=kernel.keys_per_block,
         max_k=kernel.max_head_dim,
+        supports_bias=str(kernel.bias).lower(),
         check_device=_check_device(kernel),
     )
     return Source(kernel.name, text, "cuda", fmha_flags(), family="fmha")
@@ -413,8 +417,11 @@ def _role_aliases(region: GemmRegion | Conv2dRegion) -> str:
     return "".join(f"  const DLTensor* {alias} = {role};\n" for alias, role in region.role_aliases)
 
 
-def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, ...]) -> str:
-    """One CheckTensor line per argument: dtype, device, contiguity, and the kernel's alignment."""
+def _tensor_checks(
+    region: GemmRegion | Conv2dRegion | AttentionRegion, vector_roles: tuple[str, ...], align: dict | None = None
+) -> str:
+    """One CheckTensor line per argument: dtype, device, contiguity, and the kernel's alignment
+    (`align`: bytes for roles the kernel reads with its own vector width)."""
     alignment = region.kernel.problem.alignment
     checks = []
     for role, dtype in [*zip(region.arg_roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
@@ -422,6 +429,7 @@ def _tensor_checks(region: GemmRegion | Conv2dRegion, vector_roles: tuple[str, .
             continue
         code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]
         align_bytes = max(1, alignment * bits // 8) if role in vector_roles else bits // 8
+        align_bytes = (align or {}).get(role, align_bytes)
         checks.append(f'  TRY(CheckTensor(fn, "{role}", {role}, {code}, {bits}, {align_bytes}, device_id));')
     return "\n".join(checks)
 
@@ -487,10 +495,15 @@ def _attention_glue_function(region: AttentionRegion) -> str:
     for role, axes in OPERAND_AXES:
         b, rows, n = (strides[(role, a)] for a in axes[:3])
         operands.append(f"Data({role}), {b}, {rows}, {n}")
+    bias = ""
+    if p.bias_reads is not None:
+        bias_checks, bias_strides = _attention_bias(p, ranks["bias"], expr)
+        checks += bias_checks
+        bias = f",\n      Data(bias), {', '.join(bias_strides)}, {MASKED_ROWS.index(p.masked_rows)}"
     return ATTENTION_GLUE_FUNCTION.substitute(
         symbol=region.symbol,
         unpack=_unpack_args(region),
-        checks=_tensor_checks(region, ("query", "key", "value", "out")),
+        checks=_tensor_checks(region, ("query", "key", "value", "out"), {"bias": 16}),
         rank_checks="\n".join(rank_checks),
         sizes="\n".join(sizes),
         shape_checks="\n".join(checks),
@@ -499,8 +512,36 @@ def _attention_glue_function(region: AttentionRegion) -> str:
         head_dim_value=p.head_dim_value,
         operands=",\n      ".join(operands),
         scale=format(p.scale, ".9g"),
+        bias=bias,
         kernel=region.kernel.name,
     )
+
+
+def _attention_bias(p, rank: int, expr: dict) -> tuple[list[str], list[str]]:
+    """The additive bias: checks of its dimensions (each 1, broadcast, or the sizes of the axes it
+    holds) and of the keys' 16-byte rows, and its batch, head and query-row strides (0 where
+    broadcast)."""
+    held: dict[int, list[str]] = {}
+    strides = []
+    for axis, read in zip(BIAS_AXES, p.bias_reads, strict=True):
+        if read is not None:
+            held.setdefault(read[0], []).append(axis)
+        if axis != "T":
+            factor = "" if read is None or read[1] == 1 else f" * {read[1]}"
+            strides.append("0" if read is None else f"PackedStride(bias, {read[0]}){factor}")
+    checks = [f'  TRY(CheckDim(fn, "bias rank", bias->ndim, {rank}, bias));']
+    for dim in range(rank):
+        want = " * ".join(expr[a] for a in held.get(dim, [])) or "1"
+        checks.append(f'  TRY(CheckDim(fn, "bias dim {dim}", bias->shape[{dim}], {want}, bias));')
+    if p.seq_kv is None:  # a static count was checked when partitioning
+        checks.append(
+            f"  if (seq_kv % {BIAS_VECTOR} != 0) {{\n"
+            f'    return Raise("ValueError", "%s: %lld keys: with a mask/bias the fused attention kernel needs a '
+            f"multiple of {BIAS_VECTOR} keys (it loads bias rows 16 bytes at a time); pad the sequence\", fn, "
+            "static_cast<long long>(seq_kv));\n"
+            "  }"
+        )
+    return checks, strides
 
 
 def emit_glue(regions: list[GemmRegion | Conv2dRegion | AttentionRegion], module_name: str) -> Source:

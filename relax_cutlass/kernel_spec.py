@@ -365,6 +365,18 @@ class Conv2dRegion(_Region):
         return self._row("conv2d", [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k], {"conv": conv})
 
 
+# The axes of an attention's additive bias, in the order of `AttentionProblem.bias_reads`.
+BIAS_AXES = ("B", "N", "S", "T")
+# What a row whose every score is -inf (every key masked) gives: "nan" (the softmax's 0/0, what
+# both TVM and the kernel compute), "zero" (torch's safe softmax) or "mean" (the mean of the
+# values: a finite mask value swamped the scores, the softmax of the row is uniform). The index is
+# the kernel ABI's `masked_rows`.
+MASKED_ROWS = ("nan", "zero", "mean")
+# The kernel loads the bias 128 bits at a time (its BiasLoader), whatever its own alignment: rows
+# of keys must be whole vectors of 16-bit elements.
+BIAS_VECTOR = 8
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.
@@ -374,6 +386,11 @@ class AttentionProblem:
     parameter which holds it: the axis's stride is the dimension's stride times the factor, so
     ((0, 1), (1, 1), (2, 1), (3, 1)) is a BSNH tensor and ((0, 1), (1, 1), (2, 64), (2, 1)) the
     (B, S, N*64) projection the heads are split from. The output is always (B, S, N, V) in memory.
+
+    `bias_reads`, when the scores get an additive mask/bias before the softmax, gives the same
+    for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
+    reads it in `element`. `masked_rows` is what a row whose every score is -inf gives: "nan"
+    (the softmax's 0/0), "zero" (torch's safe softmax) or "mean" (the mean of the values).
     """
 
     batch: int | None
@@ -388,6 +405,8 @@ class AttentionProblem:
     key_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
     value_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
     element_accumulator: str = "float32"  # the kernel's softmax and both products run in fp32
+    bias_reads: tuple[tuple[int, int] | None, ...] | None = None
+    masked_rows: str = "nan"
 
     @property
     def alignment(self) -> int:
@@ -423,8 +442,13 @@ class AttentionKernel:
         element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
         return (
             f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
-            f"k{self.keys_per_block}_maxk{self.max_head_dim}"
+            f"k{self.keys_per_block}_maxk{self.max_head_dim}" + ("_bias" if self.bias else "")
         )
+
+    @property
+    def bias(self) -> bool:
+        """Compiled with CUTLASS's attention bias (kSupportsBias): the problem adds a mask/bias."""
+        return self.problem.bias_reads is not None
 
 
 @dataclass(frozen=True)
@@ -446,6 +470,10 @@ class AttentionRegion(_Region):
             "head_dim_value": p.head_dim_value,
             "scale": p.scale,
         }
+        if p.bias_reads is not None:
+            # The bias's shape as the kernel reads it: a broadcast axis shows as 1.
+            attention["bias"] = "".join(a if r is not None else "1" for a, r in zip("BNST", p.bias_reads, strict=True))
+            attention["masked_rows"] = p.masked_rows
         # "mnk" of one head's first product, for the report's common columns.
         mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
         return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})

@@ -7,6 +7,7 @@ import json
 import tvm
 from tvm import relax
 
+from .attention import cast_attention_masks, scalar_where_fills
 from .canonicalize import drop_identity_broadcasts, fold_scalar_casts
 from .patterns import fusion_patterns
 
@@ -82,7 +83,8 @@ class PartitionForCutlass:
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-                mod[gv] = fold_scalar_casts(drop_identity_broadcasts(func))
+                func = fold_scalar_casts(drop_identity_broadcasts(func))
+                mod[gv] = cast_attention_masks(scalar_where_fills(func))
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []

@@ -491,23 +491,26 @@ def check_problems(spec: PatternSpec, ctx: relax.transform.PatternCheckContext) 
     if has_leaking_intermediate_variables(ctx):
         return ["an intermediate value of the region is also used outside it (a fused kernel does not produce it)"]
     ann = dict(ctx.annotated_expr)
-    if getattr(spec, "residual", False) and not _residual_independent(ann, ctx):
+    if getattr(spec, "residual", False) and not _independent(ann["residual"], ann, ctx):
         return ["the residual is computed from the region's own output"]
+    bias = ann.get("bias") if isinstance(spec, AttentionPatternSpec) else None
+    if bias is not None and not isinstance(bias, tvm.ir.GenericConst) and not _independent(bias, ann, ctx):
+        return ["the attention's mask/bias is computed from its own scores"]
     var2val = {var: value for value, var in ctx.value_to_bound_var.items()} | dict(ctx.matched_bindings)
     return region_problems(spec, ann, ctx.matched_expr, var2val)
 
 
-def _residual_independent(ann, ctx) -> bool:
-    """The residual must not be computed from the GEMM itself (it would be read before written)."""
+def _independent(expr, ann, ctx) -> bool:
+    """A region input (a residual, an attention mask) must not be computed from the region's root
+    (it would be read before written)."""
     from tvm.relax.backend.cuda.cutlass import _has_dependency
 
-    residual = ann["residual"]
-    if not isinstance(residual, relax.Var):
-        residual = ctx.value_to_bound_var.get(residual)
-        if residual is None:
+    if not isinstance(expr, relax.Var):
+        expr = ctx.value_to_bound_var.get(expr)
+        if expr is None:
             return False
     root_var = ctx.value_to_bound_var[ann["root"]]
-    return not _has_dependency(from_var=residual, to_var=root_var, var_usages=ctx.var_usages)
+    return not _has_dependency(from_var=expr, to_var=root_var, var_usages=ctx.var_usages)
 
 
 def fusion_patterns(log=None) -> list[relax.transform.FusionPattern]:

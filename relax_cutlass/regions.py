@@ -164,6 +164,8 @@ def _attention_problem(spec, ann, out_expr, var2val) -> AttentionProblem:
         query_reads=layout.query,
         key_reads=layout.key,
         value_reads=layout.value,
+        bias_reads=layout.bias,
+        masked_rows=layout.masked_rows,
     )
 
 

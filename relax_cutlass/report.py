@@ -97,7 +97,9 @@ def _attention_line(r: dict) -> str:
     a = r["attention"]
     return (
         f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
-        f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} {r['dtypes']['query']}->"
+        f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
+        + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
+        + f"{r['dtypes']['query']}->"
         f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
         f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
         + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")

@@ -599,6 +599,7 @@ int main() {
 
 # The ABI of fused attention kernels: sizes, and for q/k/v the element strides of the batch, row
 # and head dimensions (the head dim itself is contiguous). The output is (B, S, N, V), packed.
+# The optional additive bias (masks) comes last, so that callers without one leave it zero.
 ATTENTION_ARGS = """\
 struct RelaxCutlassAttentionArgs {
   int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_value;
@@ -607,6 +608,13 @@ struct RelaxCutlassAttentionArgs {
   const void* v; int64_t v_stride_b, v_stride_s, v_stride_n;
   void* out;
   float scale;
+  // Additive bias on the scores, or nullptr (kernels built with bias support only): (B, N, S, T)
+  // in the q/k/v element type, read through these element strides (0: broadcast axis); the keys
+  // are contiguous. 16-byte aligned, with seq_kv and every stride a multiple of 8.
+  const void* bias; int64_t bias_stride_b, bias_stride_n, bias_stride_s;
+  // What a row whose every score is -inf (every key masked) gives: 0 NaN (the softmax's 0/0),
+  // 1 zeros (torch's safe softmax), 2 the mean of the values. Used with a bias only.
+  int32_t masked_rows;
 };
 """
 
@@ -620,6 +628,8 @@ ATTENTION_KERNEL_TU = Template(
     + KERNEL_PRELUDE
     + """\
 #include <cstdint>
+#include <cstdio>
+#include <cmath>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 #include "kernel_forward.h"
@@ -630,7 +640,30 @@ namespace {
 struct Attention : AttentionKernel<$element, cutlass::arch::Sm80, /*isAligned=*/$aligned,
                                    /*kQueriesPerBlock=*/$queries, /*kKeysPerBlock=*/$keys,
                                    /*kMaxK=*/$max_k, /*kSupportsDropout=*/false,
-                                   /*kSupportsBias=*/false> {};
+                                   /*kSupportsBias=*/$supports_bias> {};
+
+// A row whose every score is -inf leaves the kernel as 0/0 = NaN, its logsumexp -inf. The graph
+// gives zeros there (masked_rows 1, torch's safe softmax) or the mean of the values (2: a finite
+// mask value swamped the scores, so the softmax of the row was uniform).
+template <typename T>
+__global__ void FixMaskedRows(RelaxCutlassAttentionArgs a, const float* lse, int64_t lse_dim) {
+  const int64_t rows = a.batch * a.heads * a.seq_q;
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = row % a.seq_q, n = row / a.seq_q % a.heads, b = row / a.seq_q / a.heads;
+    if (lse[(b * a.heads + n) * lse_dim + s] != -INFINITY) continue;
+    T* out = static_cast<T*>(a.out) + ((b * a.seq_q + s) * a.heads + n) * a.head_dim_value;
+    const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + n * a.v_stride_n;
+    for (int64_t d = 0; d < a.head_dim_value; ++d) {
+      float sum = 0.0f;
+      if (a.masked_rows == 2) {
+        for (int64_t t = 0; t < a.seq_kv; ++t) sum += static_cast<float>(v[t * a.v_stride_s + d]);
+        sum /= static_cast<float>(a.seq_kv);
+      }
+      out[d] = static_cast<T>(sum);
+    }
+  }
+}
 
 $check_device
 const char* Fail(const char* step) {
@@ -671,6 +704,13 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   p.v_strideM = static_cast<int32_t>(a->v_stride_s);
   p.v_strideH = static_cast<int32_t>(a->v_stride_n);
   p.o_strideM = static_cast<int32_t>(a->head_dim_value * a->heads);
+  if (a->bias != nullptr) {
+    if (!Attention::kSupportsBias) return "$name: this kernel was built without attention-bias support";
+    p.attn_bias_ptr = static_cast<T*>(const_cast<void*>(a->bias));
+    p.bias_strideB = a->bias_stride_b;
+    p.bias_strideH = a->bias_stride_n;
+    p.bias_strideM = static_cast<int32_t>(a->bias_stride_s);
+  }
   if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
   void* workspace = nullptr;
   if (Attention::kNeedsOutputAccumulatorBuffer) {
@@ -688,14 +728,33 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     cudaGetDevice(&device);
     if (device >= 64 || !configured[device]) {
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+        if (workspace != nullptr) cudaFreeAsync(workspace, stream);
         return Fail("shared memory opt-in");
       }
       if (device < 64) configured[device] = true;
     }
   }
+  // Fully masked rows are found by their logsumexp (-inf), which the kernel then writes.
+  float* lse = nullptr;
+  const int64_t lse_dim = (a->seq_q + Attention::kAlignLSE - 1) / Attention::kAlignLSE * Attention::kAlignLSE;
+  if (a->bias != nullptr && a->masked_rows != 0) {
+    if (cudaMallocAsync(reinterpret_cast<void**>(&lse), sizeof(float) * a->batch * a->heads * lse_dim, stream) !=
+        cudaSuccess) {
+      if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+      return Fail("logsumexp allocation");
+    }
+    p.logsumexp_ptr = lse;
+  }
   kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p);
-  const cudaError_t launched = cudaPeekAtLastError();
+  cudaError_t launched = cudaPeekAtLastError();
+  if (launched == cudaSuccess && lse != nullptr) {
+    const int64_t rows = a->batch * a->heads * a->seq_q;
+    const int blocks = static_cast<int>(rows / 256 + 1 < 4096 ? rows / 256 + 1 : 4096);
+    FixMaskedRows<T><<<blocks, 256, 0, stream>>>(*a, lse, lse_dim);
+    launched = cudaPeekAtLastError();
+  }
   if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+  if (lse != nullptr) cudaFreeAsync(lse, stream);
   if (launched != cudaSuccess) return Fail("kernel launch");
   return nullptr;
 }
@@ -723,7 +782,7 @@ $shape_checks
   }
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
-      const_cast<void*>(Data(out)), ${scale}f};
+      const_cast<void*>(Data(out)), ${scale}f${bias}};
   TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
   if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);

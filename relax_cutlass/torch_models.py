@@ -97,13 +97,16 @@ def import_exported(model, example_inputs: tuple) -> tuple[tvm.IRModule, dict]:
     """torch.export + from_exported_program -> (float32 IRModule with weights as parameters, {name: array}).
 
     Models are exported in float32 (TVM 0.27's batch_norm converter rejects a float16 export) and
-    lowered to float16 on the Relax side with `models.bind_float16`, the usual TVM flow.
+    lowered to float16 on the Relax side with `models.bind_float16`, the usual TVM flow. Floating
+    example inputs are cast to float32; integer and bool ones (token ids, attention masks) keep
+    their dtype, since a model indexes or compares with them.
     """
     torch = _torch()
     from tvm.relax.frontend.torch import from_exported_program
 
+    inputs = tuple(x.float() if x.is_floating_point() else x for x in example_inputs)
     with torch.no_grad():
-        exported = torch.export.export(model.float(), tuple(x.float() for x in example_inputs))
+        exported = torch.export.export(model.float(), inputs)
     mod = from_exported_program(exported, keep_params_as_input=True)
     mod, params = tvm.relax.frontend.detach_params(mod)
     n_inputs = len(example_inputs)

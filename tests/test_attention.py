@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from harness import _static_view_shapes, build_cpu, compare_on_cpu, offload_for_cpu, random_inputs, rel_error
+from harness import (
+    _static_view_shapes,
+    build_cpu,
+    compare_on_cpu,
+    offload_for_cpu,
+    random_inputs,
+    rel_error,
+    run_vm,
+    serve_regions_on_cpu,
+)
 from tvm import relax
 
 from relax_cutlass.constants import offloaded_functions
@@ -125,6 +134,105 @@ def tvm_rewrite_form(b=2, s=8, n=2, h=8):
     return _bsnh_function(b, s, s, n, h, body)
 
 
+MASK_SHAPES = {"b1st": "B1ST", "b11t": "B11T", "11st": "11ST", "bnst": "BNST"}
+
+
+def sdpa_attention(
+    b=2,
+    s=16,
+    n=2,
+    h=8,
+    t=None,
+    *,
+    mask="bool",
+    mask_shape="b1st",
+    masked_value=-np.inf,
+    q_scale=True,
+    k_scale=True,
+    tail=True,
+    fill=0.0,
+):
+    """softmax(q k^T * scale + mask) v as torch.export writes transformers' default (sdpa)
+    attention: q and k^T each multiplied by sqrt(1/sqrt(H)) in fp16 (`q_scale` / `k_scale`: the
+    factor on that side, the rest of 1/sqrt(H) on the scores), the fp32 additive mask
+    where(keep, 0, masked_value) of a boolean input `keep` (mask="bool"; "float16": an fp16
+    additive `bias` input added before the cast; "float32": an fp32 `bias` input; "constant":
+    a causal fp32 constant mask), the fp32 softmax with torch's safe-softmax tail (a fully
+    masked row gets `fill`), the heads moved back by three permutes. Inputs x, y (q/k/v
+    projections) and the mask."""
+    t = t or s
+    dims = {"B": b, "N": n, "S": s, "T": t, "1": 1}
+    shape = [dims[a] for a in MASK_SHAPES[mask_shape]]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", _tensor((b, s, n * h)))
+    y = relax.Var("y", _tensor((b, t, n * h)))
+    if mask == "constant":  # a causal mask, as a float32 constant
+        causal = np.tril(np.ones((s, t), bool))
+        m = relax.const(np.where(causal, 0, masked_value).astype("float32").reshape(shape))
+    else:
+        m = relax.Var("keep" if mask == "bool" else "bias", _tensor(shape, F16 if mask == "float16" else mask))
+    root = float(np.sqrt(1 / np.sqrt(h)))
+    with bb.function("main", [x, y] + ([m] if isinstance(m, relax.Var) else [])):
+        with bb.dataflow():
+
+            def heads(z, rows):
+                return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(z, (b, rows, n, h))), [0, 2, 1, 3]))
+
+            q, k = heads(x, s), heads(y, t)
+            v = heads(bb.emit(y * _c(0.5, F16)), t)
+            if q_scale:
+                q = bb.emit(relax.op.multiply(q, _c(root, F16)))
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            if k_scale:
+                kt = bb.emit(relax.op.multiply(kt, _c(root, F16)))
+            q3 = bb.emit(relax.op.reshape(q, (b * n, s, h)))
+            k3 = bb.emit(relax.op.reshape(kt, (b * n, h, t)))
+            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=F16)), (b, n, s, t)))
+            rest = (1 / np.sqrt(h)) / (root if q_scale else 1) / (root if k_scale else 1)
+            if abs(rest - 1) > 1e-6:
+                scores = bb.emit(relax.op.multiply(scores, _c(rest, F16)))
+            if mask == "float16":
+                scores = bb.emit(relax.op.add(scores, m))
+            logits = bb.emit(relax.op.astype(scores, "float32"))
+            if mask == "bool":
+                additive = bb.emit(relax.op.where(m, _c(0.0), _c(masked_value)))
+                logits = bb.emit(relax.op.add(logits, additive))
+            elif mask in ("float32", "constant"):
+                logits = bb.emit(relax.op.add(logits, m))
+            probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
+            if tail:
+                finite = bb.emit(relax.op.logical_not(bb.emit(relax.op.equal(logits, _c(-np.inf)))))
+                row_any = bb.emit(relax.op.max(bb.emit(relax.op.astype(finite, "int8")), axis=[-1], keepdims=True))
+                masked_row = bb.emit(relax.op.logical_not(bb.emit(relax.op.astype(row_any, "bool"))))
+                fills = relax.const(np.full((b, n, s, t), fill, "float32"))  # torch writes a tensor
+                probs = bb.emit(relax.op.where(masked_row, fills, probs))
+            probs3 = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(probs, (b * n, s, t))), F16))
+            v3 = bb.emit(relax.op.reshape(v, (b * n, t, h)))
+            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=F16)), (b, n, s, h)))
+            for axes in ([2, 0, 1, 3], [1, 2, 0, 3], [0, 2, 1, 3]):
+                ctx = bb.emit(relax.op.permute_dims(ctx, axes))
+            gv = bb.emit_output(bb.emit(relax.op.reshape(ctx, (b, s, n * h))))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def masked_inputs(mod: tvm.IRModule, seed: int = 0, full_row: bool = True) -> list[np.ndarray]:
+    """Random inputs; a boolean mask masks about a third of the keys, and (`full_row`) every
+    key of its first row; an additive float bias gets -inf where a key is masked."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape, dtype = [int(d) for d in p.ty.shape.values], str(p.ty.dtype)
+        if dtype == "bool" or p.name in ("bias", "mask"):
+            keep = rng.random(shape) > 0.3
+            if full_row:
+                keep[(0,) * (len(shape) - 1)] = False
+            arrays.append(keep if dtype == "bool" else np.where(keep, rng.uniform(-1, 1, shape), -np.inf).astype(dtype))
+        else:
+            arrays.append(rng.uniform(-1, 1, size=shape).astype(dtype))
+    return arrays
+
+
 def _regions(partitioned: tvm.IRModule) -> list[AttentionRegion]:
     regions = []
     for _, func in offloaded_functions(partitioned):
@@ -135,15 +243,17 @@ def _regions(partitioned: tvm.IRModule) -> list[AttentionRegion]:
     return regions
 
 
-def kernel_model(problem: AttentionProblem, query, key, value) -> np.ndarray:
+def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.ndarray:
     """What the kernel computes from its problem record alone, in float64: each packed operand
-    read through the strides its *_reads give, output (B, S, N, V)."""
+    read through the strides its *_reads give (the bias through `bias_reads`, stride 0 where it
+    is broadcast), output (B, S, N, V); a row whose every score is -inf as `masked_rows` says."""
+
+    def strides(array, reads):
+        return [0 if read is None else math.prod(array.shape[read[0] + 1 :]) * read[1] * 8 for read in reads]
 
     def view(array, reads, rows: int, dim: int):
         array = np.ascontiguousarray(array.astype("float64"))
-        shape = (batch, rows, problem.heads, dim)
-        strides = [math.prod(array.shape[d + 1 :]) * factor * 8 for d, factor in reads]
-        return np.lib.stride_tricks.as_strided(array, shape, strides)
+        return np.lib.stride_tricks.as_strided(array, (batch, rows, problem.heads, dim), strides(array, reads))
 
     def size(array, reads, axes: str, axis: str) -> int:
         """A symbolic axis's size: its dimension's extent over the other (static) axes in it."""
@@ -160,13 +270,31 @@ def kernel_model(problem: AttentionProblem, query, key, value) -> np.ndarray:
     k = view(key, problem.key_reads, seq_kv, problem.head_dim)
     v = view(value, problem.value_reads, seq_kv, problem.head_dim_value)
     scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
+    if problem.bias_reads is not None:
+        array = np.ascontiguousarray(bias.astype("float64"))
+        shape = (batch, problem.heads, seq_q, seq_kv)
+        scores = scores + np.lib.stride_tricks.as_strided(array, shape, strides(array, problem.bias_reads))
+    row_max = scores.max(-1, keepdims=True)
+    masked = np.isneginf(row_max)  # every key masked: the softmax is 0/0
+    with np.errstate(invalid="ignore"):
+        probs = np.exp(scores - np.where(masked, 0.0, row_max))
+        probs /= probs.sum(-1, keepdims=True)
+    fill = {"nan": np.nan, "zero": 0.0, "mean": 1.0 / seq_kv}[problem.masked_rows]
+    probs = np.where(masked, fill, probs)
     return np.einsum("bnst,btnv->bsnv", probs, v)
 
 
+def _masked_bias(rng, shape, dtype) -> np.ndarray:
+    """A random additive bias with -inf entries (masked keys) and its first row fully masked."""
+    bias = rng.uniform(-1, 1, size=shape).astype(dtype)
+    bias[rng.random(shape) < 0.3] = -np.inf
+    bias[(0,) * (len(shape) - 1)] = -np.inf
+    return bias
+
+
 def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int = 0, **dims) -> int:
-    """For each attention region: its composite on CPU vs `kernel_model` of its problem."""
+    """For each attention region: its composite on CPU vs `kernel_model` of its problem (a bias
+    gets masked keys and a fully masked row)."""
     checked = 0
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
@@ -176,19 +304,25 @@ def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int 
         composite = _static_view_shapes(composite.without_attr("Composite"))
         rng = np.random.default_rng(rng_seed)
         inputs, args = [], []
-        for param in composite.params:
+        for role, param in zip(roles, composite.params, strict=True):
             values = param.ty.values if isinstance(param.ty, relax.ShapeType) else param.ty.shape.values
             shape = [_evaluate(d, dims) for d in values]
             if isinstance(param.ty, relax.ShapeType):
                 inputs.append(None)
                 args.append(tvm_ffi.Shape(shape))
             else:
-                inputs.append(rng.uniform(-1, 1, size=shape).astype(str(param.ty.dtype)))
+                dtype = str(param.ty.dtype)
+                inputs.append(
+                    _masked_bias(rng, shape, dtype) if role == "bias" else rng.uniform(-1, 1, size=shape).astype(dtype)
+                )
                 args.append(tvm.runtime.tensor(inputs[-1]))
         expected = build_cpu(tvm.IRModule({"main": composite}))["main"](*args).numpy()
         by_role = dict(zip(roles, inputs, strict=True))
-        got = kernel_model(problem, by_role["query"], by_role["key"], by_role["value"])
-        assert rel_error(got.reshape(expected.shape), expected) < 2e-2, symbol
+        got = kernel_model(problem, by_role["query"], by_role["key"], by_role["value"], by_role.get("bias"))
+        got = got.reshape(expected.shape)
+        nan = np.isnan(expected)
+        assert (np.isnan(got) == nan).all(), symbol  # fully masked rows without a safe softmax
+        assert rel_error(np.where(nan, 0, got), np.where(nan, 0, expected)) < 2e-2, symbol
         checked += 1
     return checked
 
@@ -229,6 +363,144 @@ def test_attention_is_offloaded_and_correct(builder, kwargs):
     assert not offload_report(mod, arch="sm_90a").left_in_tvm
     compare_on_cpu(mod, random_inputs(mod), rtol=3e-2 if kwargs.get("dtype") == "bfloat16" else 1e-2)
     partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+FINFO_MIN = float(np.finfo(np.float32).min)
+
+
+@pytest.mark.parametrize(
+    "kwargs, bias, masked_rows",
+    [
+        ({}, "B1ST", "zero"),  # transformers' sdpa: q and k^T scaled, padding mask, safe softmax
+        ({"mask_shape": "b11t"}, "B11T", "zero"),
+        ({"mask_shape": "11st", "t": 24}, "11ST", "zero"),  # cross attention, one mask for the batch
+        ({"mask_shape": "bnst", "mask": "float16"}, "BNST", "zero"),  # an fp16 bias, added in fp16
+        ({"mask_shape": "11st", "mask": "constant"}, "11ST", "zero"),  # a constant causal mask
+        ({"q_scale": False}, "B1ST", "zero"),  # k^T and the scores scaled
+        ({"q_scale": False, "k_scale": False}, "B1ST", "zero"),  # only the scores scaled
+        ({"tail": False}, "B1ST", "nan"),  # a plain softmax: a fully masked row is 0/0 in both
+        ({"tail": False, "masked_value": FINFO_MIN}, "B1ST", "mean"),  # transformers' eager mask
+    ],
+)
+def test_masked_attention_is_offloaded_and_correct(kwargs, bias, masked_rows):
+    mod = sdpa_attention(**kwargs)
+    (row,) = _offloaded_attention(mod)
+    assert (row["attention"]["bias"], row["attention"]["masked_rows"]) == (bias, masked_rows)
+    assert row["kernel"].endswith("_bias")
+    assert not offload_report(mod, arch="sm_90a").left_in_tvm
+    # A fully masked row (the first) too, except where the graph itself gives NaN there.
+    compare_on_cpu(mod, masked_inputs(mod, full_row=masked_rows != "nan"))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+def test_split_scale_is_the_product_of_both_sides():
+    partitioned, _ = offload_for_cpu(sdpa_attention(h=16))
+    (region,) = _regions(partitioned)
+    root = float(np.float16(np.sqrt(0.25)))  # each side's fp16 factor
+    assert region.kernel.problem.scale == pytest.approx(root * root, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"mask": "float32"}, "the additive mask/bias is float32, but the kernel reads it as float16"),
+        ({"masked_value": -12345.6}, "the additive mask/bias is float32"),  # neither exact nor swamping
+        ({"t": 12}, "12 keys: with a mask/bias the keys must be a multiple of 8"),
+        ({"fill": 0.5}, "a fully masked row gets probabilities 0.5"),
+    ],
+)
+def test_unsupported_masks_stay_in_tvm_with_the_reason(kwargs, reason):
+    mod = sdpa_attention(**kwargs)
+    assert not _offloaded_attention(mod)
+    text = str(offload_report(mod, arch="sm_90a"))
+    assert reason in text, text
+    compare_on_cpu(mod, masked_inputs(mod))
+
+
+def test_float32_masks_are_cast_only_where_exact():
+    """The -inf mask becomes float16 outside the region (one cast of the (B, 1, S, T) mask); the
+    finfo.min mask becomes a -inf one plus the safe-softmax tail with 1/T; any other float32 mask
+    is left alone."""
+    from relax_cutlass.attention import cast_attention_masks
+
+    def ops(func):
+        calls = []
+        relax.analysis.post_order_visit(func, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+        return [f"{c.op.name}:{c.ty.dtype}" for c in calls if isinstance(c.op, tvm.ir.Op)]
+
+    before = sdpa_attention()["main"]
+    after = ops(cast_attention_masks(before))
+    assert after.count("relax.astype:float16") == ops(before).count("relax.astype:float16") + 1
+    assert after.count("relax.astype:float32") == ops(before).count("relax.astype:float32") + 1
+    swamping = ops(cast_attention_masks(sdpa_attention(tail=False, masked_value=FINFO_MIN)["main"]))
+    wheres = sorted(op for op in swamping if op.startswith("relax.where"))
+    assert wheres == ["relax.where:float16", "relax.where:float32"]  # the fp16 mask, the tail
+    assert swamping.count("relax.max:int8") == 1  # the row test of the added tail
+    other = sdpa_attention(masked_value=-12345.6)["main"]
+    assert cast_attention_masks(other).same_as(other)
+
+
+def _transformers_bert(attention: str, with_mask: bool):
+    """A one-layer Hugging Face BertModel (random init) on (input_ids[, attention_mask]), through
+    torch.export and TVM's frontend, weights bound in float16: (torch model, Relax module)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from relax_cutlass.models import bind_float16
+    from relax_cutlass.torch_models import import_exported
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=1, hidden_size=64, num_attention_heads=2, intermediate_size=128, attn_implementation=attention
+    )
+    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, *mask):
+            return self.bert(input_ids=ids, attention_mask=mask[0] if mask else None).last_hidden_state
+
+    example = (torch.zeros(2, 16, dtype=torch.int64),) + ((torch.ones(2, 16, dtype=torch.int64),) if with_mask else ())
+    model = Model().eval()
+    return model, bind_float16(*import_exported(model, example))
+
+
+@pytest.mark.parametrize(
+    "attention, with_mask, masked_rows",
+    [("sdpa", True, "zero"), ("sdpa", False, "zero"), ("eager", True, "mean")],
+)
+def test_transformers_bert_attention_is_fused(attention, with_mask, masked_rows):
+    """transformers' default sdpa attention (q and k^T scaled apart, a -inf mask, the safe
+    softmax) and its eager one (a finfo.min mask), exported as they are: the attention is one
+    region with the padding mask as its bias, and agrees with the untouched module and with torch
+    for padded sequences and for a fully masked one."""
+    import torch
+
+    model, mod = _transformers_bert(attention, with_mask)
+    (row,) = _offloaded_attention(mod)
+    assert (row["attention"]["bias"], row["attention"]["masked_rows"]) == ("B1ST", masked_rows)
+    assert row["attention"]["scale"] == pytest.approx(1 / np.sqrt(32), rel=1e-3)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, (2, 16))
+    padded = np.ones((2, 16), "int64")
+    padded[1, 11:] = 0
+    empty = padded.copy()
+    empty[0] = 0  # every key of the first sequence masked
+    original = build_cpu(mod)
+    partitioned, rewritten = offload_for_cpu(mod)
+    serve_regions_on_cpu(partitioned)
+    rewritten = build_cpu(rewritten)
+    for keep in [padded, empty] if with_mask else [None]:
+        inputs = [ids] if keep is None else [ids, keep]
+        got = run_vm(rewritten, inputs)
+        assert rel_error(got, run_vm(original, inputs)) < 1e-2
+        with torch.no_grad():
+            reference = model(*[torch.from_numpy(a) for a in inputs]).numpy()
+        assert rel_error(got, reference) < 1e-2
     assert check_regions_against_kernel_model(partitioned) == 1
 
 

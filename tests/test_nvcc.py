@@ -191,3 +191,23 @@ def test_fused_attention_exports(tmp_path, arch):
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
     assert f"__tvm_ffi_{row['symbol']}" in symbols
     assert "attention_kernel_batched_impl" not in symbols  # the kernel stays private to the library
+
+
+def test_fused_attention_with_a_mask_exports(tmp_path):
+    """transformers' sdpa attention (padding mask, safe softmax): the kernel built with CUTLASS's
+    attention bias and the fix-up of fully masked rows, through nvcc into an exported library."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_attention import sdpa_attention
+
+    mod = sdpa_attention(b=2, s=16, n=4, h=64)
+    offloaded = relax_cutlass.offload_pipeline("sm_80")(mod)
+    (row,) = relax_cutlass.offload_report(offloaded).offloaded
+    assert row["kernel"].endswith("_bias") and row["attention"]["masked_rows"] == "zero"
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm"))
+    lib = tmp_path / "masked_attention.so"
+    ex.export_library(str(lib))
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout
+    assert f"__tvm_ffi_{row['symbol']}" in symbols
