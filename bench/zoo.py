@@ -50,11 +50,26 @@ def _vision(constructor_name: str):
     def build(entry: ZooModel, torch):
         import torchvision
 
-        model = getattr(torchvision.models, constructor_name)(weights=None).eval()
+        model = getattr(torchvision.models, constructor_name)(weights=None)
         image = torch.randn(entry.batch, 3, 224, 224)
-        return model, (image,)
+        return _calibrate_batch_norm(model, image, torch), (image,)
 
     return build
+
+
+def _calibrate_batch_norm(model, image, torch):
+    """Random init leaves batch norm at mean 0 / variance 1, so activations grow block after block
+    (MobileNetV3's reach 1e5 and overflow fp16): set every batch norm's statistics from one batch,
+    as a trained model's would be, then return the model in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        for m in norms:
+            m.momentum = None  # cumulative average: one batch sets the statistics exactly
+            m.reset_running_stats()
+        model.train()
+        with torch.no_grad():
+            model(image)
+    return model.eval()
 
 
 class _LastHiddenState:

@@ -537,7 +537,7 @@ def _attention_bias(p, rank: int, expr: dict) -> tuple[list[str], list[str]]:
         checks.append(
             f"  if (seq_kv % {BIAS_VECTOR} != 0) {{\n"
             f'    return Raise("ValueError", "%s: %lld keys: with a mask/bias the fused attention kernel needs a '
-            f"multiple of {BIAS_VECTOR} keys (it loads bias rows 16 bytes at a time); pad the sequence\", fn, "
+            f'multiple of {BIAS_VECTOR} keys (it loads bias rows 16 bytes at a time); pad the sequence", fn, '
             "static_cast<long long>(seq_kv));\n"
             "  }"
         )

@@ -35,19 +35,20 @@ def _dense_bias_build(tmp_path):
     mod = dense_epilogue_model(m=64, n=256, k=128)
     offloaded = relax_cutlass.offload_pipeline("auto")(mod)
     (region,) = relax_cutlass.offload_report(offloaded).offloaded
-    assert region["shapes"] == {"lhs": [64, 128], "rhs": [256, 128], "bias": [256]}
+    assert region["shapes"] == {"lhs": [64, 128], "rhs": [256, 128], "bias": [256]}  # in any order
     sm = local_gpu_arch()
     target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}{'a' if sm == 90 else ''}"}, host="llvm")
     tvm.compile(offloaded, target).export_library(str(tmp_path / "dense.so"))
     lib = tvm.runtime.load_module(str(tmp_path / "dense.so"))
-    return relax.VirtualMachine(lib, tvm.cuda(0)), lib.get_function(region["symbol"], query_imports=True)
+    fn = lib.get_function(region["symbol"], query_imports=True)
+    return relax.VirtualMachine(lib, tvm.cuda(0)), fn, list(region["shapes"])
 
 
 def test_bad_operands_raise_and_the_process_goes_on(tmp_path):
     """An offloaded call given a misaligned view, a wrong shape or a host tensor raises an exception
     that names the region and the problem, before anything is launched; the same function and the
     whole model then still compute the right result in this process."""
-    vm, fn = _dense_bias_build(tmp_path)
+    vm, fn, roles = _dense_bias_build(tmp_path)
     dev = tvm.cuda(0)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (64, 128)).astype("float16")
@@ -57,7 +58,8 @@ def test_bad_operands_raise_and_the_process_goes_on(tmp_path):
 
     def call(lhs):
         out = tvm.runtime.tensor(np.zeros((64, 256), "float16"), dev)
-        fn(lhs, tvm.runtime.tensor(w, dev), tvm.runtime.tensor(b, dev), out)
+        args = {"lhs": lhs, "rhs": tvm.runtime.tensor(w, dev), "bias": tvm.runtime.tensor(b, dev)}
+        fn(*(args[role] for role in roles), out)  # the region's own parameter order
         return out.numpy().astype("float32")
 
     padded = tvm.runtime.tensor(np.concatenate([np.zeros(1, "float16"), x.reshape(-1)]), dev)
