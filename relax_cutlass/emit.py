@@ -371,6 +371,7 @@ def _gemm_glue_function(region: GemmRegion) -> str:
     extra += _residual_checks(roles)
     rhs_dims = (p.n, p.k) if p.b_transposed else (p.k, p.n)
     return GLUE_FUNCTION.substitute(
+        operand_arrays=_operand_arrays(region),
         symbol=region.symbol,
         unpack=_unpack_args(region),
         checks=checks,
@@ -412,6 +413,17 @@ def _unpack_args(region) -> str:
     return "\n".join(lines)
 
 
+def _operand_arrays(region) -> str:
+    """The region's tensors by role, as the arrays a kernel failure's message describes."""
+    pairs = zip([*region.arg_roles, "out"], [*region.arg_dtypes, region.out_dtype], strict=True)
+    roles = [role for role, dtype in pairs if dtype != "shape"]
+    return (
+        f"    const int kOperandCount = {len(roles)};\n"
+        f"    const char* const kOperandNames[] = {{{', '.join(f'{chr(34)}{r}{chr(34)}' for r in roles)}}};\n"
+        f"    const DLTensor* const kOperandTensors[] = {{{', '.join(roles)}}};"
+    )
+
+
 def _role_aliases(region: GemmRegion | Conv2dRegion) -> str:
     """A name for each second role of a parameter (the residual that is also the lhs)."""
     return "".join(f"  const DLTensor* {alias} = {role};\n" for alias, role in region.role_aliases)
@@ -449,6 +461,7 @@ def _conv2d_glue_function(region: Conv2dRegion) -> str:
     roles = region.roles
     extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.k}, bias));'] if "bias" in roles else []
     return CONV2D_GLUE_FUNCTION.substitute(
+        operand_arrays=_operand_arrays(region),
         symbol=region.symbol,
         unpack=_unpack_args(region),
         checks=_role_aliases(region) + _tensor_checks(region, ("data", "weight", "out", "residual")),
@@ -501,6 +514,7 @@ def _attention_glue_function(region: AttentionRegion) -> str:
         checks += bias_checks
         bias = f",\n      Data(bias), {', '.join(bias_strides)}, {MASKED_ROWS.index(p.masked_rows)}"
     return ATTENTION_GLUE_FUNCTION.substitute(
+        operand_arrays=_operand_arrays(region),
         symbol=region.symbol,
         unpack=_unpack_args(region),
         checks=_tensor_checks(region, ("query", "key", "value", "out"), {"bias": 16}),

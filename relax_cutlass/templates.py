@@ -293,6 +293,22 @@ ShapeText ShapeStr(const DLTensor* t) {
   return s;
 }
 
+// "lhs (64, 128), rhs (256, 128), out (64, 256)": what a failed kernel was given, for messages.
+struct OperandsText {
+  char text[1024];
+};
+
+OperandsText DescribeOperands(int count, const char* const* names, const DLTensor* const* tensors) {
+  OperandsText s;
+  const int size = static_cast<int>(sizeof(s.text));
+  int used = 0;
+  s.text[0] = '\0';
+  for (int i = 0; i < count && used < size; ++i) {
+    used += std::snprintf(s.text + used, size - used, "%s%s %s", i ? ", " : "", names[i], ShapeStr(tensors[i]).text);
+  }
+  return s;
+}
+
 int64_t Numel(const DLTensor* t) {
   int64_t n = 1;
   for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
@@ -409,7 +425,11 @@ $extra_checks
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
   TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${launch}) return Raise("RuntimeError", "%s: %s", fn, err);
+  if (const char* err = ${launch}) {
+$operand_arrays
+    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
+                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
+  }
   return 0;
 }
 """)
@@ -490,7 +510,11 @@ $extra_checks
                               const_cast<void*>(Data(out))};
   TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
+  if (const char* err = ${kernel}_run(&args, stream)) {
+$operand_arrays
+    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
+                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
+  }
   return 0;
 }
 """)
@@ -785,7 +809,11 @@ $shape_checks
       const_cast<void*>(Data(out)), ${scale}f${bias}};
   TRY(CheckNoPendingCudaError(fn));
   void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) return Raise("RuntimeError", "%s: %s", fn, err);
+  if (const char* err = ${kernel}_run(&args, stream)) {
+$operand_arrays
+    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
+                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
+  }
   return 0;
 }
 """)
