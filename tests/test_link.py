@@ -206,7 +206,8 @@ def test_glue_checks_and_launches_through_the_c_abi(glue):
     state.set("kernel_error", ctypes.c_char_p, b"some_kernel: run failed: Error Internal")
     with pytest.raises(
         RuntimeError,
-        match=f"^{gemm.symbol}: some_kernel: run failed: Error Internal \\(operands: lhs \\(8, 32\\), .*out \\(8, 64\\)\\)$",
+        match=f"^{gemm.symbol}: some_kernel: run failed: Error Internal "
+        "\\(operands: lhs \\(8, 32\\), .*out \\(8, 64\\)\\)$",
     ):
         fn(cuda(np.zeros((8, 32), "float16")), w, b, cuda(np.zeros((8, 64), "float16")))
 
