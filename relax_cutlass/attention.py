@@ -405,6 +405,9 @@ def _assign(
 
 def _reads(tracer: _Tracer, names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple:
     by_role = {role: axis for axis, role in assigned.items()}
+    missing = [role for role in order if role not in by_role]
+    if missing:  # e.g. grouped-query keys/values, whose heads repeat through a broadcast
+        raise _NotAttention(f"no axis of the operand holds the kernel's {', '.join(missing)} (read {dict(assigned)})")
     return tuple(tracer.read(names, by_role[role]) for role in order)
 
 
@@ -623,6 +626,8 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
         layout = attention_layout(spec, ann, out, var2val)
     except ValueError as err:
         return [str(err)]
+    except Exception as err:  # a form the tracer does not know must never fail the user's pipeline
+        return [f"the attention's layout could not be read ({type(err).__name__}: {err}); it stays in TVM"]
     return layout_problems(layout)
 
 

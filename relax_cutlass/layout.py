@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .fold import FoldWeightsInNumpy
 from .patterns import CONV2D_LAYOUTS
 
 LAYOUT_SKIPPED_ATTR = "relax_cutlass.layout_skipped"
@@ -45,12 +46,15 @@ class ConvertToNHWC:
         # FoldConstant between the two: ConvertLayout must see the folded filters (it crashes on
         # the unfolded multiply that FoldBatchnormToConv2D leaves in TVM 0.27).
         passes = (
-            [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()] if self.fold_batch_norm else []
+            [relax.transform.FoldBatchnormToConv2D(), FoldWeightsInNumpy(), relax.transform.FoldConstant()]
+            if self.fold_batch_norm
+            else []
         )
         layouts = [CONV2D_LAYOUTS["data_layout"], CONV2D_LAYOUTS["kernel_layout"]]
         return passes + [
             _LayoutSafeForms(),
             relax.transform.ConvertLayout({"relax.nn.conv2d": layouts}),
+            FoldWeightsInNumpy(),
             relax.transform.FoldConstant(),
             # ConvertLayout transposes a tensor once per NHWC consumer (e.g. a block input feeding
             # both a conv and a residual add): keep one.

@@ -264,12 +264,13 @@ def to_float16(mod: tvm.IRModule, dtype: str = "float16", convert_layout: bool =
     folded into convolutions, filters re-laid out once), then TVM's ToMixedPrecision and
     FoldConstant, so every weight reaches the offload passes as a float16 constant. Inputs and
     outputs stay float32, as the framework model's."""
+    from .fold import FoldWeightsInNumpy
     from .layout import ConvertToNHWC
 
     if convert_layout:
         mod = ConvertToNHWC()(mod)
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
-    return relax.transform.FoldConstant()(mod)
+    return relax.transform.FoldConstant()(FoldWeightsInNumpy()(mod))
 
 
 def tvm_baseline(mod: tvm.IRModule) -> tvm.IRModule:
