@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 from harness import build_cpu, rel_error, run_vm
+from tvm import relax
 
 import relax_cutlass
 
@@ -70,3 +72,24 @@ def test_offload_passes_see_the_16_bit_matmuls_again():
     assert all('out_dtype="float16"' in line for line in matmuls)
     again = t.AccumulateInFloat32()(t.FoldLinearReshapes()(mod)).script()
     assert again.count('out_dtype="float32"') == len(matmuls)
+
+
+def test_offload_pipeline_sums_the_matmuls_it_leaves_in_tvm_in_float32():
+    """An offloaded GEMM keeps its region (its kernel sums in float32); a matmul left in TVM (K=5 is
+    not a multiple of the fp16 alignment) becomes a float32 matmul cast back to float16."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float16"))
+    y = relax.Var("y", relax.TensorType((4, 3, 5), "float16"))
+    z = relax.Var("z", relax.TensorType((4, 5, 7), "float16"))
+    w = relax.const(np.random.default_rng(0).uniform(-1, 1, (64, 32)).astype("float16"))
+    with bb.function("main", [x, y, z]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, w, out_dtype="float16"))
+            b = bb.emit(relax.op.matmul(y, z, out_dtype="float16"))
+            out = bb.emit_output(relax.Tuple([a, b]))
+        bb.emit_func_output(out)
+    offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(bb.get())
+    assert len(relax_cutlass.offload_report(offloaded).offloaded) == 1
+    main = offloaded["main"].script()
+    assert main.count("R.matmul(") == 1 and 'R.matmul(y, z, out_dtype="float32")' in main
+    assert "R.astype(" in main
