@@ -102,14 +102,86 @@ def unbroadcast_weights(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+_HALF_DTYPES = ("float16", "bfloat16")
+
+
+def _operand_dtypes(call: relax.Call) -> list[str]:
+    return [str(a.ty.dtype) if isinstance(a.ty, relax.TensorType) else "" for a in call.args]
+
+
+def accumulate_in_float32(func: relax.Function) -> relax.Function:
+    """matmul(a, b) -> dtype with 16-bit a, b and dtype -> astype(matmul(a, b) -> float32, dtype).
+
+    ToMixedPrecision(out_dtype="float16") gives every matmul a float16 out_dtype, and TVM's
+    legalization sums in the out_dtype: a K=5632 reduction (Llama's down projection) summed in
+    float16 is 3.8e-2 from float32 at the last hidden state, where torch's fp16 (float32
+    accumulators) is 1e-2. Spelled as a float32 matmul cast to 16 bits, TVM's own build sums in
+    float32 as torch and the CUTLASS kernels do; the rounded values downstream are unchanged."""
+    a, b = wildcard(), wildcard()
+    pattern = is_op("relax.matmul")(a, b)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        out = str(orig.ty.dtype)
+        if out not in _HALF_DTYPES or _operand_dtypes(orig) != [out, out]:
+            return orig
+        return relax.op.astype(relax.op.matmul(m[a], m[b], out_dtype="float32"), out)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def fold_float32_accumulation(func: relax.Function) -> relax.Function:
+    """astype(matmul(a, b) -> float32, dtype) with 16-bit a, b of that dtype -> matmul(a, b) -> dtype,
+    the inverse of `accumulate_in_float32`, for the offload patterns: a CUTLASS GEMM with a 16-bit
+    output accumulates in float32 (the `accumulator` option) and runs its epilogue (bias,
+    activation, residual) before the one rounding, so the region is the same computation, and the
+    bias add after it fuses instead of ending the region at the cast."""
+    a, b = wildcard(), wildcard()
+    gemm = is_op("relax.matmul")(a, b)
+    pattern = is_op("relax.astype")(gemm)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        out = str(orig.ty.dtype)
+        if out not in _HALF_DTYPES or str(m[gemm].ty.dtype) != "float32" or _operand_dtypes(m[gemm]) != [out, out]:
+            return orig
+        return relax.op.matmul(m[a], m[b], out_dtype=out)
+
+    return relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
+
+
+def _relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+    """`rewrite` applied to each Relax function of `mod` that is not an offloaded region."""
+
+    def offloaded(func: relax.Function) -> bool:
+        return bool(func.attrs) and ("Codegen" in func.attrs or "Composite" in func.attrs)
+
+    functions = {
+        gv: rewrite(func) if isinstance(func, relax.Function) and not offloaded(func) else func
+        for gv, func in mod.functions_items()
+    }
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.AccumulateInFloat32")
+class AccumulateInFloat32:
+    """16-bit matmuls left to TVM sum in float32 (`accumulate_in_float32`); offloaded regions and
+    float32 matmuls are left alone. from_torch applies it; offload_pipeline folds it back before
+    partitioning (FoldLinearReshapes) and applies it again to what stays in TVM."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return _relax_functions(mod, accumulate_in_float32)
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")
 class FoldLinearReshapes:
     """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b], and
-    matmul(x, W broadcast over the batch) -> matmul(x, W)."""
+    matmul(x, W broadcast over the batch) -> matmul(x, W), after folding a float32-accumulated
+    16-bit matmul back into one (`fold_float32_accumulation`)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         functions = {
-            gv: _rewrite(unbroadcast_weights(func)) if isinstance(func, relax.Function) else func
+            gv: _rewrite(unbroadcast_weights(fold_float32_accumulation(func)))
+            if isinstance(func, relax.Function)
+            else func
             for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

@@ -259,17 +259,27 @@ def bind_float16(mod: tvm.IRModule, weights: dict[str, np.ndarray], dtype: str =
     return to_float16(relax.transform.BindParams("main", weights)(mod), dtype)
 
 
-def to_float16(mod: tvm.IRModule, dtype: str = "float16", convert_layout: bool = True) -> tvm.IRModule:
+def to_float16(
+    mod: tvm.IRModule, dtype: str = "float16", convert_layout: bool = True, accumulate_in_float32: bool = False
+) -> tvm.IRModule:
     """A float32 model with its weights bound -> NHWC, float16 compute: ConvertToNHWC (batch norm
     folded into convolutions, filters re-laid out once), then TVM's ToMixedPrecision and
     FoldConstant, so every weight reaches the offload passes as a float16 constant. Inputs and
-    outputs stay float32, as the framework model's."""
+    outputs stay float32, as the framework model's.
+
+    ToMixedPrecision gives each matmul the 16-bit out_dtype, which TVM's own build sums in;
+    `accumulate_in_float32` spells them as float32 matmuls cast to `dtype` (AccumulateInFloat32),
+    so that a TVM build of the module sums as torch does (from_torch sets it; offload_pipeline
+    folds the casts back before partitioning)."""
+    from .canonicalize import AccumulateInFloat32
     from .fold import FoldWeightsInNumpy
     from .layout import ConvertToNHWC
 
     if convert_layout:
         mod = ConvertToNHWC()(mod)
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
+    if accumulate_in_float32:
+        mod = AccumulateInFloat32()(mod)
     return relax.transform.FoldConstant()(FoldWeightsInNumpy()(mod))
 
 

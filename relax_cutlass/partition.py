@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from .attention import cast_attention_masks, scalar_where_fills
-from .canonicalize import drop_identity_broadcasts, fold_scalar_casts
+from .canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
 from .patterns import fusion_patterns
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
@@ -83,7 +83,7 @@ class PartitionForCutlass:
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-                func = fold_scalar_casts(drop_identity_broadcasts(func))
+                func = fold_scalar_casts(drop_identity_broadcasts(fold_float32_accumulation(func)))
                 mod[gv] = cast_attention_masks(scalar_where_fills(func))
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)

@@ -6,6 +6,7 @@ import tvm
 
 from .arch import parse_arch
 from .transform import (
+    AccumulateInFloat32,
     ConvertToNHWC,
     CutlassCodegen,
     FixTvmCudaForms,
@@ -18,7 +19,7 @@ from .transform import (
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
     """FixTvmCudaForms -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
-    -> CutlassCodegen -> MakeGemmBroadcastsExplicit.
+    -> CutlassCodegen -> MakeGemmBroadcastsExplicit -> AccumulateInFloat32.
 
     FixTvmCudaForms rewrites forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over
     bool or 8/16-bit ints (it aborts the process on transformers' bool mask cumsum) and x ** c for
@@ -29,6 +30,9 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
     MakeGemmBroadcastsExplicit runs last, on what stays in TVM: a conv/matmul left there whose output
     a later op broadcasts (a squeeze-excitation scale) would otherwise fail TVM's CUDA build.
+    AccumulateInFloat32 then makes the 16-bit matmuls left in TVM sum in float32, as the CUTLASS
+    kernels do (TVM sums in a matmul's out_dtype; FoldLinearReshapes folded from_torch's explicit
+    float32 accumulation back so that the epilogues fuse).
     """
     sm = parse_arch(arch)
     layout = [ConvertToNHWC()] if convert_layout else []
@@ -41,6 +45,7 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
             LiftConstants(),
             CutlassCodegen(sm, **options),
             MakeGemmBroadcastsExplicit(),
+            AccumulateInFloat32(),
         ],
         name="relax_cutlass.offload_pipeline",
     )
