@@ -73,7 +73,7 @@ class _NumpyFolder(PyExprMutator):
         dtype = str(call.ty.dtype)
         if str(value.dtype) != dtype:  # numpy promoted: TVM's result type is not numpy's here
             return call
-        return relax.const(np.ascontiguousarray(value), dtype)
+        return relax.const(np.array(value, order="C"), dtype)  # keeps 0-d scalars 0-d
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldWeightsInNumpy")

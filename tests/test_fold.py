@@ -67,3 +67,20 @@ def test_only_constant_operands_are_folded():
         folded["main"].body, lambda e: isinstance(e, relax.Call) and names.append(getattr(e.op, "name", ""))
     )
     assert "relax.permute_dims" not in names and names.count("relax.astype") == 1  # x's cast stays
+
+
+def test_scalar_constants_stay_scalars():
+    """A folded 0-d constant must stay 0-d: R.full and the scalar epilogue literals need rank 0
+    (numpy's ascontiguousarray would have made it shape (1,); BERT's SDPA mask broke on it)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 8], "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            fill = bb.emit(relax.op.astype(relax.const(np.float32(-1.5)), "float16"))
+            full = bb.emit(relax.op.full([4, 8], fill, "float16"))
+            out = bb.emit_output(bb.emit(relax.op.add(x, full)))
+        bb.emit_func_output(out)
+    folded = FoldWeightsInNumpy()(bb.get())
+    assert any(c.shape == () and c.dtype == np.float16 for c in _constants(folded))
+    x = np.ones((4, 8), "float16")
+    np.testing.assert_array_equal(run_vm(build_cpu(folded), [x]), x - 1.5)
