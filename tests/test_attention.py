@@ -599,3 +599,19 @@ def test_under_filled_attention_takes_32_query_tiles():
     assert choose_attention_kernel(dataclasses.replace(bert, batch=8), 90).queries_per_block == 64
     # A symbolic batch may be large: the 64-query tiles, as for any size not known at build time.
     assert choose_attention_kernel(dataclasses.replace(bert, batch=None), 90).queries_per_block == 64
+
+
+def test_torchvision_vit_attention_is_fused():
+    """nn.MultiheadAttention as torch.export writes it in a torchvision ViT, weights in float16:
+    q/k/v split from the packed projection by take, heads split and scaled by 0.5 in float32,
+    cast to float16 just before each batched matmul, the output written sequence-first. Each
+    layer's attention becomes one region, and the module agrees with the untouched one."""
+    pytest.importorskip("torch")
+    from relax_cutlass.models import bind_float16
+    from relax_cutlass.torch_models import vit_module
+
+    mod = bind_float16(*vit_module(batch=2))
+    (row,) = _offloaded_attention(mod)
+    assert row["calls"] == 2  # one per layer
+    assert row["attention"]["scale"] == pytest.approx(0.25)  # q and k^T each scaled by 0.5
+    compare_on_cpu(mod, random_inputs(mod))
