@@ -615,3 +615,26 @@ def test_torchvision_vit_attention_is_fused():
     assert row["calls"] == 2  # one per layer
     assert row["attention"]["scale"] == pytest.approx(0.25)  # q and k^T each scaled by 0.5
     compare_on_cpu(mod, random_inputs(mod))
+
+
+@pytest.mark.parametrize("scale, moved", [(0.5, True), (0.25, True), (0.3, False), (3.0, False)])
+def test_operand_casts_move_only_over_views_and_powers_of_two(scale, moved):
+    """astype(f32 views/scales of astype(x16, f32), f16) -> the views in float16 on x16: only
+    across views and 2**k scales (bit-identical); another scale keeps the cast where it was."""
+    from relax_cutlass.attention import cast_attention_operands
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float16"))
+    w = relax.Var("w", relax.TensorType((2, 16, 4), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(x, "float32"))
+            view = bb.emit(relax.op.reshape(wide, (2, 4, 16)))
+            scaled = bb.emit(relax.op.multiply(view, relax.const(scale, "float32")))
+            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.astype(scaled, "float16")), w))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    rewritten = cast_attention_operands(func)
+    assert ("float32" not in rewritten.script()) == moved
+    if not moved:
+        assert rewritten.same_as(func)
