@@ -7,7 +7,13 @@ import json
 import tvm
 from tvm import relax
 
-from .attention import cast_attention_masks, scalar_where_fills
+from .attention import (
+    cast_attention_masks,
+    cast_attention_operands,
+    merge_repeated_casts,
+    scalar_where_fills,
+    sequence_first_attention_outputs,
+)
 from .canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
 from .patterns import fusion_patterns
 
@@ -83,7 +89,9 @@ class PartitionForCutlass:
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
+                func = cast_attention_operands(merge_repeated_casts(func))
                 func = fold_scalar_casts(drop_identity_broadcasts(fold_float32_accumulation(func)))
+                func = sequence_first_attention_outputs(func)
                 mod[gv] = cast_attention_masks(scalar_where_fills(func))
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)

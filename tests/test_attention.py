@@ -599,3 +599,42 @@ def test_under_filled_attention_takes_32_query_tiles():
     assert choose_attention_kernel(dataclasses.replace(bert, batch=8), 90).queries_per_block == 64
     # A symbolic batch may be large: the 64-query tiles, as for any size not known at build time.
     assert choose_attention_kernel(dataclasses.replace(bert, batch=None), 90).queries_per_block == 64
+
+
+def test_torchvision_vit_attention_is_fused():
+    """nn.MultiheadAttention as torch.export writes it in a torchvision ViT, weights in float16:
+    q/k/v split from the packed projection by take, heads split and scaled by 0.5 in float32,
+    cast to float16 just before each batched matmul, the output written sequence-first. Each
+    layer's attention becomes one region, and the module agrees with the untouched one."""
+    pytest.importorskip("torch")
+    from relax_cutlass.models import bind_float16
+    from relax_cutlass.torch_models import vit_module
+
+    mod = bind_float16(*vit_module(batch=2))
+    (row,) = _offloaded_attention(mod)
+    assert row["calls"] == 2  # one per layer
+    assert row["attention"]["scale"] == pytest.approx(0.25)  # q and k^T each scaled by 0.5
+    compare_on_cpu(mod, random_inputs(mod))
+
+
+@pytest.mark.parametrize("scale, moved", [(0.5, True), (0.25, True), (0.3, False), (3.0, False)])
+def test_operand_casts_move_only_over_views_and_powers_of_two(scale, moved):
+    """astype(f32 views/scales of astype(x16, f32), f16) -> the views in float16 on x16: only
+    across views and 2**k scales (bit-identical); another scale keeps the cast where it was."""
+    from relax_cutlass.attention import cast_attention_operands
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float16"))
+    w = relax.Var("w", relax.TensorType((2, 16, 4), "float16"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.astype(x, "float32"))
+            view = bb.emit(relax.op.reshape(wide, (2, 4, 16)))
+            scaled = bb.emit(relax.op.multiply(view, relax.const(scale, "float32")))
+            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.astype(scaled, "float16")), w))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    rewritten = cast_attention_operands(func)
+    assert ("float32" not in rewritten.script()) == moved
+    if not moved:
+        assert rewritten.same_as(func)
