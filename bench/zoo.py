@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import time_torch  # noqa: E402  (bench/ is not a package)
 
 
 @dataclass(frozen=True)
@@ -139,25 +141,6 @@ ZOO = (
     ZooModel("mobilenet_v3_large", "vision", 32),
     ZooModel("convnext_tiny", "vision", 32),
 )
-
-
-def _median_ms(fn, repeat: int = 10, number: int = 10) -> float:
-    """Median ms per call of a GPU callable (torch CUDA events around `number` calls)."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / number)
-    return statistics.median(samples)
 
 
 def _rel_error(got, expected) -> float:
@@ -275,7 +258,7 @@ def run_one(entry: ZooModel, torch_compile: bool, arch: str, profile: str, build
     def torch_timer(fn):
         def run():
             with torch.no_grad():
-                return _median_ms(fn)
+                return time_torch(fn, repeat=10, number=10)
 
         return run
 
