@@ -456,3 +456,21 @@ def mobilenet_v3_module(
     model = mobilenet_v3(width_mult=width_mult, **kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
+
+
+def last_hidden_state(model):
+    """Wrap a Hugging Face `transformers` model so that its forward takes token ids (and an optional
+    attention mask) and returns one tensor, the last hidden state: torch.export and the zoo need a
+    single output, and the wrapper keeps the model's own forward (its attention implementation,
+    masks and caches) as users run it."""
+    torch = _torch()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return LastHiddenState().eval()

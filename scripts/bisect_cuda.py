@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
+from relax_cutlass.torch_models import last_hidden_state
 
 
 def small_model(which: str):
@@ -34,16 +35,8 @@ def small_model(which: str):
         )
         model = transformers.LlamaModel(config).eval()
 
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids):
-            return self.model(input_ids=ids).last_hidden_state
-
     ids = torch.randint(0, 128, (1, 16))
-    return relax_cutlass.from_torch(LastHiddenState(), (ids,)), [ids.numpy()]
+    return relax_cutlass.from_torch(last_hidden_state(model), (ids,)), [ids.numpy()]
 
 
 def with_every_binding_out(mod):

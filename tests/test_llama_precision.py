@@ -16,6 +16,7 @@ from harness import build_cpu, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
+from relax_cutlass.torch_models import last_hidden_state
 
 
 def _small_llama(torch, transformers):
@@ -30,15 +31,7 @@ def _small_llama(torch, transformers):
     )
     llama = transformers.LlamaModel(config).eval()
 
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = llama
-
-        def forward(self, ids):
-            return self.model(input_ids=ids).last_hidden_state
-
-    return LastHiddenState().eval(), torch.randint(0, 256, (1, 64))
+    return last_hidden_state(llama).eval(), torch.randint(0, 256, (1, 64))
 
 
 def test_from_torch_llama_on_llvm_is_as_close_to_float32_as_torch_fp16():

@@ -8,6 +8,7 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.models import bind_float16
+from relax_cutlass.torch_models import last_hidden_state
 
 torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
 
@@ -226,15 +227,7 @@ def test_from_torch_imports_gpt2_with_its_cache_on_and_integer_token_ids():
     config = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, n_positions=64, vocab_size=128)
     gpt2 = transformers.GPT2Model(config).eval()
 
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = gpt2
-
-        def forward(self, ids):
-            return self.model(input_ids=ids).last_hidden_state
-
-    mod = relax_cutlass.from_torch(LastHiddenState().half(), (torch.randint(0, 128, (1, 16)),))
+    mod = relax_cutlass.from_torch(last_hidden_state(gpt2).half(), (torch.randint(0, 128, (1, 16)),))
     assert config.use_cache
     assert [str(p.ty.dtype) for p in mod["main"].params] == ["int64"]
     offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
@@ -283,16 +276,8 @@ def test_transformers_llama_with_grouped_query_attention_offloads_without_failin
     )
     llama = transformers.LlamaModel(config).eval()
 
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = llama
-
-        def forward(self, ids):
-            return self.model(input_ids=ids).last_hidden_state
-
     ids = torch.randint(0, 128, (1, 16))
-    mod = relax_cutlass.from_torch(LastHiddenState(), (ids,))
+    mod = relax_cutlass.from_torch(last_hidden_state(llama), (ids,))
     _, _, rewritten = compare_on_cpu(mod, [ids.numpy()])
     report = relax_cutlass.offload_report(rewritten)
     assert sum(r["op"] == "matmul" for r in report.offloaded) == 7  # q, k, v, o, gate, up, down

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One GPU session's work on the lent GPU host, with the whole TVM there (../shared/gpu/README.md):
+#
+#   here:   PYTHON=.venv/bin/python ../shared/gpu/make-full-bundle
+#   call 1: bash .gpufull/compiler/install.sh                          carry [".gpufull/compiler"]
+#   call 2: bash scripts/gpu_session.sh build                          carry [".gpufull/rest"]
+#   call 3: bash scripts/gpu_session.sh check time                     carry [".gpufull/rest"]
+#
+# Stages (in the order given; calls back to back on one machine, since build/ lives only there):
+#   build   the zoo's build phase (every model imported, offloaded, built and exported, ZOO_JOBS at a
+#           time, torch.compile's caches filled) beside the GPU suite's artifacts (scripts/build_gpu_suite.py)
+#   check   the README's first command (python3 -m relax_cutlass) and the GPU pytest suite
+#           (tests/test_gpu.py on the suite's artifacts, tests/test_gpu_host.py)
+#   time    the zoo's time phase (one model at a time, nothing else running) and its table
+#   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
+# Logs and JSON go to $OUT (default build/session); a short table is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .gpufull/rest/enter.sh || exit $?
+out=${OUT:-build/session}
+mkdir -p "$out" build
+models=${ZOO_MODELS:-resnet50,bert_base,gpt2,llama_gqa,vit_b_16,mobilenet_v3_large,convnext_tiny}
+jobs=${ZOO_JOBS:-4}
+summary=()
+
+run_build() {
+  local t0=$SECONDS
+  python3 scripts/build_gpu_suite.py --arch sm_90a --out build/gpu --only tests --only conv --only graphs \
+    --only frontends > "$out/suite-build.log" 2>&1 &
+  local suite=$!
+  python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
+    > "$out/zoo-build.log" 2>&1
+  wait $suite && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)")
+  cat build/zoo/*.build.log > "$out/zoo-build-models.log" 2>/dev/null
+  grep "^=== build" "$out/zoo-build.log"
+  summary+=("build stage: $((SECONDS - t0)) s")
+}
+
+run_check() {
+  local t0=$SECONDS
+  python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
+  tail -5 "$out/main-job.log"
+  python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_host.py -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
+  grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
+  summary+=("check stage: $((SECONDS - t0)) s")
+}
+
+run_time() {
+  local t0=$SECONDS
+  python3 bench/zoo.py --phase time --models "$models" --torch-compile --out build/zoo > "$out/zoo-time.log" 2>&1
+  cp build/zoo/zoo.json "$out/zoo.json" 2>/dev/null
+  summary+=("time stage: $((SECONDS - t0)) s")
+}
+
+for stage in "$@"; do
+  case $stage in
+    build) run_build ;;
+    check) run_check ;;
+    time) run_time ;;
+    zoo) run_build; run_time ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+printf '%s\n' "${summary[@]}"
+if [ -f build/zoo/zoo.json ]; then sed -n '/^| model/,$p' "$out/zoo-time.log"; fi
