@@ -14,8 +14,33 @@
 #   time    the zoo's time phase (one model at a time, nothing else running) and its table
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 # Logs and JSON go to $OUT (default build/session); a short table is printed last.
+#
+# A call ends after 10 minutes and kills what it started, so long stages can run detached:
+#   bash scripts/gpu_session.sh --detach build check time   starts them in their own process
+#        session (they outlive the call; logs in build/session), then waits like --wait
+#   bash scripts/gpu_session.sh --wait                      waits (up to GPU_WAIT_S, default 540 s)
+#        for the detached run, then copies build/session to $OUT and prints its summary
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
+  mkdir -p build/session
+  if [[ $1 == --detach ]]; then
+    shift
+    rm -f build/session/done
+    OUT=build/session setsid nohup bash -c "bash scripts/gpu_session.sh $* > build/session/summary.log 2>&1; \
+      touch build/session/done" > /dev/null 2>&1 < /dev/null &
+  fi
+  deadline=$((SECONDS + ${GPU_WAIT_S:-540}))
+  while [[ ! -f build/session/done && $SECONDS -lt $deadline ]]; do sleep 5; done
+  # $OUT brings back at most 8 files: one archive of the logs and records, and the zoo's JSON
+  if [[ -n ${OUT:-} && $OUT != build/session ]]; then
+    tar czf "$OUT/session.tgz" build/session $(ls build/zoo/*/record.json build/zoo/*.build.log 2>/dev/null)
+    cp build/session/zoo.json "$OUT"/ 2>/dev/null
+  fi
+  if [[ -f build/session/done ]]; then cat build/session/summary.log; else
+    echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/session/*.log; fi
+  exit 0
+fi
 source .gpufull/rest/enter.sh || exit $?
 out=${OUT:-build/session}
 mkdir -p "$out" build
