@@ -257,6 +257,11 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
 
     timers = {}
     for key, path in record["libraries"].items():
+        problem = _load_problem(path)
+        if problem:  # one library that kills its loader is a recorded failure, not the row's end
+            record.setdefault("load_errors", {})[key] = problem
+            print(f"{entry.name}: {key}: {problem}", flush=True)
+            continue
         vm = tvm.relax.VirtualMachine(tvm.runtime.load_module(path), dev)
         args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
         out = vm["main"](*args)
@@ -294,8 +299,30 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
             times[key].append(timer())
     record["ms"] = {k: statistics.median(v) for k, v in times.items()}
     ours = [v for k, v in record["error"].items() if k.startswith("relax_cutlass")]
-    record["ok"] = bool(np.isfinite(ref32).all()) and bool(ours) and max(ours) <= 1e-2
+    record["error_bound"] = error_bound(record["error"]["torch_fp16_vs_fp32"])
+    record["ok"] = bool(np.isfinite(ref32).all()) and bool(ours) and max(ours) <= record["error_bound"]
     return record
+
+
+def error_bound(torch_fp16_error: float) -> float:
+    """The largest relative error (vs torch float32) a 16-bit build may have: 1e-2, or, for a model
+    whose output torch's own fp16 already misses by more (a random-init ResNet's classifier sums
+    2048 all-positive features against random-sign weights, so every fp16 rounding upstream is
+    amplified: torch fp16 is itself 3e-2 off), 1.5x torch fp16's own error."""
+    return max(1e-2, 1.5 * torch_fp16_error)
+
+
+def _load_problem(path: str) -> str:
+    """'' if a child process loads the library at `path`, else what went wrong (a signal too)."""
+    code = "import sys, tvm; tvm.runtime.load_module(sys.argv[1])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "loading took over 300 s"
+    if done.returncode == 0:
+        return ""
+    tail = (done.stderr or "").strip().splitlines()[-3:]
+    return f"load_module failed (exit {done.returncode}): {' | '.join(tail)[:400]}"
 
 
 def _child(args) -> int:
@@ -394,8 +421,9 @@ def _ratio(a, b) -> str:
 
 def table(records: list[dict]) -> str:
     head = (
-        "| model | offloaded | FLOPs | err vs torch fp32 | relax_cutlass ms (graph) | TVM default ms (graph) "
-        "| torch eager ms | torch.compile ms | reduce-overhead ms | vs TVM | vs eager | vs reduce-overhead |"
+        "| model | offloaded | FLOPs | err vs torch fp32 (torch fp16's) | relax_cutlass ms (graph) "
+        "| TVM default ms (graph) | torch eager ms | torch.compile ms | reduce-overhead ms "
+        "| vs TVM | vs eager | vs reduce-overhead |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in records:
@@ -406,10 +434,11 @@ def table(records: list[dict]) -> str:
         ours = min(ms.get("relax_cutlass", 0) or 1e9, ms.get("relax_cutlass_graph", 0) or 1e9)
         tvm_best = min(ms.get("tvm_default", 0) or 1e9, ms.get("tvm_default_graph", 0) or 1e9)
         errors = [v for k, v in err.items() if k.startswith("relax_cutlass")]
+        verdict = "" if r.get("ok") else " NOT OK"
         lines.append(
             f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''} "
             f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
-            f"| {max(errors):.1e} "
+            f"| {max(errors, default=float('nan')):.1e} ({err['torch_fp16_vs_fp32']:.1e}){verdict} "
             f"| {ms.get('relax_cutlass', 0):.3f} ({ms.get('relax_cutlass_graph', 0):.3f}) "
             f"| {ms.get('tvm_default', 0):.3f} ({ms.get('tvm_default_graph', 0):.3f}) "
             f"| {ms.get('torch_eager', 0):.3f} | {ms.get('torch_compile_default', 0):.3f} "

@@ -109,41 +109,86 @@ def _operand_dtypes(call: relax.Call) -> list[str]:
     return [str(a.ty.dtype) if isinstance(a.ty, relax.TensorType) else "" for a in call.args]
 
 
-def accumulate_in_float32(func: relax.Function) -> relax.Function:
-    """matmul(a, b) -> dtype with 16-bit a, b and dtype -> astype(matmul(a, b) -> float32, dtype).
+def _conv_with_out_dtype(builder):
+    """A rebuild of a convolution call with another out_dtype, every other attribute kept."""
 
-    ToMixedPrecision(out_dtype="float16") gives every matmul a float16 out_dtype, and TVM's
+    def rebuild(call: relax.Call, out_dtype: str) -> relax.Expr:
+        a = call.attrs
+        return builder(
+            call.args[0],
+            call.args[1],
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=int(a.groups),
+            data_layout=a.data_layout,
+            kernel_layout=a.kernel_layout,
+            out_layout=a.out_layout,
+            out_dtype=out_dtype,
+        )
+
+    return rebuild
+
+
+# The reductions ToMixedPrecision gives a 16-bit out_dtype, which TVM's legalization then sums in,
+# each with how to rebuild its call with another out_dtype.
+ACCUMULATING_OPS = {
+    "relax.matmul": lambda call, out_dtype: relax.op.matmul(call.args[0], call.args[1], out_dtype=out_dtype),
+    "relax.nn.conv2d": _conv_with_out_dtype(relax.op.nn.conv2d),
+    "relax.nn.conv1d": _conv_with_out_dtype(relax.op.nn.conv1d),
+}
+
+
+def _accumulating_call(expr: relax.Expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ACCUMULATING_OPS
+
+
+def _accumulating_pattern():
+    a, b = wildcard(), wildcard()
+    return is_op("relax.matmul")(a, b) | is_op("relax.nn.conv2d")(a, b) | is_op("relax.nn.conv1d")(a, b)
+
+
+def accumulate_in_float32(func: relax.Function) -> relax.Function:
+    """op(a, b) -> dtype with 16-bit a, b and dtype -> astype(op(a, b) -> float32, dtype), for the
+    matmuls and convolutions of `ACCUMULATING_OPS`.
+
+    ToMixedPrecision(out_dtype="float16") gives each of them a float16 out_dtype, and TVM's
     legalization sums in the out_dtype: a K=5632 reduction (Llama's down projection) summed in
     float16 is 3.8e-2 from float32 at the last hidden state, where torch's fp16 (float32
-    accumulators) is 1e-2. Spelled as a float32 matmul cast to 16 bits, TVM's own build sums in
-    float32 as torch and the CUTLASS kernels do; the rounded values downstream are unchanged."""
-    a, b = wildcard(), wildcard()
-    pattern = is_op("relax.matmul")(a, b)
+    accumulators) is 1e-2; a ResNet-50's RGB stem conv (K=147, batch norm folded in) summed in
+    float16 puts TVM's build at 9.8e-2 where torch's fp16 is 3.3e-2. Spelled as a float32 op cast to
+    16 bits, TVM's own build sums in float32 as torch and the CUTLASS kernels do; the rounded values
+    downstream are unchanged."""
+    pattern = _accumulating_pattern()
 
-    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+    def rewriter(orig: relax.Expr, _m: dict) -> relax.Expr:
         out = str(orig.ty.dtype)
         if out not in _HALF_DTYPES or _operand_dtypes(orig) != [out, out]:
             return orig
-        return relax.op.astype(relax.op.matmul(m[a], m[b], out_dtype="float32"), out)
+        return relax.op.astype(ACCUMULATING_OPS[orig.op.name](orig, "float32"), out)
 
     return rewrite_call(pattern, rewriter, func)
 
 
 def fold_float32_accumulation(func: relax.Function) -> relax.Function:
-    """astype(matmul(a, b) -> float32, dtype) with 16-bit a, b of that dtype -> matmul(a, b) -> dtype,
-    the inverse of `accumulate_in_float32`, for the offload patterns: a CUTLASS GEMM with a 16-bit
-    output accumulates in float32 (the `accumulator` option) and runs its epilogue (bias,
+    """astype(op(a, b) -> float32, dtype) with 16-bit a, b of that dtype -> op(a, b) -> dtype, the
+    inverse of `accumulate_in_float32`, for the offload patterns: a CUTLASS GEMM or convolution with
+    a 16-bit output accumulates in float32 (the `accumulator` option) and runs its epilogue (bias,
     activation, residual) before the one rounding, so the region is the same computation, and the
     bias add after it fuses instead of ending the region at the cast."""
-    a, b = wildcard(), wildcard()
-    gemm = is_op("relax.matmul")(a, b)
-    pattern = is_op("relax.astype")(gemm)
+    inner = _accumulating_pattern()
+    pattern = is_op("relax.astype")(inner)
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        out = str(orig.ty.dtype)
-        if out not in _HALF_DTYPES or str(m[gemm].ty.dtype) != "float32" or _operand_dtypes(m[gemm]) != [out, out]:
+        out, call = str(orig.ty.dtype), m[inner]
+        if (
+            out not in _HALF_DTYPES
+            or not _accumulating_call(call)
+            or str(call.ty.dtype) != "float32"
+            or _operand_dtypes(call) != [out, out]
+        ):
             return orig
-        return relax.op.matmul(m[a], m[b], out_dtype=out)
+        return ACCUMULATING_OPS[call.op.name](call, out)
 
     return relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
 
@@ -163,7 +208,7 @@ def _relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.AccumulateInFloat32")
 class AccumulateInFloat32:
-    """16-bit matmuls left to TVM sum in float32 (`accumulate_in_float32`); offloaded regions and
+    """16-bit matmuls and convolutions left to TVM sum in float32 (`accumulate_in_float32`); offloaded regions and
     float32 matmuls are left alone. from_torch applies it; offload_pipeline folds it back before
     partitioning (FoldLinearReshapes) and applies it again to what stays in TVM."""
 
