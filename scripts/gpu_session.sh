@@ -13,6 +13,9 @@
 #           (tests/test_gpu.py on the suite's artifacts, tests/test_gpu_host.py)
 #   time    the zoo's time phase (one model at a time, nothing else running) and its table
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
+# Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite build),
+# MAIN_JOB=0, GPU_TESTS (pytest paths), PROBE (arguments of scripts/precision_probe.py, run beside
+# the build).
 # Logs and JSON go to $OUT (default build/session); a short table is printed last.
 #
 # A call ends after 10 minutes and kills what it started, so long stages can run detached:
@@ -49,15 +52,19 @@ jobs=${ZOO_JOBS:-4}
 summary=()
 
 run_build() {
-  local t0=$SECONDS
-  # The suite checks the heuristic's kernels, as CI's builds pick them: no profiling (with a GPU
-  # present, profile="auto" would tune every case, over 20 minutes).
-  RELAX_CUTLASS_PROFILE=never python3 scripts/build_gpu_suite.py --arch sm_90a --out build/gpu --only tests --only conv --only graphs \
-    --only frontends > "$out/suite-build.log" 2>&1 &
-  local suite=$!
+  local t0=$SECONDS suite=""
+  if [[ ${GPU_SUITE:-1} == 1 ]]; then
+    # The suite checks the heuristic's kernels, as CI's builds pick them: no profiling (with a GPU
+    # present, profile="auto" would tune every case, over 20 minutes).
+    RELAX_CUTLASS_PROFILE=never python3 scripts/build_gpu_suite.py --arch sm_90a --out build/gpu --only tests \
+      --only conv --only graphs --only frontends > "$out/suite-build.log" 2>&1 &
+    suite=$!
+  fi
+  [[ -n ${PROBE:-} ]] && { python3 scripts/precision_probe.py $PROBE > "$out/probe.log" 2>&1 & }
   python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
-    > "$out/zoo-build.log" 2>&1
-  wait $suite && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)")
+    --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
+  if [[ -n $suite ]]; then wait $suite && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
+  wait
   cat build/zoo/*.build.log > "$out/zoo-build-models.log" 2>/dev/null
   grep "^=== build" "$out/zoo-build.log"
   summary+=("build stage: $((SECONDS - t0)) s")
@@ -65,9 +72,11 @@ run_build() {
 
 run_check() {
   local t0=$SECONDS
-  python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
+  if [[ ${MAIN_JOB:-1} == 1 ]]; then
+    python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
+  fi
   tail -5 "$out/main-job.log"
-  python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_host.py -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")

@@ -1,0 +1,94 @@
+"""Where does a model's 16-bit error come from? Relative error of the zoo's Llama (or any zoo model)
+against torch float64, for torch's own fp16 and for TVM's CUDA and llvm builds of the float32 and
+the from_torch (fp16) modules; on the GPU host with the full TVM bundle.
+
+    python scripts/precision_probe.py [--model llama_gqa] [--layers N] [--seq S] [--llvm]
+
+A TVM float32 CUDA build far from torch float64 points at TVM's CUDA lowering (fast-math
+intrinsics); an fp16 module whose llvm build is close but CUDA build is not, likewise; both far:
+the 16-bit graph itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from zoo import ZOO, ZooModel  # noqa: E402
+
+import relax_cutlass  # noqa: E402
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def float32_module(model, example):
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from relax_cutlass.frontend import CONVERTERS, _exportable_copy
+
+    with torch.no_grad():  # the copy from_torch exports (a transformers cache switched off)
+        exported = torch.export.export(_exportable_copy(model, torch), example)
+    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
+    mod, params = relax.frontend.detach_params(mod)
+    n = len(mod["main"].params) - len(params["main"])
+    mod = relax.transform.BindParams("main", dict(zip(mod["main"].params[n:], params["main"], strict=True)))(mod)
+    return relax_cutlass.transform.FixTvmCudaForms()(mod)
+
+
+def run(mod, target, dev, inputs):
+    t0 = time.time()
+    vm = relax.VirtualMachine(tvm.compile(mod, target), dev)
+    out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
+    out = out if hasattr(out, "numpy") else out[0]
+    return out.numpy(), time.time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama_gqa")
+    ap.add_argument("--layers", type=int, default=0, help="override num_hidden_layers (transformers)")
+    ap.add_argument("--seq", type=int, default=0)
+    ap.add_argument("--llvm", action="store_true", help="also the llvm builds (slow for large models)")
+    args = ap.parse_args()
+    entry = next(e for e in ZOO if e.name == args.model)
+    entry = ZooModel(entry.name, entry.family, entry.batch, args.seq or entry.seq)
+    if args.layers:
+        import transformers
+
+        original = transformers.LlamaConfig.__init__
+
+        def init(self, *a, **kw):
+            original(self, *a, **{**kw, "num_hidden_layers": args.layers})
+
+        transformers.LlamaConfig.__init__ = init
+    model, example = entry.build()
+    with torch.no_grad():
+        ref = copy.deepcopy(model).cuda().double()(*[x.cuda() for x in example]).cpu().numpy()
+        half = copy.deepcopy(model).cuda().half()
+        print(f"torch fp16 (GPU): {rel(half(*[x.cuda() for x in example]).double().cpu().numpy(), ref):.2e}")
+    model = model.cpu()
+    inputs = [x.numpy() for x in example]
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+    modules = {"float32": float32_module(model, example), "fp16 (from_torch)": relax_cutlass.from_torch(model, example)}
+    for name, mod in modules.items():
+        out, s = run(mod, cuda, tvm.cuda(0), inputs)
+        print(f"TVM CUDA {name}: {rel(out, ref):.2e} ({s:.0f} s)", flush=True)
+        if args.llvm:
+            out, s = run(mod, "llvm", tvm.cpu(), inputs)
+            print(f"TVM llvm {name}: {rel(out, ref):.2e} ({s:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

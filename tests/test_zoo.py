@@ -1,0 +1,48 @@
+"""The zoo's checks themselves (bench/zoo.py), on the CPU: a check that cannot fail is a defect."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import zoo  # noqa: E402
+
+
+def test_an_all_zero_reference_is_not_a_pass():
+    """torchvision's vit_b_16 zero-initializes its head: every build matched its all-zero output
+    exactly (error 0.0 in a GPU run), which checked nothing."""
+    assert np.isnan(zoo._rel_error(np.zeros(4), np.zeros(4)))
+    assert np.isnan(zoo._rel_error(np.ones(3), np.ones(4)))
+    assert zoo._rel_error(np.array([1.0, np.nan]), np.ones(2)) == float("inf")
+    assert zoo._rel_error(np.array([1.0, 1.1]), np.ones(2)) == pytest.approx(0.1 / np.sqrt(2))
+
+
+def test_zero_initialized_linear_layers_get_random_weights():
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    torch.nn.init.zeros_(model[2].weight)
+    torch.nn.init.zeros_(model[2].bias)
+    kept = model[0].weight.detach().clone()
+    zoo._randomize_zero_layers(model, torch)
+    assert model[2].weight.detach().abs().sum() > 0
+    assert torch.equal(model[0].weight.detach(), kept)
+
+
+def test_error_bound_and_the_table_say_not_ok():
+    assert zoo.error_bound(1e-3) == 1e-2
+    assert zoo.error_bound(3e-2) == pytest.approx(4.5e-2)
+    record = {
+        "model": "m",
+        "batch": 1,
+        "seq": 0,
+        "ok": False,
+        "ms": {"relax_cutlass": 1.0, "tvm_default": 2.0, "torch_eager": 3.0},
+        "error": {"torch_fp16_vs_fp64": 1e-3, "relax_cutlass_vs_torch_fp64": 5e-2},
+        "report": {"offloaded_calls": 1, "left_in_tvm": 0, "flop_fraction": 1.0},
+    }
+    row = zoo.table([record]).splitlines()[-1]
+    assert "5.0e-02 (1.0e-03) NOT OK" in row and "2.00x" in row
