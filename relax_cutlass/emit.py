@@ -15,7 +15,6 @@ from string import Template
 
 from .arch import ARCH_SPECIFIC, arch_name
 from .attention import OPERAND_AXES
-from .compile import Source, fmha_flags
 from .cutlass_lib import data_type
 from .cutlass_lib import load as load_cutlass_library
 from .emit_sm90 import sm90_kernel_parts
@@ -33,6 +32,7 @@ from .kernel_spec import (
     GemmKernel,
     GemmRegion,
 )
+from .stages.compile import Source, fmha_flags
 from .templates import (
     ATTENTION_ARGS,
     ATTENTION_GLUE_FUNCTION,

@@ -219,7 +219,7 @@ def evaluate_functor(activation: Activation, xs: np.ndarray, arch: str | int = "
     """`activation`'s C++ functor on the host at float32 inputs `xs`, compiled with nvcc (the device
     side too, for `arch`, but never launched): (len(xs), 2) values, elementwise and Array form."""
     from .arch import nvcc_gencode, parse_arch
-    from .compile import CompileError, cache_dir, toolchain
+    from .stages.compile import CompileError, cache_dir, toolchain
 
     source = ACTIVATION_CHECK_PROGRAM.substitute(
         definition=activation.definition,

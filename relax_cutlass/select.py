@@ -37,7 +37,7 @@ from .kernel_spec import (
     GemmProblem,
     TileConfig,
 )
-from .tuning import attention_key, conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
+from .stages.tuning import attention_key, conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
 
 # Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
 # capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.

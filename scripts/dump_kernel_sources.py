@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_gpu_suite as suite  # noqa: E402  (registers quick_gelu, puts bench/ on sys.path)
 
 from relax_cutlass import profile  # noqa: E402
-from relax_cutlass.codegen import CodegenOptions, plan_regions  # noqa: E402
-from relax_cutlass.constants import offloaded_functions  # noqa: E402
 from relax_cutlass.emit import emit_glue, emit_kernel  # noqa: E402
+from relax_cutlass.stages.codegen import CodegenOptions, plan_regions  # noqa: E402
+from relax_cutlass.stages.constants import offloaded_functions  # noqa: E402
 from relax_cutlass.transform import (  # noqa: E402
     ConvertToNHWC,
     FixTvmCudaForms,
@@ -72,7 +72,7 @@ def cases() -> list[tuple[str, object, bool, dict]]:
 
 
 def torch_cases() -> list:
-    from relax_cutlass.torch_models import (
+    from relax_cutlass.models.torch_models import (
         bert_module,
         llama_mlp_module,
         mobilenet_v3_module,

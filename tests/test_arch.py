@@ -195,7 +195,7 @@ def test_guard_rejects_a_kernel_without_its_family_instructions(fake_cuobjdump, 
     for _ in range(2):  # the recorded failure fails again, without another disassembly
         with pytest.raises(sass_check.StubKernelError, match="stub kernel: k .* must contain UTCHMMA") as err:
             sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100)
-    assert isinstance(err.value, relax_cutlass.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
+    assert isinstance(err.value, relax_cutlass.stages.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
     assert len(fake_cuobjdump.runs) == 1
     monkeypatch.setenv(sass_check.CHECK_ENV, "0")  # the documented opt-out
     assert sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100) is None
@@ -206,7 +206,7 @@ def test_missing_cuobjdump_fails_closed_naming_what_to_install(monkeypatch, tmp_
     monkeypatch.setattr(sass_check, "_wheel_binaries", lambda *_: [])
     monkeypatch.setattr(sass_check.shutil, "which", lambda _: None)
     monkeypatch.setattr(
-        relax_cutlass.compile,
+        relax_cutlass.stages.compile,
         "toolchain",
         lambda: types.SimpleNamespace(nvcc=str(tmp_path / "nvcc"), cuda_home=tmp_path),
     )

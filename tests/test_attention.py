@@ -27,12 +27,12 @@ from harness import (
 )
 from tvm import relax
 
-from relax_cutlass.constants import offloaded_functions
 from relax_cutlass.emit import emit_glue, emit_kernel
 from relax_cutlass.kernel_spec import AttentionProblem, AttentionRegion
-from relax_cutlass.regions import analyze, make_region
-from relax_cutlass.report import offload_report
 from relax_cutlass.select import choose_attention_kernel
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.regions import analyze, make_region
+from relax_cutlass.stages.report import offload_report
 
 F16 = "float16"
 
@@ -448,7 +448,7 @@ def _transformers_bert(attention: str, with_mask: bool):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from relax_cutlass.models import bind_float16
-    from relax_cutlass.torch_models import import_exported
+    from relax_cutlass.models.torch_models import import_exported
 
     torch.manual_seed(0)
     config = transformers.BertConfig(
@@ -608,7 +608,7 @@ def test_torchvision_vit_attention_is_fused():
     layer's attention becomes one region, and the module agrees with the untouched one."""
     pytest.importorskip("torch")
     from relax_cutlass.models import bind_float16
-    from relax_cutlass.torch_models import vit_module
+    from relax_cutlass.models.torch_models import vit_module
 
     mod = bind_float16(*vit_module(batch=2))
     (row,) = _offloaded_attention(mod)

@@ -193,8 +193,8 @@ def test_conv_candidates_come_from_cutlass_library():
 
 def test_emitted_conv_sources_hold_no_tensor_data_and_check_shapes():
     mod = _bound(conv2d_epilogue_model(2, 8, 8, 16, 16, activation="relu", residual=True))
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.constants import offloaded_functions
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
 
     partitioned, _ = offload_for_cpu(mod)
     (region,) = plan_regions([f for _, f in offloaded_functions(partitioned)], CodegenOptions())

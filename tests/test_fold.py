@@ -6,9 +6,9 @@ import tvm
 from harness import build_cpu, run_vm
 from tvm import relax
 
-from relax_cutlass.fold import FoldWeightsInNumpy
+from relax_cutlass.stages.fold import FoldWeightsInNumpy
 
-torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
 
 
 def _constants(mod):

@@ -8,9 +8,9 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.models import bind_float16
-from relax_cutlass.torch_models import last_hidden_state
+from relax_cutlass.models.torch_models import last_hidden_state
 
-torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ import dataclasses
 import pytest
 
 import relax_cutlass
-from relax_cutlass.codegen import CodegenOptions, plan_regions
-from relax_cutlass.constants import offloaded_functions
 from relax_cutlass.emit import emit_kernel
 from relax_cutlass.emit_sm90 import epilogue_tree
 from relax_cutlass.kernel_spec import (
@@ -18,8 +16,10 @@ from relax_cutlass.kernel_spec import (
     TileConfig,
 )
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.profile import gemm_candidates
 from relax_cutlass.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.profile import gemm_candidates
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 

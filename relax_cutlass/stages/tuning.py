@@ -1,7 +1,7 @@
 """The tuning database: measured kernel choices, persisted so that builds need no GPU.
 
 A record says "for this problem class on this GPU architecture, configuration T ran fastest
-among these candidates". Tuning runs in two stages (see relax_cutlass.profile): main loops alone
+among these candidates". Tuning runs in two stages (see relax_cutlass.stages.profile): main loops alone
 (key.epilogue == ""), then the fastest few of them again with a region's epilogue (key.epilogue
 names it, e.g. "bias+gelu"); a build takes the epilogue record when it has one. Records live in
 a JSON-lines file a user can read, diff, commit and share. Writes append one line under an
@@ -24,8 +24,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import __version__
-from .kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
+from .. import __version__
+from ..kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1

@@ -19,13 +19,13 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .arch import parse_arch, resolve_family
+from ..arch import parse_arch, resolve_family
+from ..emit import emit_glue, emit_kernel
+from ..kernel_spec import AttentionProblem, AttentionRegion, Conv2dProblem, Conv2dRegion, GemmRegion
+from ..patterns import ACCUMULATOR_DTYPES, CODEGEN
+from ..select import DEFAULT_M_HINT, choose_attention_kernel, choose_conv2d_kernel, choose_kernel
 from .compile import cache_dir, compile_all, link_relocatable
-from .emit import emit_glue, emit_kernel
-from .kernel_spec import AttentionProblem, AttentionRegion, Conv2dProblem, Conv2dRegion, GemmRegion
-from .patterns import ACCUMULATOR_DTYPES, CODEGEN
 from .regions import analyze, make_region
-from .select import DEFAULT_M_HINT, choose_attention_kernel, choose_conv2d_kernel, choose_kernel
 from .tuning import M_BUCKETS, TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
@@ -134,7 +134,7 @@ def _profiles_here(options: CodegenOptions) -> bool:
     this machine's GPU is the target: an sm_80 library measured on an H100 would be tuned wrongly."""
     if options.profile == "never" or not options.compile or options.tile:
         return False
-    from .arch import local_gpu_arch
+    from ..arch import local_gpu_arch
 
     return local_gpu_arch() == options.arch
 

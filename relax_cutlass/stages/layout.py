@@ -23,8 +23,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..patterns import CONV2D_LAYOUTS
 from .fold import FoldWeightsInNumpy
-from .patterns import CONV2D_LAYOUTS
 
 LAYOUT_SKIPPED_ATTR = "relax_cutlass.layout_skipped"
 

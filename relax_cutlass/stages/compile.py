@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arch import nvcc_gencode
-from .templates import CXX_ABI_SUPPORT
+from ..arch import nvcc_gencode
+from ..templates import CXX_ABI_SUPPORT
 
 __all__ = [
     "CompileError",
@@ -59,7 +59,7 @@ class Source:
     text: str
     kind: str  # "cuda" | "host"
     extra_flags: tuple[str, ...] = ()  # e.g. the include dirs of a CUTLASS example's headers
-    # Kernel family ("sm80", "sm90", "fmha"): relax_cutlass.sass_check requires its MMA instructions
+    # Kernel family ("sm80", "sm90", "fmha"): relax_cutlass.stages.sass_check requires its MMA instructions
     # in the object's SASS. "" for sources that are not tensor-core kernels.
     family: str = ""
 
@@ -91,7 +91,7 @@ class Toolchain:
     includes_host: tuple[str, ...]
 
     def fingerprint(self) -> str:
-        from . import __version__
+        from .. import __version__
 
         return f"{self.nvcc_version}|cutlass {self.cutlass_version}|relax_cutlass {__version__}"
 
@@ -238,7 +238,7 @@ def _compile_checked(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]
 
 def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> dict[str, tuple[Path, bool]]:
     """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores); every kernel
-    object is checked for its family's tensor-core instructions (relax_cutlass.sass_check)."""
+    object is checked for its family's tensor-core instructions (relax_cutlass.stages.sass_check)."""
     tc = toolchain()
     unique = {s.name: s for s in sources}
     jobs = jobs or int(os.environ.get("RELAX_CUTLASS_JOBS", 0)) or os.cpu_count() or 1

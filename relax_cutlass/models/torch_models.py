@@ -17,7 +17,9 @@ def _torch():
     try:
         import torch
     except ImportError as err:  # pragma: no cover - exercised only without the extra
-        raise ImportError("relax_cutlass.torch_models needs PyTorch: pip install 'relax_cutlass[models]'") from err
+        raise ImportError(
+            "relax_cutlass.models.torch_models needs PyTorch: pip install 'relax_cutlass[models]'"
+        ) from err
     return torch
 
 

@@ -12,7 +12,7 @@ as in its later fix, tuning starts from the main loop:
            costs `top_k + 1` kernels per distinct epilogue, not one per candidate.
 
 The library exports TVM FFI functions and needs only the TVM runtime (or tvm_ffi) to load: build it
-here, run `python -m relax_cutlass.profile_runner` on the GPU host. Stage 2 is planned from stage
+here, run `python -m relax_cutlass.stages.profile_runner` on the GPU host. Stage 2 is planned from stage
 1's records, so tuning from scratch is two build/run rounds (`python -m relax_cutlass tune`).
 """
 
@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from .arch import native_family, resolve_family
-from .compile import Source, compile_all, link_relocatable, toolchain
-from .emit import emit_kernel
-from .kernel_spec import (
+from ..arch import native_family, resolve_family
+from ..emit import emit_kernel
+from ..kernel_spec import (
     ACTIVATIONS,
     SPLIT_K_MIN_ITERATIONS,
     AttentionKernel,
@@ -40,7 +39,7 @@ from .kernel_spec import (
     GemmProblem,
     TileConfig,
 )
-from .select import (
+from ..select import (
     SM90_HEURISTIC_TILES,
     _fitting,
     _rank_sm80,
@@ -59,7 +58,8 @@ from .select import (
     smem_limit,
     under_fills,
 )
-from .templates import ATTENTION_ARGS, CONV2D_ARGS, FFI_HELPERS, GEMM_ARGS
+from ..templates import ATTENTION_ARGS, CONV2D_ARGS, FFI_HELPERS, GEMM_ARGS
+from .compile import Source, compile_all, link_relocatable, toolchain
 from .tuning import M_BUCKETS, TuningKey, attention_key, conv2d_key, epilogue_key, gemm_key, parse_label
 
 DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)

@@ -32,7 +32,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .arch import arch_name
+from ..arch import arch_name
 from .compile import CompileError
 
 __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_object"]

@@ -10,9 +10,9 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..patterns import conv2d_problems, matmul_problems, static_shape
 from .constants import offloaded_functions
 from .layout import layout_skipped
-from .patterns import conv2d_problems, matmul_problems, static_shape
 
 
 @dataclass(frozen=True)
@@ -184,10 +184,10 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
 
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
+    from ..transform import ConvertToNHWC, FoldLinearReshapes
     from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
     from .constants import LiftConstants, call_counts
     from .partition import PartitionForCutlass
-    from .transform import ConvertToNHWC, FoldLinearReshapes
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:

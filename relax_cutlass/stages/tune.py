@@ -24,7 +24,7 @@ BENCH_EPILOGUES = ({"activation": "gelu"}, {"residual": True})  # the GPU suite'
 
 
 def _model_modules(model: str, batch: int, seq: int) -> list:
-    from .models import (
+    from ..models import (
         bert_encoder_layer,
         bind_float16,
         bind_weights,
@@ -52,19 +52,19 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
             for hw, c in stages
         ]
     if model == "bert_large":  # transformers BERT-large as benchmarked; one layer has every GEMM shape
-        from .torch_models import bert_module
+        from ..models.torch_models import bert_module
 
         return [bind_float16(*bert_module(batch=b, seq=seq, layers=1)) for b in BERT_LARGE_BATCHES]
-    from .torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
+    from ..models.torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
 
     return [bind_float16(*resnet50_module(batch=b)) for b in RESNET_BATCHES]
 
 
 def _model_regions(model: str, arch: int, batch: int, seq: int):
     """(problem, epilogue) of every offloaded region of an embedded model, as the pipeline plans them."""
+    from ..transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
     from .codegen import CodegenOptions, plan_regions
     from .constants import offloaded_functions
-    from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     pairs = []
     for mod in _model_modules(model, batch, seq):
@@ -76,7 +76,7 @@ def _model_regions(model: str, arch: int, batch: int, seq: int):
 
 
 def build(argv: list[str]) -> int:
-    from .arch import parse_arch
+    from ..arch import parse_arch
     from .profile import DEFAULT_MAX_CANDIDATES, DEFAULT_TOP_K, build_profiler, plan_epilogue_jobs, plan_jobs
     from .tuning import TuningDatabase
 

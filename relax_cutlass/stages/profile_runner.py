@@ -1,6 +1,6 @@
-"""Run a profiler built by `relax_cutlass.profile` on a GPU host and write tuning records.
+"""Run a profiler built by `relax_cutlass.stages.profile` on a GPU host and write tuning records.
 
-    python -m relax_cutlass.profile_runner build/profile tuning.jsonl [--repeat 7]
+    python -m relax_cutlass.stages.profile_runner build/profile tuning.jsonl [--repeat 7]
 
 Needs only the TVM runtime and numpy (torch, when present, computes the reference faster). Each
 candidate first runs once on random (never zero) data and is checked against a float32 reference,
@@ -241,8 +241,10 @@ def _device_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m relax_cutlass.profile_runner", description=__doc__.split("\n\n")[0])
-    ap.add_argument("directory", type=Path, help="what relax_cutlass.profile built (profile.json, profiler.so)")
+    ap = argparse.ArgumentParser(
+        prog="python -m relax_cutlass.stages.profile_runner", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("directory", type=Path, help="what relax_cutlass.stages.profile built (profile.json, profiler.so)")
     ap.add_argument("database", type=Path, help="tuning database (JSON lines) to append to")
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args(argv)

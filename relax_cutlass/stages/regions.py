@@ -10,9 +10,8 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from .attention import AttentionPatternSpec, attention_layout
-from .constants import composite_of
-from .kernel_spec import (
+from ..attention import AttentionPatternSpec, attention_layout
+from ..kernel_spec import (
     AttentionKernel,
     AttentionProblem,
     AttentionRegion,
@@ -23,7 +22,8 @@ from .kernel_spec import (
     GemmProblem,
     GemmRegion,
 )
-from .patterns import Conv2dPatternSpec, dtype_of, pattern_of, region_problems, spec_by_name
+from ..patterns import Conv2dPatternSpec, dtype_of, pattern_of, region_problems, spec_by_name
+from .constants import composite_of
 
 ROLES = ("lhs", "rhs", "data", "weight", "bias", "residual", "query", "key", "value")
 SHAPE_ROLE = "shape"  # prefix of the role of an R.Shape parameter

@@ -7,15 +7,15 @@ import json
 import tvm
 from tvm import relax
 
-from .attention import (
+from ..attention import (
     cast_attention_masks,
     cast_attention_operands,
     merge_repeated_casts,
     scalar_where_fills,
     sequence_first_attention_outputs,
 )
+from ..patterns import fusion_patterns
 from .canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
-from .patterns import fusion_patterns
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
 
@@ -81,7 +81,7 @@ class PartitionForCutlass:
     """
 
     def __init__(self, arch: str | int = "sm_80"):
-        from .arch import parse_arch
+        from ..arch import parse_arch
 
         self.arch = parse_arch(arch)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import tvm
 
-from .arch import parse_arch
-from .transform import (
+from ..arch import parse_arch
+from ..transform import (
     AccumulateInFloat32,
     ConvertToNHWC,
     CutlassCodegen,
