@@ -9,7 +9,7 @@ import pytest
 
 import relax_cutlass
 import relax_cutlass.arch
-from relax_cutlass import sass_check
+from relax_cutlass.stages import sass_check
 from relax_cutlass.arch import nvcc_gencode, parse_arch
 from relax_cutlass.emit import emit_kernel
 from relax_cutlass.kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
