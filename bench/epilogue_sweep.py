@@ -46,8 +46,8 @@ ERFF_TILES = (
 
 
 def _register_erff() -> None:
-    from relax_cutlass.kernel_spec import ACTIVATIONS, Activation
-    from relax_cutlass.stages.profile_runner import ACTIVATION_REFERENCE
+    from relax_cutlass.kinds.epilogue import ACTIVATIONS, Activation
+    from relax_cutlass.kinds.reference import ACTIVATION_REFERENCE
 
     ACTIVATIONS["gelu_erff"] = Activation("gelu_erff", "cutlass::epilogue::thread::GELU", is_heavy=True)
     ACTIVATION_REFERENCE["gelu_erff"] = ACTIVATION_REFERENCE["gelu"]
@@ -83,10 +83,11 @@ def _variant(name: str, tiles: dict):
 
 
 def build(args) -> int:
-    from relax_cutlass.kernel_spec import Epilogue, GemmKernel, GemmProblem
-    from relax_cutlass.select import candidate_tiles_sm90
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem, gemm_key
+    from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90
     from relax_cutlass.stages.profile import ProfileJob, build_profiler
-    from relax_cutlass.stages.tuning import epilogue_key, gemm_key
+    from relax_cutlass.stages.tuning import epilogue_key
 
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}

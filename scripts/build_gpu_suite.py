@@ -363,10 +363,10 @@ def build_pair(
 def prewarm(jobs: list[tuple[tvm.IRModule, bool, dict, tuple]], arch: str) -> None:
     """Compile every distinct kernel of every case up front, all cores busy (the cases themselves
     then build from the object cache)."""
-    from relax_cutlass.emit import emit_kernel
     from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
     from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.constants import offloaded_functions
+    from relax_cutlass.stages.emit import emit_kernel
     from relax_cutlass.transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     sources = {}

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import build_gpu_suite as suite  # noqa: E402  (registers quick_gelu, puts bench/ on sys.path)
 
 from relax_cutlass.stages import profile  # noqa: E402
-from relax_cutlass.emit import emit_glue, emit_kernel  # noqa: E402
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions  # noqa: E402
 from relax_cutlass.stages.constants import offloaded_functions  # noqa: E402
+from relax_cutlass.stages.emit import emit_glue, emit_kernel  # noqa: E402
 from relax_cutlass.transform import (  # noqa: E402
     ConvertToNHWC,
     FixTvmCudaForms,

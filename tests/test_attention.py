@@ -27,10 +27,10 @@ from harness import (
 )
 from tvm import relax
 
-from relax_cutlass.emit import emit_glue, emit_kernel
-from relax_cutlass.kernel_spec import AttentionProblem, AttentionRegion
-from relax_cutlass.select import choose_attention_kernel
+from relax_cutlass.kinds.attention.records import AttentionProblem, AttentionRegion
+from relax_cutlass.kinds.attention.select import choose_attention_kernel
 from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.stages.regions import analyze, make_region
 from relax_cutlass.stages.report import offload_report
 
@@ -423,7 +423,7 @@ def test_float32_masks_are_cast_only_where_exact():
     """The -inf mask becomes float16 outside the region (one cast of the (B, 1, S, T) mask); the
     finfo.min mask becomes a -inf one plus the safe-softmax tail with 1/T; any other float32 mask
     is left alone."""
-    from relax_cutlass.attention import cast_attention_masks
+    from relax_cutlass.kinds.attention.masks import cast_attention_masks
 
     def ops(func):
         calls = []
@@ -621,7 +621,7 @@ def test_torchvision_vit_attention_is_fused():
 def test_operand_casts_move_only_over_views_and_powers_of_two(scale, moved):
     """astype(f32 views/scales of astype(x16, f32), f16) -> the views in float16 on x16: only
     across views and 2**k scales (bit-identical); another scale keeps the cast where it was."""
-    from relax_cutlass.attention import cast_attention_operands
+    from relax_cutlass.kinds.attention.operands import cast_attention_operands
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float16"))

@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..patterns import same_shape
+from ..kinds.epilogue_patterns import same_shape
 
 # Relax ops that FuseOps may fuse a GEMM into as an epilogue (their legalized form is a reduction
 # that AnnotateTIROpPattern marks kOutEWiseFusable).

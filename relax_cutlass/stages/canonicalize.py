@@ -22,7 +22,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..patterns import same_shape, static_shape
+from ..kinds.ir import same_shape, static_shape
 
 
 def _pattern():

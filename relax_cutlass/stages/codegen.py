@@ -20,16 +20,16 @@ import tvm_ffi
 from tvm import relax
 
 from ..arch import parse_arch, resolve_family
-from ..emit import emit_glue, emit_kernel
-from ..kernel_spec import AttentionProblem, AttentionRegion, Conv2dProblem, Conv2dRegion, GemmRegion
-from ..patterns import ACCUMULATOR_DTYPES, CODEGEN
-from ..select import DEFAULT_M_HINT, choose_attention_kernel, choose_conv2d_kernel, choose_kernel
+from ..kinds import CODEGEN, kind_of
+from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from .compile import cache_dir, compile_all, link_relocatable
+from .emit import emit_glue, emit_kernel
 from .regions import analyze, make_region
-from .tuning import M_BUCKETS, TuningDatabase
+from .tuning import TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
-Region = GemmRegion | Conv2dRegion | AttentionRegion
+# M assumed by the kernel heuristics when M is symbolic (CodegenOptions.m_hint).
+DEFAULT_M_HINT = 1024
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _read_database(path: str, _version) -> TuningDatabase:
     return TuningDatabase(path)
 
 
-def plan_regions(functions, options: CodegenOptions) -> list[Region]:
+def plan_regions(functions, options: CodegenOptions) -> list:
     """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
     symbols = [str(func.attrs["global_symbol"]) for func in functions]
     # (spec, roles, problem, composite, aliases) per function
@@ -112,19 +112,7 @@ def plan_regions(functions, options: CodegenOptions) -> list[Region]:
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
     for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
-        if isinstance(problem, AttentionProblem):
-            kernel, extra = choose_attention_kernel(problem, options.arch, db if not options.tile else None), {}
-        elif isinstance(problem, Conv2dProblem):
-            kernel, split_k = choose_conv2d_kernel(
-                problem, spec.epilogue, options.arch, 1, options.family, options.tile, db
-            )
-            # A symbolic batch can grow past what the slice count was chosen for: no split-K then.
-            extra = {"split_k": split_k if problem.n is not None else 1}
-        else:
-            kernel = choose_kernel(
-                problem, spec.epilogue, options.arch, options.m_hint, options.family, options.tile, db
-            )
-            extra = {"dispatch": _m_dispatch(problem, spec.epilogue, options, db)}
+        kernel, extra = kind_of(problem).plan(problem, spec, options, db)
         regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
     return regions
 
@@ -169,24 +157,7 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
             run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
 
 
-def _m_dispatch(problem, epilogue, options: CodegenOptions, db) -> tuple:
-    """Symbolic M with tuning records: the tuned kernel of each M bucket, for run-time dispatch
-    (consecutive buckets with the same kernel merged). Empty when nothing was tuned."""
-    if problem.m is not None or db is None or options.tile:
-        return ()
-    chosen = [(b, choose_kernel(problem, epilogue, options.arch, b, options.family, "", db)) for b in M_BUCKETS]
-    if not any(k.selected_by == "tuned" for _, k in chosen):
-        return ()
-    merged: list[tuple[int, object]] = []
-    for bucket, kernel in chosen:
-        if merged and merged[-1][1].name == kernel.name:
-            merged[-1] = (bucket, kernel)
-        else:
-            merged.append((bucket, kernel))
-    return tuple(merged)
-
-
-def build_regions(regions: list[Region], options: CodegenOptions, module_name: str):
+def build_regions(regions: list, options: CodegenOptions, module_name: str):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
     kernels = {k.name: k for r in regions for k in r.kernels}
     sources = [emit_kernel(k) for k in kernels.values()]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import nvcc_gencode
-from ..templates import CXX_ABI_SUPPORT
+from .templates import CXX_ABI_SUPPORT
 
 __all__ = [
     "CompileError",
@@ -35,7 +35,6 @@ __all__ = [
     "cache_dir",
     "compile_all",
     "cxx_runtime_symbols",
-    "fmha_flags",
     "link_relocatable",
 ]
 
@@ -186,23 +185,6 @@ def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Pa
         tc.cxx, "-c", "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti",
         *(f"-I{p}" for p in tc.includes_host), str(src_path), "-o", str(obj_path),
     ]  # fmt: skip
-
-
-def fmha_flags() -> tuple[str, ...]:
-    """nvcc flags for CUTLASS's fused multi-head attention headers (examples/41, shipped in the
-    nvidia-cutlass wheel). They include <curand_kernel.h> for dropout, which relax_cutlass never
-    compiles in (every use is behind HAS_PYTORCH) and which minimal CUDA installs lack: an empty
-    stand-in is searched after the system headers, so a real one still wins."""
-    example = _pkg_dir("cutlass_library") / "source" / "examples" / "41_fused_multi_head_attention"
-    shim = cache_dir() / "include-fallback"
-    header = shim / "curand_kernel.h"
-    if not header.exists():
-        shim.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=shim)
-        with os.fdopen(fd, "w") as f:
-            f.write("// relax_cutlass: stand-in for curand_kernel.h (dropout is never compiled in)\n")
-        os.replace(tmp, header)
-    return (f"-I{example}", f"-Xcompiler=-idirafter,{shim}")
 
 
 def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:

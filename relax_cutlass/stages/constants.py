@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..patterns import CODEGEN
+from ..kinds import CODEGEN
 
 
 def is_scalar_constant(expr: relax.Expr) -> bool:

@@ -1,4 +1,4 @@
-"""PartitionForCutlass: group offloadable GEMM + epilogue regions into composite functions."""
+"""PartitionForCutlass: group the regions every registered kind offloads into composite functions."""
 
 from __future__ import annotations
 
@@ -7,15 +7,9 @@ import json
 import tvm
 from tvm import relax
 
-from ..attention import (
-    cast_attention_masks,
-    cast_attention_operands,
-    merge_repeated_casts,
-    scalar_where_fills,
-    sequence_first_attention_outputs,
-)
-from ..patterns import fusion_patterns
+from ..kinds import kind_of, kinds
 from .canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
+from .patterns import fusion_patterns, spec_by_name
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
 
@@ -38,7 +32,7 @@ class FusionLog:
         entry = self._roots.setdefault(var, {"root": _describe(var, root), "refused": [], "fused_as": None})
         if entry["fused_as"] is not None:
             return
-        # A pattern whose tail is optional (attention's output views) is checked at each binding it
+        # A pattern whose tail is optional (a chain of output views) is checked at each binding it
         # reaches: only its latest decision, about the longest match, stands.
         entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
         if not problems:
@@ -47,12 +41,15 @@ class FusionLog:
             entry["refused"].append({"pattern": spec.name, "reasons": problems})
 
     def rows(self) -> list[dict]:
-        """Roots offloaded by a smaller pattern after refusals, and roots whose attention fusion
-        was refused: their matmuls stay in TVM, and the reason would otherwise be lost."""
+        """Roots offloaded by a smaller pattern after refusals, and roots whose refused fusion is of
+        a kind that reports it (`RegionKind.report_refused`: its ops stay in TVM, and the reason
+        would otherwise be lost)."""
+        specs = spec_by_name()
         return [
             e
             for e in self._roots.values()
-            if e["refused"] and (e["fused_as"] or any(".attention" in r["pattern"] for r in e["refused"]))
+            if e["refused"]
+            and (e["fused_as"] or any(kind_of(specs[r["pattern"]]).report_refused for r in e["refused"]))
         ]
 
 
@@ -67,7 +64,7 @@ def _describe(var: relax.Var, call: relax.Call) -> str:
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.PartitionForCutlass")
 class PartitionForCutlass:
-    """Mark each legal GEMM + epilogue region as a composite function for the relax_cutlass codegen.
+    """Mark each legal region of a registered kind as a composite function for the relax_cutlass codegen.
 
     Constants stay bound inside the regions (LiftConstants then turns tensor constants into
     parameters and keeps scalar ones as kernel literals). Regions that fail a legality rule stay in
@@ -89,10 +86,12 @@ class PartitionForCutlass:
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
-                func = cast_attention_operands(merge_repeated_casts(func))
+                for rewrite in [r for kind in kinds() for r in kind.prepare]:
+                    func = rewrite(func)
                 func = fold_scalar_casts(drop_identity_broadcasts(fold_float32_accumulation(func)))
-                func = sequence_first_attention_outputs(func)
-                mod[gv] = cast_attention_masks(scalar_where_fills(func))
+                for rewrite in [r for kind in kinds() for r in kind.finish]:
+                    func = rewrite(func)
+                mod[gv] = func
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []

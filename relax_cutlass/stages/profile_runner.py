@@ -11,6 +11,7 @@ are the median of `repeat` CUDA-event measurements of back-to-back launches.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -18,81 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import tvm_ffi
 
 from .tuning import TuningDatabase, TuningKey, TuningRecord
 
 REL_TOLERANCE = 1e-2  # fp16 output rounding + fp16 accumulation stay well below
-
-
-def _gemm_reference(a: np.ndarray, b: np.ndarray, b_transposed: bool) -> np.ndarray:
-    bt = b.T if b_transposed else b
-    torch = _torch_cuda()
-    if torch is not None:
-        ta, tb = torch.from_numpy(a).cuda().float(), torch.from_numpy(np.ascontiguousarray(bt)).cuda().float()
-        return (ta @ tb).cpu().numpy()
-    return a.astype("float32") @ bt.astype("float32")
-
-
-def _conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.ndarray:
-    """NHWC x OHWI -> NHWC in float32 (torch on the GPU when available, else numpy im2col)."""
-    n, h, wd, c, k, r, s, p, q, pad_h, pad_w, sh, sw, dh, dw = geometry
-    torch = _torch_cuda()
-    if torch is not None:
-        import torch.nn.functional as F
-
-        tx = torch.from_numpy(x).cuda().float().permute(0, 3, 1, 2)
-        tw = torch.from_numpy(w).cuda().float().permute(0, 3, 1, 2)
-        # Padding as (top, left) with the output size P, Q given: pad the far side enough, crop.
-        tx = F.pad(tx, (pad_w, max(0, (q - 1) * sw + (s - 1) * dw + 1 - wd - pad_w),
-                        pad_h, max(0, (p - 1) * sh + (r - 1) * dh + 1 - h - pad_h)))  # fmt: skip
-        y = F.conv2d(tx, tw, stride=(sh, sw), dilation=(dh, dw))[:, :, :p, :q]
-        return y.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-    xp = np.zeros((n, h + 2 * pad_h + (r - 1) * dh + p * sh, wd + 2 * pad_w + (s - 1) * dw + q * sw, c), "float32")
-    xp[:, pad_h : pad_h + h, pad_w : pad_w + wd] = x
-    out = np.zeros((n, p, q, k), "float32")
-    for i in range(r):
-        for j in range(s):
-            patch = xp[:, i * dh : i * dh + p * sh : sh, j * dw : j * dw + q * sw : sw][:, :p, :q]
-            out += patch @ w[:, i, j, :].astype("float32").T
-    return out
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf to 1.5e-7 (Abramowitz & Stegun 7.1.26): numpy has none, and the check's tolerance is 1e-2."""
-    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
-
-
-# The epilogue activations (kernel_spec.ACTIVATIONS' built-in ones) in numpy, float32.
-ACTIVATION_REFERENCE = {
-    "identity": lambda x: x,
-    "relu": lambda x: np.maximum(x, 0),
-    "gelu": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2.0))),
-    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
-    "silu": lambda x: x / (1 + np.exp(-x)),
-    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
-}
-
-
-def _with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """D = post(act(acc + bias) + residual), as kernel_spec.Epilogue defines it (float32)."""
-    y = acc + bias.astype("float32") if epilogue.get("bias") else acc
-    y = ACTIVATION_REFERENCE[epilogue.get("activation", "identity")](y)
-    if epilogue.get("residual"):
-        y = ACTIVATION_REFERENCE[epilogue.get("residual_activation", "identity")](y + residual.astype("float32"))
-    return y
-
-
-def _torch_cuda():
-    try:
-        import torch
-
-        return torch if torch.cuda.is_available() else None
-    except ImportError:
-        return None
 
 
 def _rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -107,55 +37,10 @@ def _iterations_for(first_ms: float, target_ms: float = 2.0) -> int:
 
 
 def _problem(job: dict, rng: np.random.Generator, tvm, dev):
-    """-> (output shape, float32 reference, call(fn, out, split_k, iterations)). Inputs are random,
-    never zero; bias and residual are stand-ins of one element unless the epilogue reads them."""
-    dtype = job["dtype"]
-    epilogue = job.get("epilogue", {})
-    if job["op"] == "attention":
-        return _attention_problem(job, rng, tvm, dev)
-    if job["op"] == "conv2d":
-        g = job["conv"]
-        n, h, wd, c, k, r, s, p, q = g[:9]
-        x = rng.uniform(-1, 1, size=(n, h, wd, c)).astype(dtype)
-        w = (rng.uniform(-1, 1, size=(k, r, s, c)) / np.sqrt(r * s * c)).astype(dtype)
-        inputs, acc, out_shape = (x, w), _conv2d_reference(x, w, g), (n, p, q, k)
-        extra = (tvm_ffi.Shape(g),)
-    else:
-        m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
-        a = rng.uniform(-1, 1, size=(m, k)).astype(dtype)
-        b = (rng.uniform(-1, 1, size=(n, k) if bt else (k, n)) / np.sqrt(k)).astype(dtype)
-        inputs, acc, out_shape = (a, b), _gemm_reference(a, b, bt), (m, n)
-        extra = (m, n, k, bt)
-    bias = rng.uniform(-1, 1, size=out_shape[-1] if epilogue.get("bias") else 1).astype(dtype)
-    residual = rng.uniform(-1, 1, size=out_shape if epilogue.get("residual") else 1).astype(dtype)
-    want = _with_epilogue(acc, epilogue, bias, residual)
-    tensors = [tvm.runtime.tensor(v, dev) for v in (*inputs, bias, residual)]
-
-    def call(fn, out, split_k, iterations):
-        if job["op"] == "conv2d":
-            return fn(*tensors, out, *extra, split_k, iterations)
-        return fn(*tensors, out, *extra, iterations)
-
-    return out_shape, want, call
-
-
-def _attention_problem(job: dict, rng: np.random.Generator, tvm, dev):
-    """q, k, v as packed BSNH tensors; the reference is softmax(q k^T * scale) v per head (float32)."""
-    b, s, t, n, h, dv = job["attention"]
-    q = rng.uniform(-1, 1, size=(b, s, n, h)).astype(job["dtype"])
-    k = rng.uniform(-1, 1, size=(b, t, n, h)).astype(job["dtype"])
-    v = rng.uniform(-1, 1, size=(b, t, n, dv)).astype(job["dtype"])
-    scores = np.einsum("bsnh,btnh->bnst", q.astype("float32"), k.astype("float32")) * job["scale"]
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    want = np.einsum("bnst,btnv->bsnv", probs, v.astype("float32"))
-    tensors = [tvm.runtime.tensor(x, dev) for x in (q, k, v)]
-    shape = tvm_ffi.Shape(job["attention"])
-
-    def call(fn, out, _split_k, iterations):
-        return fn(*tensors, out, shape, float(job["scale"]), iterations)
-
-    return (b, s, n, dv), want, call
+    """-> (output shape, float32 reference, call(fn, out, split_k, iterations)), from the `reference`
+    module of the job's kind (numpy only, like this module). Inputs are random, never zero."""
+    reference = importlib.import_module(f"relax_cutlass.kinds.{job['op']}.reference")
+    return reference.problem(job, rng, tvm, dev)
 
 
 def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> list[TuningRecord]:

@@ -10,15 +10,15 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..patterns import conv2d_problems, matmul_problems, static_shape
+from ..kinds import kind_of, kinds
 from .constants import offloaded_functions
 from .layout import layout_skipped
 
 
 @dataclass(frozen=True)
 class OffloadReport:
-    """offloaded: one row per offloaded function; left_in_tvm: GEMM/conv2d ops that stayed in TVM,
-    with the reasons; not_fused: offloaded roots where a larger fusion (their epilogue) was refused,
+    """offloaded: one row per offloaded function; left_in_tvm: root ops of the region kinds that
+    stayed in TVM, with the reasons; not_fused: offloaded roots where a larger fusion (their epilogue) was refused,
     with the pattern refused, the reasons, and the pattern offloaded instead."""
 
     offloaded: list[dict]
@@ -38,7 +38,7 @@ class OffloadReport:
 
     @property
     def offloaded_flop_fraction(self) -> float | None:
-        """The offloaded share of the module's GEMM and conv2d FLOPs (call sites counted), or None
+        """The offloaded share of the FLOPs of the module's region roots (call sites counted), or None
         when a symbolic shape makes a count unknown."""
         done = [_row_flops(r) * r.get("calls", 1) for r in self.offloaded if _row_flops(r) is not None]
         left = [r.get("flops") for r in self.left_in_tvm]
@@ -54,27 +54,10 @@ class OffloadReport:
         lines = [
             f"{title}: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
             f"{len(self.left_in_tvm)} candidate(s) left in TVM"
-            + (f"; {100 * fraction:.1f}% of the GEMM/conv2d FLOPs offloaded" if fraction is not None else "")
+            + (f"; {100 * fraction:.1f}% of the {_flops_name()} FLOPs offloaded" if fraction is not None else "")
         ]
         for r in self.offloaded:
-            if r["op"] == "attention":
-                lines.append(_attention_line(r))
-                continue
-            m, n, k = r["mnk"]
-            dtypes = r["dtypes"]
-            conv = r.get("conv")
-            detail = (
-                f" {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} pad {conv['padding']}"
-                + (f" split-K {conv['split_k']}" if conv["split_k"] > 1 else "")
-                if conv
-                else ""
-            )
-            lines.append(
-                f"  [offloaded] {r['op']:6s} M={m} N={n} K={k}{detail} epilogue={r['epilogue']} "
-                f"{dtypes.get('lhs', dtypes.get('data'))}->{dtypes['out']} (acc {dtypes['accumulator']}) "
-                f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
-                + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
-            )
+            lines.append(_kind_of_row(r).report_line(r))
         for r in self.left_in_tvm:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
         for r in self.not_fused:
@@ -87,23 +70,10 @@ class OffloadReport:
 
 
 def _row_flops(row: dict) -> int | None:
-    """An offloaded row's FLOPs: attention rows carry theirs, GEMM/conv2d ones 2*M*N*K."""
+    """An offloaded row's FLOPs: a row may carry its own, else 2*M*N*K."""
     if "flops" in row:
         return row["flops"]
     return 2 * math.prod(row["mnk"]) if all(isinstance(d, int) for d in row["mnk"]) else None
-
-
-def _attention_line(r: dict) -> str:
-    a = r["attention"]
-    return (
-        f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
-        f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
-        + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
-        + f"{r['dtypes']['query']}->"
-        f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
-        f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
-    )
 
 
 def _calls(func: relax.Function, op_name: str) -> list[relax.Call]:
@@ -126,60 +96,37 @@ def _shapes(call: relax.Call) -> list[str]:
     return [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args]
 
 
-def _flops(call: relax.Call) -> int | None:
-    """Multiply-add FLOPs of a matmul (2 x output elements x K) or conv2d (2 x output elements x
-    C/groups x R x S); None when a shape is symbolic."""
-    out, lhs, rhs = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])
-    if out is None or lhs is None or rhs is None:
-        return None
-    if call.op.name == "relax.nn.conv2d":
-        out_channels = rhs[str(call.attrs.kernel_layout).index("O")]
-        return 2 * math.prod(out) * math.prod(rhs) // out_channels
-    return 2 * math.prod(out) * lhs[-1]
-
-
-def _matmul_row(name: str, call: relax.Call, var2val, _layout_skipped: str | None) -> dict:
-    rhs = call.args[1]
-    producer = var2val.get(rhs) if isinstance(rhs, relax.Var) else None
-    transposed = (
-        isinstance(producer, relax.Call)
-        and isinstance(producer.op, tvm.ir.Op)
-        and producer.op.name == "relax.permute_dims"
-    )
-    reasons = matmul_problems(call, producer.args[0], producer) if transposed else matmul_problems(call, rhs)
-    rank = len(rhs.ty.shape.values) if getattr(rhs.ty, "shape", None) is not None else 0
-    op = "batched matmul" if rank > 2 else ("dense" if transposed else "matmul")
-    return {
-        "function": name,
-        "op": op,
-        "shapes": _shapes(call),
-        "flops": _flops(call),
-        "reasons": reasons or [NOT_MATCHED],
-    }
-
-
-def _conv2d_row(name: str, call: relax.Call, _var2val, layout_skipped: str | None) -> dict:
-    return {
-        "function": name,
-        "op": "conv2d",
-        "shapes": _shapes(call),
-        "flops": _flops(call),
-        "reasons": conv2d_problems(call, layout_skipped) or [NOT_MATCHED],
-    }
-
-
-ROOT_OPS = {"relax.matmul": _matmul_row, "relax.nn.conv2d": _conv2d_row}
-
-
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
     rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
         var2val = get_var2val(func)
-        for op_name, row in ROOT_OPS.items():
-            rows += [row(gv.name_hint, call, var2val, skipped.get(gv.name_hint)) for call in _calls(func, op_name)]
+        for kind in kinds():
+            for op_name, row in kind.left_in_tvm.items():
+                for call in _calls(func, op_name):
+                    op, flops, reasons = row(call, var2val, skipped.get(gv.name_hint))
+                    rows.append(
+                        {
+                            "function": gv.name_hint,
+                            "op": op,
+                            "shapes": _shapes(call),
+                            "flops": flops,
+                            "reasons": reasons or [NOT_MATCHED],
+                        }
+                    )
     return rows
+
+
+def _flops_name() -> str:
+    """What the FLOP fraction counts, in the report's text: the kinds' root ops."""
+    return "/".join(kind.flops_name for kind in kinds() if kind.flops_name)
+
+
+def _kind_of_row(row: dict):
+    from .patterns import spec_by_name
+
+    return kind_of(spec_by_name()[row["composite"]])
 
 
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:

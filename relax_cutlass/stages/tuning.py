@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
-from ..kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
+from ..kinds.epilogue import Epilogue
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -89,57 +89,6 @@ def epilogue_key(epilogue: Epilogue, element_out: str) -> str:
     names = (epilogue.activation, epilogue.residual_activation)
     forms = dict(zip(names, (form.name for form in epilogue.functors(element_out)), strict=True))
     return "+".join(forms.get(part, part) for part in epilogue.parts())
-
-
-def gemm_key(problem: GemmProblem, arch: int, family: int, m: int) -> TuningKey:
-    """The key of a GEMM problem class at M = `m` (M is part of the key: tiles depend on it)."""
-    return TuningKey(
-        arch=arch,
-        op="gemm",
-        shape=(m, problem.n, problem.k),
-        geometry=(),
-        layout="tn" if problem.b_transposed else "nn",
-        element=problem.element_a,
-        element_out=problem.element_out,
-        accumulator=problem.element_accumulator,
-        alignment=problem.alignment,
-        family=family,
-    )
-
-
-def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
-    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family)."""
-    p = problem
-    return TuningKey(
-        arch=arch,
-        op="conv2d",
-        shape=(p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q),
-        geometry=(*p.pad, *p.stride, *p.dilation),
-        layout="nhwc",
-        element=p.element,
-        element_out=p.element,
-        accumulator=p.element_accumulator,
-        alignment=p.alignment,
-        family=80,
-    )
-
-
-def attention_key(problem: AttentionProblem, arch: int) -> TuningKey:
-    """The key of a fused attention problem with static sizes (the SM80 kernel family). The
-    kernel reads q, k and v through strides, so one timing on BSNH tensors serves every layout."""
-    p = problem
-    return TuningKey(
-        arch=arch,
-        op="attention",
-        shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
-        geometry=(),
-        layout="bsnh",
-        element=p.element,
-        element_out=p.element,
-        accumulator=p.element_accumulator,
-        alignment=p.alignment,
-        family=80,
-    )
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from .kernel_spec import (
-    CUTLASS_ELEMENT,
-    DTYPE_BITS,
-    SPLIT_K_MAX_SLICES,
-    SPLIT_K_MIN_ITERATIONS,
-    GemmKernel,
-)
+from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
+from .records import SPLIT_K_MAX_SLICES, SPLIT_K_MIN_ITERATIONS, GemmKernel
 
 
 @dataclass(frozen=True)

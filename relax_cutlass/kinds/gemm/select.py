@@ -23,21 +23,13 @@ import dataclasses
 import functools
 import math
 
-from .arch import SM_COUNT, family_note, native_family, resolve_family
-from .cutlass_lib import data_type
-from .cutlass_lib import load as load_cutlass_library
-from .kernel_spec import (
-    DTYPE_BITS,
-    AttentionKernel,
-    AttentionProblem,
-    Conv2dKernel,
-    Conv2dProblem,
-    Epilogue,
-    GemmKernel,
-    GemmProblem,
-    TileConfig,
-)
-from .stages.tuning import attention_key, conv2d_key, epilogue_key, gemm_key, m_bucket, parse_label
+from ...arch import SM_COUNT, family_note, native_family, resolve_family
+from ...cutlass_lib import data_type
+from ...cutlass_lib import load as load_cutlass_library
+from ...stages.codegen import DEFAULT_M_HINT
+from ...stages.tuning import epilogue_key, m_bucket, parse_label
+from ..epilogue import DTYPE_BITS, Epilogue
+from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
 
 # Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
 # capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
@@ -57,9 +49,6 @@ SMEM_LIMIT = {
 
 def smem_limit(arch: int) -> int:
     return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
-
-
-DEFAULT_M_HINT = 1024
 
 
 class _Collector:
@@ -391,141 +380,3 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
 # ---------------------------------------------------------------------------------------------
 # conv2d (implicit GEMM)
 # ---------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def candidate_conv2d_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
-    """Distinct tiles of the SM80 conv2d fprop kernels (optimized iterators, no groups) that
-    `GenerateSM80_TensorOp_16816` emits for these input/accumulator types."""
-    from cutlass_library.library import ConvKind, GroupMode, IteratorAlgorithm, OperationKind
-
-    tiles = {
-        _sm80_tile(op, swizzle=4): None  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
-        for op in _generated("GenerateSM80_TensorOp_16816")
-        if op.operation_kind == OperationKind.Conv2d
-        and op.conv_kind == ConvKind.Fprop
-        and op.iterator_algorithm == IteratorAlgorithm.Optimized
-        and op.group_mode == GroupMode.NoneGroup
-        and op.A.element == data_type(element)
-        and op.accumulator_type() == data_type(accumulator)
-    }
-    return _stable(tiles)
-
-
-MAX_SPLIT_K = 16
-MIN_K_ITERATIONS_PER_SLICE = 8
-
-
-def choose_split_k(gemm: GemmProblem, tile: TileConfig, arch: int, epilogue: Epilogue) -> int:
-    """Serial split-K slices for an implicit GEMM that cannot fill the GPU (small N*P*Q, deep C*R*S).
-
-    Slices run the main loop in parallel and take turns in the epilogue (each adds its partial sum
-    to the output). Used only when the tiles fill less than half of the SMs, each slice keeps at
-    least MIN_K_ITERATIONS_PER_SLICE main-loop iterations, and there is no residual (the residual
-    block epilogue reads its second operand where split-K keeps the partial sums).
-    """
-    if epilogue.residual:
-        return 1
-    if not under_fills(gemm.m, gemm.n, tile.threadblock, arch):
-        return 1
-    ctas = output_tiles(gemm.m, gemm.n, tile.threadblock)
-    iterations = math.ceil(gemm.k / tile.threadblock[2])
-    split = min(MAX_SPLIT_K, SM_COUNT.get(arch, 108) // ctas, iterations // MIN_K_ITERATIONS_PER_SLICE)
-    return split if split >= 2 else 1
-
-
-def choose_conv2d_kernel(
-    problem: Conv2dProblem,
-    epilogue: Epilogue,
-    arch: int,
-    n_hint: int = 1,
-    family: str = "auto",
-    tile: str = "",
-    db=None,
-) -> tuple[Conv2dKernel, int]:
-    """-> (kernel, split-K slices): the tuning database's measured choice when it has one for this
-    (static-batch) problem, else the SM80 implicit-GEMM fprop kernel the wave model ranks best.
-
-    SM90 targets run these CUTLASS 2.x kernels too (the kernel's note says so): relax_cutlass does
-    not instantiate CUTLASS 3.x convolutions yet.
-    """
-    resolve_family(family, arch)  # conv2d has one kernel family so far; a wrong option still fails
-    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch == 90 else family_note(arch)
-    gemm = problem.implicit_gemm(n_hint)
-    legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
-    if db is not None and not tile:
-        record, choice, tuned_note = (
-            _stage_record(
-                db, dataclasses.replace(conv2d_key(problem, arch), epilogue=epilogue_key(epilogue, problem.element_out))
-            )
-            if problem.n is not None
-            else (None, None, "")
-        )
-        match = next((t for t in legal if choice is not None and t.describe() == choice[0]), None)
-        if match is not None and not (epilogue.residual and choice[1] > 1):
-            note = "; ".join(filter(None, [note, tuned_note]))
-            kernel = Conv2dKernel(problem, epilogue, match, arch=80, target=arch, selected_by="tuned", note=note)
-            return kernel, choice[1]
-        why = "symbolic batch" if problem.n is None else "no tuning record" if record is None else "stale record"
-        note = "; ".join(filter(None, [note, f"{why}: heuristic"]))
-    if tile:
-        pinned = _pinned(gemm, epilogue, arch, 80, legal, tile, note)
-        chosen, selected_by = pinned.tile, "pinned"
-    else:
-        chosen, selected_by = min(legal, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)), "heuristic"
-    kernel = Conv2dKernel(problem, epilogue, chosen, arch=80, target=arch, selected_by=selected_by, note=note)
-    return kernel, choose_split_k(gemm, chosen, arch, epilogue)
-
-
-ATTENTION_TILES = ((64, 64), (32, 128))  # (queries, keys) per CTA: xFormers' forward configurations
-
-
-def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
-    """The (queries, keys) tiles that can run `problem`: 64 x 64 keeps at most 64 value columns
-    in registers, so wider heads have only 32 x 128."""
-    return [t for t in ATTENTION_TILES if problem.head_dim_value <= 64 or t[1] == 128]
-
-
-def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> AttentionKernel:
-    """The fused attention kernel for `problem`: the tuning database's measured tile when `db`
-    has a record for it (static sizes), else xFormers' (and TVM's) tile rule. Head dims up to 64
-    take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay in
-    registers across the key loop. A known problem whose 64-query CTAs would leave more than half
-    of the SMs idle (BERT at batch 1: 32 CTAs) also takes 32 x 128, for twice the CTAs. The SM80
-    kernel serves sm_90a too (the report says so)."""
-    widest = max(problem.head_dim, problem.head_dim_value)
-    queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
-    known = problem.batch is not None and problem.seq_q is not None
-    # The kernel's grid: blocks of 64 query rows x (batch x heads).
-    if (
-        queries == 64
-        and known
-        and widest <= 128
-        and under_fills(problem.seq_q, problem.batch * problem.heads, (64, 1), arch)
-    ):
-        queries, keys = 32, 128
-    aligned = problem.alignment == 8
-    note = "SM80 fused attention kernel (no SM90 one yet)" if arch == 90 else family_note(arch)
-    kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
-    if db is None or len(attention_tiles(problem)) < 2:
-        return kernel
-    if not known or problem.seq_kv is None:
-        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))
-    record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
-    tiles = {attention_label(*t): t for t in attention_tiles(problem)}
-    if record is None or choice[0] not in tiles:
-        why = "no tuning record" if record is None else f"tuning record names {choice[0]!r}"
-        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, f"{why}: heuristic"])))
-    queries, keys = tiles[choice[0]]
-    return dataclasses.replace(
-        kernel,
-        queries_per_block=queries,
-        keys_per_block=keys,
-        selected_by="tuned",
-        note="; ".join(filter(None, [note, tuned_note])),
-    )
-
-
-def attention_label(queries: int, keys: int) -> str:
-    """An attention tile's name in profile manifests and tuning records."""
-    return f"q{queries}_k{keys}"
