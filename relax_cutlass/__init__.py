@@ -17,7 +17,7 @@ def __getattr__(name: str):
         # which would call back into this __getattr__.
         return importlib.import_module(f"{__name__}.transform")
     if name == "offload_pipeline":
-        from .stages.pipeline import offload_pipeline
+        from .pipeline import offload_pipeline
 
         return offload_pipeline
     if name == "from_torch":

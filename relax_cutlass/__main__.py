@@ -27,7 +27,7 @@ def _gpu_present() -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["tune"]:
-        from .stages.tune import main as tune_main
+        from .tune import main as tune_main
 
         return tune_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass", description=__doc__.split("\n\n")[0])

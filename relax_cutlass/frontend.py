@@ -105,7 +105,7 @@ def from_torch(
     from tvm.relax.frontend.torch import from_exported_program
 
     from .models import to_float16
-    from .stages.canonicalize import FixTvmCudaForms
+    from .rewrites.canonicalize import FixTvmCudaForms
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: expected a torch.nn.Module, got {type(model).__name__}")

@@ -1,10 +1,10 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
-from .stages.broadcasts import MakeGemmBroadcastsExplicit
-from .stages.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
+from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.layout import ConvertToNHWC
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
-from .stages.layout import ConvertToNHWC
 from .stages.partition import PartitionForCutlass
 
 __all__ = [

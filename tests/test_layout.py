@@ -9,7 +9,7 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.models import bind_float16
-from relax_cutlass.stages.layout import LAYOUT_SKIPPED_ATTR, ConvertToNHWC, layout_skipped
+from relax_cutlass.rewrites.layout import LAYOUT_SKIPPED_ATTR, ConvertToNHWC, layout_skipped
 
 
 def _conv_layouts(mod: tvm.IRModule) -> list[str]:

@@ -8,7 +8,7 @@ from ..arch import arch_name
 
 
 @dataclass(frozen=True)
-class _Region:
+class Region:
     """One offloaded function: its external symbol, kernel, and the role of each runtime argument."""
 
     symbol: str

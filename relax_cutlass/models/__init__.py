@@ -271,9 +271,9 @@ def to_float16(
     `accumulate_in_float32` spells them as float32 matmuls cast to `dtype` (AccumulateInFloat32),
     so that a TVM build of the module sums as torch does (from_torch sets it; offload_pipeline
     folds the casts back before partitioning)."""
-    from ..stages.canonicalize import AccumulateInFloat32
-    from ..stages.fold import FoldWeightsInNumpy
-    from ..stages.layout import ConvertToNHWC
+    from ..rewrites.canonicalize import AccumulateInFloat32
+    from ..rewrites.fold import FoldWeightsInNumpy
+    from ..rewrites.layout import ConvertToNHWC
 
     if convert_layout:
         mod = ConvertToNHWC()(mod)
@@ -295,7 +295,7 @@ def tvm_baseline(mod: tvm.IRModule) -> tvm.IRModule:
     the GEMM's kernel; values are unchanged and modules without the form are returned as they are.
     `offload_pipeline` applies the same pass to what it leaves in TVM.
     """
-    from ..stages.broadcasts import MakeGemmBroadcastsExplicit
+    from ..rewrites.broadcasts import MakeGemmBroadcastsExplicit
 
     return MakeGemmBroadcastsExplicit()(mod)
 

@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 
 from ..kinds import kind_of, kinds
-from .canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
+from ..rewrites.canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
 from .patterns import fusion_patterns, spec_by_name
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"

@@ -11,8 +11,8 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..kinds import kind_of, kinds
+from ..rewrites.layout import layout_skipped
 from .constants import offloaded_functions
-from .layout import layout_skipped
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ untouched. So after nvcc (and for cached objects) the object's SASS is disassemb
 `cuobjdump -sass` and its MMA instructions are counted:
 
   * SM90 (CUTLASS 3.x TMA + wgmma) kernels must contain HGMMA;
-  * SM80 (CUTLASS 2.x mma.sync) GEMM / conv kernels and the fused attention kernel
-    (CUTLASS examples/41) must contain HMMA, on every target they are built for.
+  * SM80 (CUTLASS 2.x mma.sync) kernels and CUTLASS examples/41's ("fmha") must contain HMMA, on
+    every target they are built for.
 
 An object without them is a `StubKernelError` and never reaches a library. The result is recorded
 next to the object (`<object>.sass.json`), so a cached object is disassembled once, not per build.
@@ -41,7 +41,7 @@ __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_obj
 FAMILIES = {
     "sm80": ("CUTLASS 2.x SM80 tensor-op (mma.sync)", ("HMMA",)),
     "sm90": ("CUTLASS 3.x SM90 TMA + wgmma", ("HGMMA",)),
-    "fmha": ("CUTLASS examples/41 fused attention, SM80 (mma.sync)", ("HMMA",)),
+    "fmha": ("CUTLASS examples/41 fused multi-head kernel, SM80 (mma.sync)", ("HMMA",)),
 }
 
 CHECK_ENV = "RELAX_CUTLASS_SASS_CHECK"

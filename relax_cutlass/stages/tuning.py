@@ -40,12 +40,11 @@ class TuningKey:
     """Everything a measured choice depends on. Two problems with equal keys get the same kernel."""
 
     arch: int  # the SM the kernels are built for
-    op: str  # "gemm" | "conv2d" | "attention"
-    # gemm: (M, N, K) with M the tuned bucket; conv2d: (N, H, W, C, K, R, S, P, Q);
-    # attention: (batch, seq_q, seq_kv, heads, head_dim, head_dim_value)
-    shape: tuple[int, ...]
-    geometry: tuple[int, ...]  # conv2d: (pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w); gemm: ()
-    layout: str  # gemm: "tn" (B as (N, K)) | "nn"; conv2d: "nhwc"; attention: "bsnh" (as profiled)
+    op: str  # the region kind's name (RegionKind.name)
+    # The rest as the kind's key function defines them (relax_cutlass/kinds/<kind>/records.py):
+    shape: tuple[int, ...]  # the problem's sizes
+    geometry: tuple[int, ...]  # anything else that shapes the problem (padding, strides, ...), or ()
+    layout: str  # how the operands are laid out
     element: str  # input dtype
     element_out: str
     accumulator: str

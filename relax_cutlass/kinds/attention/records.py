@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ...stages.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
-from ..region import _Region
+from ..region import Region
 
 # The axes of an attention's additive bias, in the order of `AttentionProblem.bias_reads`.
 BIAS_AXES = ("B", "N", "S", "T")
@@ -100,7 +100,7 @@ class AttentionKernel:
 
 
 @dataclass(frozen=True)
-class AttentionRegion(_Region):
+class AttentionRegion(Region):
     kernel: AttentionKernel
 
     @property

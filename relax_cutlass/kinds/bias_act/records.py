@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..epilogue import Epilogue
-from ..region import _Region
+from ..region import Region
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class BiasActKernel:
 
 
 @dataclass(frozen=True)
-class BiasActRegion(_Region):
+class BiasActRegion(Region):
     kernel: BiasActKernel
 
     @property

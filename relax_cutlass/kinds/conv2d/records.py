@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ...stages.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..gemm.records import GemmProblem, TileConfig
-from ..region import _Region
+from ..region import Region
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Conv2dKernel:
 
 
 @dataclass(frozen=True)
-class Conv2dRegion(_Region):
+class Conv2dRegion(Region):
     kernel: Conv2dKernel
     split_k: int = 1  # serial split-K slices (1: none), chosen for this region's shape
 

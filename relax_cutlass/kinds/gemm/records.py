@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ...stages.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
-from ..region import _Region
+from ..region import Region
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class GemmKernel:
 
 
 @dataclass(frozen=True)
-class GemmRegion(_Region):
+class GemmRegion(Region):
     kernel: GemmKernel
     # Symbolic M with tuning records: (largest M, kernel) pairs in increasing M, the last one for
     # every larger M; the glue picks by the run-time M. Empty: `kernel` for every M.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import tvm
 
-from ..arch import parse_arch
-from .broadcasts import MakeGemmBroadcastsExplicit
-from .canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
-from .codegen import CutlassCodegen
-from .constants import LiftConstants
-from .layout import ConvertToNHWC
-from .partition import PartitionForCutlass
+from .arch import parse_arch
+from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
+from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.layout import ConvertToNHWC
+from .stages.codegen import CutlassCodegen
+from .stages.constants import LiftConstants
+from .stages.partition import PartitionForCutlass
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
