@@ -104,3 +104,8 @@ def emit_glue(regions: list, module_name: str) -> Source:
         functions="\n".join(kind_of(r).glue_function(r) for r in regions),
     )
     return Source(f"{module_name}_glue", text, "host")
+
+
+def launch_call(kernel) -> str:
+    """The glue's call of `kernel` with the `args` it filled in (GLUE_FUNCTION_TAIL's `launch`)."""
+    return f"{kernel.name}_run(&args, stream)"

@@ -313,3 +313,28 @@ int CheckNoPendingCudaError(const char* fn) {
 $functions
 """
 )
+
+
+# The first and last lines of every region's glue function (each kind's template fills in the
+# middle): the arguments read as `const DLTensor*`s named by role (`unpack`, from ffi_args, since
+# `args` is the kernel's argument struct) and the tensor checks; then the launch on TVM's stream,
+# with the operands described in a failure's message.
+GLUE_FUNCTION_HEAD = """\
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
+  const char* fn = "$symbol";
+$unpack
+  const int device_id = out->device.device_id;
+$checks
+"""
+GLUE_FUNCTION_TAIL = """\
+  TRY(CheckNoPendingCudaError(fn));
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
+  if (const char* err = ${launch}) {
+$operand_arrays
+    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
+                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
+  }
+  return 0;
+}
+"""

@@ -7,7 +7,7 @@ import os
 import tempfile
 
 from ...stages.compile import Source, _pkg_dir, cache_dir
-from ...stages.emit import check_device, operand_arrays, tensor_checks, unpack_args
+from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
 from ..epilogue import CUTLASS_ELEMENT
 from .layout import OPERAND_AXES
 from .records import BIAS_AXES, BIAS_VECTOR, MASKED_ROWS, AttentionKernel, AttentionRegion
@@ -81,7 +81,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         operands=",\n      ".join(operands),
         scale=format(p.scale, ".9g"),
         bias=bias,
-        kernel=region.kernel.name,
+        launch=launch_call(region.kernel),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.templates import KERNEL_PRELUDE
+from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL, KERNEL_PRELUDE
 
 ARGS_TYPE = "RelaxCutlassAttentionArgs"
 
@@ -174,13 +174,9 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
 )
 
 
-ATTENTION_GLUE_FUNCTION = Template("""\
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
-    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
-  const char* fn = "$symbol";
-$unpack
-  const int device_id = out->device.device_id;
-$checks
+ATTENTION_GLUE_FUNCTION = Template(
+    GLUE_FUNCTION_HEAD
+    + """\
 $rank_checks
 $sizes
 $shape_checks
@@ -196,13 +192,6 @@ $shape_checks
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
       const_cast<void*>(Data(out)), ${scale}f${bias}};
-  TRY(CheckNoPendingCudaError(fn));
-  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
-$operand_arrays
-    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
-                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
-  }
-  return 0;
-}
-""")
+"""
+    + GLUE_FUNCTION_TAIL
+)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from string import Template
 
 from ...stages.compile import Source
-from ...stages.emit import check_device, operand_arrays, tensor_checks, unpack_args
+from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
+from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
 from .records import BiasActKernel, BiasActRegion
 
 ARGS_TYPE = "RelaxCutlassBiasActArgs"
@@ -51,27 +52,16 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
 }
 """)
 
-GLUE_FUNCTION = Template("""\
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
-    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
-  const char* fn = "$symbol";
-$unpack
-  const int device_id = out->device.device_id;
-$checks
+GLUE_FUNCTION = Template(
+    GLUE_FUNCTION_HEAD
+    + """\
   TRY(CheckDim(fn, "data last dim", data->shape[data->ndim - 1], $n, data));
   TRY(CheckDim(fn, "bias size", Numel(bias), $n, bias));
   TRY(CheckDim(fn, "output size", Numel(out), Numel(data), out));
   ${args_type} args{Numel(data) / $n, $n, Data(data), Data(bias), const_cast<void*>(Data(out))};
-  TRY(CheckNoPendingCudaError(fn));
-  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
-$operand_arrays
-    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
-                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
-  }
-  return 0;
-}
-""")
+"""
+    + GLUE_FUNCTION_TAIL
+)
 
 
 def emit_kernel(kernel: BiasActKernel) -> Source:
@@ -92,6 +82,6 @@ def glue_function(region: BiasActRegion) -> str:
         checks=tensor_checks(region, ()),
         n=region.kernel.problem.n,
         args_type=ARGS_TYPE,
-        kernel=region.kernel.name,
+        launch=launch_call(region.kernel),
         operand_arrays=operand_arrays(region),
     )

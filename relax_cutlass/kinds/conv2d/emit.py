@@ -8,7 +8,7 @@ from string import Template
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.compile import Source
-from ...stages.emit import operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
+from ...stages.emit import launch_call, operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
 from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
 from .records import Conv2dKernel, Conv2dRegion
 from .templates import ARGS_TYPE, CONV2D_ARGS, CONV2D_ARGUMENTS, CONV2D_GLUE_FUNCTION, CONV2D_RESIDUAL_ARGUMENTS
@@ -104,7 +104,7 @@ def conv2d_glue_function(region: Conv2dRegion) -> str:
         extra_checks="\n".join(extra + residual_checks(roles)),
         bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
         residual_ptr="Data(residual)" if "residual" in roles else "nullptr",
-        kernel=region.kernel.name,
+        launch=launch_call(region.kernel),
     )  # fmt: skip
 
 

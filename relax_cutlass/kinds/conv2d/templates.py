@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from string import Template
 
+from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
+
 ARGS_TYPE = "RelaxCutlassConv2dArgs"
 
 # The same ABI for conv2d fprop kernels: NHWC activations, OHWI (KRSC) filters, NHWC output.
@@ -66,13 +68,9 @@ CONV2D_RESIDUAL_ARGUMENTS = (
 )
 
 
-CONV2D_GLUE_FUNCTION = Template("""\
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
-    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
-  const char* fn = "$symbol";
-$unpack
-  const int device_id = out->device.device_id;
-$checks
+CONV2D_GLUE_FUNCTION = Template(
+    GLUE_FUNCTION_HEAD
+    + """\
   TRY(CheckDim(fn, "data rank (NHWC)", data->ndim, 4, data));
   TRY(CheckDim(fn, "data H", data->shape[1], $h, data));
   TRY(CheckDim(fn, "data W", data->shape[2], $w, data));
@@ -98,13 +96,6 @@ $extra_checks
                               $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
                               Data(data), Data(weight), $bias_ptr, $residual_ptr,
                               const_cast<void*>(Data(out))};
-  TRY(CheckNoPendingCudaError(fn));
-  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${kernel}_run(&args, stream)) {
-$operand_arrays
-    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
-                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
-  }
-  return 0;
-}
-""")
+"""
+    + GLUE_FUNCTION_TAIL
+)

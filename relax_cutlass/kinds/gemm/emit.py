@@ -9,7 +9,7 @@ from string import Template
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.compile import Source
-from ...stages.emit import operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
+from ...stages.emit import launch_call, operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
 from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
 from .emit_sm90 import sm90_kernel_parts
 from .records import GemmKernel, GemmRegion
@@ -152,11 +152,11 @@ def gemm_glue_function(region: GemmRegion) -> str:
 def _launch(region: GemmRegion) -> str:
     """The kernel call: one kernel, or a choice by the run-time M among tuned M buckets."""
     if not region.dispatch:
-        return f"{region.kernel.name}_run(&args, stream)"
+        return launch_call(region.kernel)
     *buckets, (_, last) = region.dispatch
-    call = f"{last.name}_run(&args, stream)"
+    call = launch_call(last)
     for max_m, kernel in reversed(buckets):
-        call = f"(m <= {max_m} ? {kernel.name}_run(&args, stream) : {call})"
+        call = f"(m <= {max_m} ? {launch_call(kernel)} : {call})"
     return call
 
 

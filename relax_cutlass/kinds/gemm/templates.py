@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from string import Template
 
+from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
+
 ARGS_TYPE = "RelaxCutlassGemmArgs"
 
 # The C ABI between a module's glue (which knows Relax shapes) and a kernel object (which knows
@@ -22,13 +24,9 @@ struct RelaxCutlassGemmArgs {
 
 # One exported function per region; `unpack` reads the arguments into `const DLTensor*`s named
 # by their roles (ffi_args, since `args` is the kernel's argument struct).
-GLUE_FUNCTION = Template("""\
-extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
-    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
-  const char* fn = "$symbol";
-$unpack
-  const int device_id = out->device.device_id;
-$checks
+GLUE_FUNCTION = Template(
+    GLUE_FUNCTION_HEAD
+    + """\
   if (lhs->ndim < 2) {
     return Raise("ValueError", "%s: lhs must have rank >= 2, got %s", fn, ShapeStr(lhs).text);
   }
@@ -44,13 +42,6 @@ $extra_checks
   if (m == 0) return 0;
   RelaxCutlassGemmArgs args{m, $n, $k, Data(lhs), $k, Data(rhs), $ldb,
                             $bias_ptr, $residual_ptr, $n, const_cast<void*>(Data(out)), $n};
-  TRY(CheckNoPendingCudaError(fn));
-  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
-  if (const char* err = ${launch}) {
-$operand_arrays
-    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
-                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
-  }
-  return 0;
-}
-""")
+"""
+    + GLUE_FUNCTION_TAIL
+)
