@@ -52,7 +52,7 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
             for hw, c in stages
         ]
     if model == "bert_large":  # transformers BERT-large as benchmarked; one layer has every GEMM shape
-        from .models.torch_models import bert_module
+        from .models.torch_transformers import bert_module
 
         return [bind_float16(*bert_module(batch=b, seq=seq, layers=1)) for b in BERT_LARGE_BATCHES]
     from .models.torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes

@@ -207,7 +207,7 @@ def shippable_resnet50(batch: int) -> tvm.IRModule:
 
 def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
     """The Hugging Face transformers BERT-large encoder (random init) through torch.export."""
-    from relax_cutlass.models.torch_models import bert_module
+    from relax_cutlass.models.torch_transformers import bert_module
 
     return shippable(*bert_module(batch=batch, seq=seq, layers=layers))
 
@@ -272,7 +272,7 @@ def frontend_cases() -> list[tuple[str, tvm.IRModule]]:
     """The real models of the CPU tests that have no benchmark of their own, at realistic sizes:
     a LLaMA-7B-sized gated MLP through torch.export, and the ONNX model through the ONNX frontend."""
     from relax_cutlass.models import onnx_conv_mlp, to_float16
-    from relax_cutlass.models.torch_models import llama_mlp_module
+    from relax_cutlass.models.torch_transformers import llama_mlp_module
 
     return [
         ("llama_mlp_t512_h4096_i11008", shippable(*llama_mlp_module(tokens=512, hidden=4096, intermediate=11008))),

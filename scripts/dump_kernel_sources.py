@@ -72,13 +72,8 @@ def cases() -> list[tuple[str, object, bool, dict]]:
 
 
 def torch_cases() -> list:
-    from relax_cutlass.models.torch_models import (
-        bert_module,
-        llama_mlp_module,
-        mobilenet_v3_module,
-        resnet50_module,
-        vit_module,
-    )
+    from relax_cutlass.models.torch_models import mobilenet_v3_module, resnet50_module, vit_module
+    from relax_cutlass.models.torch_transformers import bert_module, llama_mlp_module
 
     return [
         ("resnet50_small", suite.shippable(*resnet50_module(batch=2, image=64)), False, {}),
