@@ -17,6 +17,7 @@ This module imports nothing from TVM's compiler: the GPU host's profile runner i
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,7 +122,12 @@ def _clear() -> None:
 
 def kinds() -> tuple[RegionKind, ...]:
     """Every registered kind, in registration order."""
-    return tuple(importlib.import_module(f"{__name__}.{name}.kind").KIND for name in REGISTERED) + tuple(_EXTRA)
+    return _builtin(tuple(REGISTERED)) + tuple(_EXTRA)
+
+
+@functools.cache
+def _builtin(names: tuple[str, ...]) -> tuple[RegionKind, ...]:
+    return tuple(importlib.import_module(f"{__name__}.{name}.kind").KIND for name in names)
 
 
 def kind_of(record) -> RegionKind:
