@@ -168,7 +168,7 @@ def test_choice_does_not_depend_on_the_hash_seed():
 
     script = (
         "from relax_cutlass.kinds.gemm.select import choose_kernel;"
-        "from relax_cutlass.kinds.epilogue import GemmProblem, Epilogue;"
+        "from relax_cutlass.kinds.gemm.records import GemmProblem; from relax_cutlass.kinds.epilogue import Epilogue;"
         "print([choose_kernel(GemmProblem(m, n, k, True), Epilogue(bias=True), a).name"
         " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))])"
     )

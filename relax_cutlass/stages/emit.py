@@ -39,7 +39,7 @@ _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBf
 
 
 def unpack_args(region) -> str:
-    """The exported function's arguments, read as `const DLTensor*`s named by role: one per
+    """The exported function's arguments, read as `const DLTensor*` pointers named by role: one per
     composite parameter (R.Shape ones, passed by fused views with symbolic shapes, are taken and
     ignored), then the output."""
     roles = [*region.arg_roles, "out"]
