@@ -3,6 +3,7 @@ dataflow patterns, activation patterns (built-in and registered), and legality r
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -96,6 +97,16 @@ CUSTOM_CONSTANTS: dict[str, tuple[float, str]] = {}
 def fused_activations() -> tuple[str, ...]:
     """The built-in fused activations, then the registered custom ones."""
     return FUSED_ACTIVATIONS + tuple(name for name in ACTIVATION_PATTERNS if name not in FUSED_ACTIVATIONS)
+
+
+def epilogue_specs(make, before: int = 0, after: int = 0) -> list:
+    """`make(*b, bias, activation, residual, residual_relu, *a)` for every combination (a relu after
+    the residual only with a residual), largest first (stable: in product order at equal size);
+    `before` / `after`: how many boolean fields of the kind's own come first / last."""
+    flags = (True, False)
+    axes = [*[flags] * before, flags, ("identity", *fused_activations()), flags, flags, *[flags] * after]
+    specs = [make(*values) for values in itertools.product(*axes) if values[before + 2] or not values[before + 3]]
+    return sorted(specs, key=lambda s: -s.size)
 
 
 def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:

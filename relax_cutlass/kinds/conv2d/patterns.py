@@ -3,7 +3,6 @@ region reads back into a Conv2dProblem, and the report row of a conv2d left in T
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -19,7 +18,7 @@ from ..epilogue_patterns import (
     _shape,
     _static_int,
     dtype_of,
-    fused_activations,
+    epilogue_specs,
 )
 from ..ir import accumulator_for, shape_of, static_shape
 from .records import Conv2dProblem
@@ -48,14 +47,8 @@ class Conv2dPatternSpec(_EpilogueSpec):
 
 
 def all_conv2d_specs() -> list[Conv2dPatternSpec]:
-    specs = [
-        Conv2dPatternSpec(bias, act, res, res_relu)
-        for bias, act, res, res_relu in itertools.product(
-            (True, False), ("identity", *fused_activations()), (True, False), (True, False)
-        )
-        if res or not res_relu
-    ]
-    return sorted(specs, key=lambda s: -s.size)
+    """Every supported epilogue, largest first."""
+    return epilogue_specs(Conv2dPatternSpec)
 
 
 @cache

@@ -3,7 +3,6 @@ reads back into a GemmProblem, and the report row of a matmul left in TVM."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from functools import cache
@@ -21,7 +20,7 @@ from ..epilogue_patterns import (
     _shape,
     _static_int,
     dtype_of,
-    fused_activations,
+    epilogue_specs,
 )
 from ..ir import accumulator_for, shape_of, static_shape
 from .records import GemmProblem
@@ -56,20 +55,8 @@ class GemmPatternSpec(_EpilogueSpec):
 
 
 def all_gemm_specs() -> list[GemmPatternSpec]:
-    """Every supported combination, largest first."""
-    specs = [
-        GemmPatternSpec(bt, bias, act, res, res_relu, cast)
-        for bt, bias, act, res, res_relu, cast in itertools.product(
-            (True, False),
-            (True, False),
-            ("identity", *fused_activations()),
-            (True, False),
-            (True, False),
-            (True, False),
-        )
-        if res or not res_relu
-    ]
-    return sorted(specs, key=lambda s: -s.size)
+    """Every supported combination (b_transposed, epilogue, cast), largest first."""
+    return epilogue_specs(GemmPatternSpec, before=1, after=1)
 
 
 @cache
