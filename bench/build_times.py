@@ -34,7 +34,7 @@ if model == "bert_large_layer":
     mod = bert_encoder_layer()
     mod = bind_weights(mod, random_weights(mod))
 else:
-    from relax_cutlass.torch_models import resnet50_module
+    from relax_cutlass.models.torch_models import resnet50_module
     mod, weights = resnet50_module(batch=32)
     mod = bind_float16(mod, weights)
 t_import = time.time() - t0

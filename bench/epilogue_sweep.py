@@ -5,7 +5,7 @@ configuration with each epilogue, at the benchmark's large shapes, next to cuBLA
     python3 bench/epilogue_sweep.py run build/sweep $OUT/sweep.json           # GPU host (runtime + torch)
 
 Issue 6's question is where a fused GELU's time goes: the main loop, the epilogue's math, or its
-stores. The profiler library of relax_cutlass.profile times each kernel with its epilogue (checked
+stores. The profiler library of relax_cutlass.stages.profile times each kernel with its epilogue (checked
 against a float32 reference first), so the sweep needs no TVM build per kernel.
 """
 
@@ -46,8 +46,8 @@ ERFF_TILES = (
 
 
 def _register_erff() -> None:
-    from relax_cutlass.kernel_spec import ACTIVATIONS, Activation
-    from relax_cutlass.profile_runner import ACTIVATION_REFERENCE
+    from relax_cutlass.kinds.epilogue import ACTIVATIONS, Activation
+    from relax_cutlass.kinds.reference import ACTIVATION_REFERENCE
 
     ACTIVATIONS["gelu_erff"] = Activation("gelu_erff", "cutlass::epilogue::thread::GELU", is_heavy=True)
     ACTIVATION_REFERENCE["gelu_erff"] = ACTIVATION_REFERENCE["gelu"]
@@ -83,10 +83,11 @@ def _variant(name: str, tiles: dict):
 
 
 def build(args) -> int:
-    from relax_cutlass.kernel_spec import Epilogue, GemmKernel, GemmProblem
-    from relax_cutlass.profile import ProfileJob, build_profiler
-    from relax_cutlass.select import candidate_tiles_sm90
-    from relax_cutlass.tuning import epilogue_key, gemm_key
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem, gemm_key
+    from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90
+    from relax_cutlass.stages.profile import ProfileJob, build_profiler
+    from relax_cutlass.stages.tuning import epilogue_key
 
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
@@ -135,7 +136,7 @@ def _torch_peers(m: int, n: int, k: int) -> dict:
 
 
 def run(args) -> int:
-    from relax_cutlass.profile_runner import run_profiler
+    from relax_cutlass.stages.profile_runner import run_profiler
 
     _register_erff()
     directory, out = Path(args.directory), Path(args.out)

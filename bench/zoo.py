@@ -100,7 +100,7 @@ def _transformer(config_class: str, model_class: str, vocab: int, **config):
     def build(entry: ZooModel, torch):
         import transformers
 
-        from relax_cutlass.torch_models import last_hidden_state
+        from relax_cutlass.models.torch_transformers import last_hidden_state
 
         kwargs = {"add_pooling_layer": False} if model_class == "BertModel" else {}
         model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config), **kwargs)

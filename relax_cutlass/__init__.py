@@ -25,7 +25,7 @@ def __getattr__(name: str):
 
         return from_torch
     if name == "offload_report":
-        from .report import offload_report
+        from .stages.report import offload_report
 
         return offload_report
     raise AttributeError(f"module 'relax_cutlass' has no attribute {name!r}")

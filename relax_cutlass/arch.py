@@ -96,7 +96,7 @@ def native_family(arch: int) -> int:
     """The kernel family a target runs natively: 90 (CUTLASS 3.x TMA + wgmma) on sm_90a only;
     80 (CUTLASS 2.x mma.sync, also the fused attention kernel) everywhere else. wgmma exists on
     SM90 alone: CUTLASS compiles its SM90 kernels for any other target into stubs that do nothing
-    (see relax_cutlass.sass_check), and relax_cutlass has no native Blackwell (tcgen05) kernels yet."""
+    (see relax_cutlass.stages.sass_check), and relax_cutlass has no native Blackwell (tcgen05) kernels yet."""
     return 90 if arch == 90 else 80
 
 

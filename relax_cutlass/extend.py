@@ -39,9 +39,10 @@ import tvm
 from tvm.relax.dpl import DFPattern, is_const, wildcard
 from tvm.relax.dpl import pattern as dpl
 
-from . import patterns
-from .kernel_spec import ACTIVATIONS, Activation
-from .templates import ACTIVATION_CHECK_PROGRAM, ACTIVATION_FUNCTOR
+from .kinds import epilogue_patterns as patterns
+from .kinds.epilogue import ACTIVATIONS, Activation
+from .kinds.epilogue_templates import ACTIVATION_CHECK_PROGRAM, ACTIVATION_FUNCTOR
+from .stages.patterns import clear_caches
 
 __all__ = [
     "ELEMENTWISE_OPS",
@@ -127,7 +128,7 @@ def register_activation(
     patterns.ACTIVATION_PATTERNS[name] = build
     ACTIVATIONS[name] = activation
     _EXPRESSIONS[name] = expression
-    patterns.clear_caches()
+    clear_caches()
     return activation
 
 
@@ -140,7 +141,7 @@ def unregister_activation(name: str) -> None:
     del _EXPRESSIONS[name]
     for key in [k for k, (_, owner) in patterns.CUSTOM_CONSTANTS.items() if owner == name]:
         del patterns.CUSTOM_CONSTANTS[key]
-    patterns.clear_caches()
+    clear_caches()
 
 
 def registered_activations() -> list[str]:
@@ -219,7 +220,7 @@ def evaluate_functor(activation: Activation, xs: np.ndarray, arch: str | int = "
     """`activation`'s C++ functor on the host at float32 inputs `xs`, compiled with nvcc (the device
     side too, for `arch`, but never launched): (len(xs), 2) values, elementwise and Array form."""
     from .arch import nvcc_gencode, parse_arch
-    from .compile import CompileError, cache_dir, toolchain
+    from .stages.compile import CompileError, cache_dir, toolchain
 
     source = ACTIVATION_CHECK_PROGRAM.substitute(
         definition=activation.definition,

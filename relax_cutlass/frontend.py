@@ -104,8 +104,8 @@ def from_torch(
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    from .canonicalize import FixTvmCudaForms
     from .models import to_float16
+    from .rewrites.canonicalize import FixTvmCudaForms
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: expected a torch.nn.Module, got {type(model).__name__}")

@@ -5,16 +5,12 @@ from __future__ import annotations
 import tvm
 
 from .arch import parse_arch
-from .transform import (
-    AccumulateInFloat32,
-    ConvertToNHWC,
-    CutlassCodegen,
-    FixTvmCudaForms,
-    FoldLinearReshapes,
-    LiftConstants,
-    MakeGemmBroadcastsExplicit,
-    PartitionForCutlass,
-)
+from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
+from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.layout import ConvertToNHWC
+from .stages.codegen import CutlassCodegen
+from .stages.constants import LiftConstants
+from .stages.partition import PartitionForCutlass
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:

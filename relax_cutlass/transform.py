@@ -1,11 +1,11 @@
 """The relax_cutlass passes, for use in `tvm.transform.Sequential([...])`."""
 
-from .broadcasts import MakeGemmBroadcastsExplicit
-from .canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
-from .codegen import CutlassCodegen
-from .constants import LiftConstants
-from .layout import ConvertToNHWC
-from .partition import PartitionForCutlass
+from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
+from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.layout import ConvertToNHWC
+from .stages.codegen import CutlassCodegen
+from .stages.constants import LiftConstants
+from .stages.partition import PartitionForCutlass
 
 __all__ = [
     "AccumulateInFloat32",

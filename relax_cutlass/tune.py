@@ -52,18 +52,18 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
             for hw, c in stages
         ]
     if model == "bert_large":  # transformers BERT-large as benchmarked; one layer has every GEMM shape
-        from .torch_models import bert_module
+        from .models.torch_transformers import bert_module
 
         return [bind_float16(*bert_module(batch=b, seq=seq, layers=1)) for b in BERT_LARGE_BATCHES]
-    from .torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
+    from .models.torch_models import resnet50_module  # ResNet-50 at the benchmarked batch sizes
 
     return [bind_float16(*resnet50_module(batch=b)) for b in RESNET_BATCHES]
 
 
 def _model_regions(model: str, arch: int, batch: int, seq: int):
     """(problem, epilogue) of every offloaded region of an embedded model, as the pipeline plans them."""
-    from .codegen import CodegenOptions, plan_regions
-    from .constants import offloaded_functions
+    from .stages.codegen import CodegenOptions, plan_regions
+    from .stages.constants import offloaded_functions
     from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     pairs = []
@@ -77,8 +77,8 @@ def _model_regions(model: str, arch: int, batch: int, seq: int):
 
 def build(argv: list[str]) -> int:
     from .arch import parse_arch
-    from .profile import DEFAULT_MAX_CANDIDATES, DEFAULT_TOP_K, build_profiler, plan_epilogue_jobs, plan_jobs
-    from .tuning import TuningDatabase
+    from .stages.profile import DEFAULT_MAX_CANDIDATES, DEFAULT_TOP_K, build_profiler, plan_epilogue_jobs, plan_jobs
+    from .stages.tuning import TuningDatabase
 
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
     ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
@@ -121,7 +121,7 @@ def build(argv: list[str]) -> int:
 
 
 def run(argv: list[str]) -> int:
-    from .profile_runner import main as runner_main
+    from .stages.profile_runner import main as runner_main
 
     return runner_main(argv)
 

@@ -28,13 +28,13 @@ from gpu_common import random_array  # noqa: E402
 
 import relax_cutlass  # noqa: E402
 import relax_cutlass.arch  # noqa: E402
-from relax_cutlass.constants import _ConstantsToParams  # noqa: E402
 from relax_cutlass.models import (  # noqa: E402
     bert_encoder_layer,
     bind_float16,
     conv2d_epilogue_model,
     dense_epilogue_model,
 )
+from relax_cutlass.stages.constants import _ConstantsToParams  # noqa: E402
 
 
 def register_quick_gelu() -> None:
@@ -200,14 +200,14 @@ def shippable(mod: tvm.IRModule, weights: dict) -> tvm.IRModule:
 
 def shippable_resnet50(batch: int) -> tvm.IRModule:
     """ResNet-50 from PyTorch (torch.export + from_exported_program), batch norm folded, NHWC."""
-    from relax_cutlass.torch_models import resnet50_module
+    from relax_cutlass.models.torch_models import resnet50_module
 
     return shippable(*resnet50_module(batch=batch, image=224))
 
 
 def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
     """The Hugging Face transformers BERT-large encoder (random init) through torch.export."""
-    from relax_cutlass.torch_models import bert_module
+    from relax_cutlass.models.torch_transformers import bert_module
 
     return shippable(*bert_module(batch=batch, seq=seq, layers=layers))
 
@@ -272,7 +272,7 @@ def frontend_cases() -> list[tuple[str, tvm.IRModule]]:
     """The real models of the CPU tests that have no benchmark of their own, at realistic sizes:
     a LLaMA-7B-sized gated MLP through torch.export, and the ONNX model through the ONNX frontend."""
     from relax_cutlass.models import onnx_conv_mlp, to_float16
-    from relax_cutlass.torch_models import llama_mlp_module
+    from relax_cutlass.models.torch_transformers import llama_mlp_module
 
     return [
         ("llama_mlp_t512_h4096_i11008", shippable(*llama_mlp_module(tokens=512, hidden=4096, intermediate=11008))),
@@ -363,10 +363,10 @@ def build_pair(
 def prewarm(jobs: list[tuple[tvm.IRModule, bool, dict, tuple]], arch: str) -> None:
     """Compile every distinct kernel of every case up front, all cores busy (the cases themselves
     then build from the object cache)."""
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.compile import compile_all
-    from relax_cutlass.constants import offloaded_functions
-    from relax_cutlass.emit import emit_kernel
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.stages.constants import offloaded_functions
+    from relax_cutlass.stages.emit import emit_kernel
     from relax_cutlass.transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     sources = {}

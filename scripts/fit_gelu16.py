@@ -100,7 +100,7 @@ def fp16_error_report(coefficients) -> dict:
 
 
 def main() -> int:
-    from relax_cutlass.kernel_spec import GELU16_LOG2_TAIL
+    from relax_cutlass.kinds.epilogue import GELU16_LOG2_TAIL
 
     coefficients = fit()
     print("GELU16_LOG2_TAIL = (" + ", ".join(f"{c:.9g}" for c in coefficients.astype(np.float32)) + ")")

@@ -14,7 +14,7 @@ import tvm_ffi
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.constants import composite_of, offloaded_functions
+from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
 CPU = tvm.target.Target("llvm")
 

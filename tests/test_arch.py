@@ -9,12 +9,17 @@ import pytest
 
 import relax_cutlass
 import relax_cutlass.arch
-from relax_cutlass import sass_check
 from relax_cutlass.arch import nvcc_gencode, parse_arch
-from relax_cutlass.emit import emit_kernel
-from relax_cutlass.kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
+from relax_cutlass.kinds.attention.records import AttentionProblem
+from relax_cutlass.kinds.attention.select import choose_attention_kernel
+from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
+from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.gemm.records import GemmProblem
+from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.select import choose_attention_kernel, choose_conv2d_kernel, choose_kernel
+from relax_cutlass.stages import sass_check
+from relax_cutlass.stages.emit import emit_kernel
 
 SPELLINGS = {
     "sm_80": 80,
@@ -112,7 +117,7 @@ def test_report_names_target_family_and_why():
 
 def test_blackwell_tiles_fit_its_shared_memory():
     """sm_120 / sm_121 have 99 KB per CTA (the A100's 163 KB tiles would not launch); sm_100 227 KB."""
-    from relax_cutlass.select import _smem_bytes, smem_limit
+    from relax_cutlass.kinds.gemm.select import _smem_bytes, smem_limit
 
     for sm, limit in ((120, 99), (121, 99), (100, 227), (103, 227)):
         assert smem_limit(sm) == limit * 1024
@@ -195,7 +200,7 @@ def test_guard_rejects_a_kernel_without_its_family_instructions(fake_cuobjdump, 
     for _ in range(2):  # the recorded failure fails again, without another disassembly
         with pytest.raises(sass_check.StubKernelError, match="stub kernel: k .* must contain UTCHMMA") as err:
             sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100)
-    assert isinstance(err.value, relax_cutlass.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
+    assert isinstance(err.value, relax_cutlass.stages.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
     assert len(fake_cuobjdump.runs) == 1
     monkeypatch.setenv(sass_check.CHECK_ENV, "0")  # the documented opt-out
     assert sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100) is None
@@ -206,7 +211,7 @@ def test_missing_cuobjdump_fails_closed_naming_what_to_install(monkeypatch, tmp_
     monkeypatch.setattr(sass_check, "_wheel_binaries", lambda *_: [])
     monkeypatch.setattr(sass_check.shutil, "which", lambda _: None)
     monkeypatch.setattr(
-        relax_cutlass.compile,
+        relax_cutlass.stages.compile,
         "toolchain",
         lambda: types.SimpleNamespace(nvcc=str(tmp_path / "nvcc"), cuda_home=tmp_path),
     )

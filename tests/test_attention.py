@@ -27,12 +27,12 @@ from harness import (
 )
 from tvm import relax
 
-from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.emit import emit_glue, emit_kernel
-from relax_cutlass.kernel_spec import AttentionProblem, AttentionRegion
-from relax_cutlass.regions import analyze, make_region
-from relax_cutlass.report import offload_report
-from relax_cutlass.select import choose_attention_kernel
+from relax_cutlass.kinds.attention.records import AttentionProblem, AttentionRegion
+from relax_cutlass.kinds.attention.select import choose_attention_kernel
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.stages.regions import analyze, make_region
+from relax_cutlass.stages.report import offload_report
 
 F16 = "float16"
 
@@ -423,7 +423,7 @@ def test_float32_masks_are_cast_only_where_exact():
     """The -inf mask becomes float16 outside the region (one cast of the (B, 1, S, T) mask); the
     finfo.min mask becomes a -inf one plus the safe-softmax tail with 1/T; any other float32 mask
     is left alone."""
-    from relax_cutlass.attention import cast_attention_masks
+    from relax_cutlass.kinds.attention.masks import cast_attention_masks
 
     def ops(func):
         calls = []
@@ -448,7 +448,7 @@ def _transformers_bert(attention: str, with_mask: bool):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from relax_cutlass.models import bind_float16
-    from relax_cutlass.torch_models import import_exported
+    from relax_cutlass.models.torch_models import import_exported
 
     torch.manual_seed(0)
     config = transformers.BertConfig(
@@ -608,7 +608,7 @@ def test_torchvision_vit_attention_is_fused():
     layer's attention becomes one region, and the module agrees with the untouched one."""
     pytest.importorskip("torch")
     from relax_cutlass.models import bind_float16
-    from relax_cutlass.torch_models import vit_module
+    from relax_cutlass.models.torch_models import vit_module
 
     mod = bind_float16(*vit_module(batch=2))
     (row,) = _offloaded_attention(mod)
@@ -621,7 +621,7 @@ def test_torchvision_vit_attention_is_fused():
 def test_operand_casts_move_only_over_views_and_powers_of_two(scale, moved):
     """astype(f32 views/scales of astype(x16, f32), f16) -> the views in float16 on x16: only
     across views and 2**k scales (bit-identical); another scale keeps the cast where it was."""
-    from relax_cutlass.attention import cast_attention_operands
+    from relax_cutlass.kinds.attention.operands import cast_attention_operands
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float16"))

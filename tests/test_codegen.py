@@ -9,11 +9,11 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.codegen import REGIONS_ATTR, CodegenOptions, plan_regions
-from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.emit import emit_glue, emit_kernel
-from relax_cutlass.kernel_spec import ACTIVATIONS
+from relax_cutlass.kinds.epilogue import ACTIVATIONS
 from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.stages.codegen import REGIONS_ATTR, CodegenOptions, plan_regions
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.transform import CutlassCodegen, LiftConstants, PartitionForCutlass
 
 
@@ -169,7 +169,7 @@ def _residual_is_lhs_model(shape, conv: bool) -> tvm.IRModule:
 def test_glue_compiles_when_the_residual_is_the_input(conv):
     """A diamond whose residual is the op's own input: one parameter in two roles (found by the GPU
     suite's random graphs, where the glue did not compile)."""
-    from relax_cutlass.compile import compile_all
+    from relax_cutlass.stages.compile import compile_all
 
     mod = _residual_is_lhs_model([2, 8, 8, 16] if conv else [64, 32], conv)
     (region,) = regions_of(mod)
@@ -181,7 +181,7 @@ def test_glue_compiles_when_the_residual_is_the_input(conv):
 
 
 def test_compile_errors_carry_log_and_source(tmp_path, monkeypatch):
-    from relax_cutlass.compile import CompileError, Source, compile_all
+    from relax_cutlass.stages.compile import CompileError, Source, compile_all
 
     monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(tmp_path))
     with pytest.raises(CompileError) as info:

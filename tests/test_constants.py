@@ -5,8 +5,8 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.constants import composite_of, is_scalar_constant, offloaded_functions
 from relax_cutlass.models import bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.stages.constants import composite_of, is_scalar_constant, offloaded_functions
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 
@@ -48,8 +48,8 @@ def test_lifting_is_idempotent_and_a_noop_without_constants():
 
 def test_generated_sources_never_contain_weights():
     """Two models differing only in weight values generate byte-identical C++."""
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.emit import emit_glue, emit_kernel
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.emit import emit_glue, emit_kernel
 
     def sources(seed):
         mod = dense_epilogue_model(64, 32, 16, activation="gelu")

@@ -8,11 +8,14 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.emit import emit_glue, emit_kernel
-from relax_cutlass.kernel_spec import Conv2dProblem, Epilogue
+from relax_cutlass.kinds.conv2d.patterns import all_conv2d_specs
+from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel, choose_split_k
+from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
-from relax_cutlass.patterns import FUSED_ACTIVATIONS, all_conv2d_specs, spec_by_name
-from relax_cutlass.select import candidate_conv2d_tiles, choose_conv2d_kernel, choose_split_k
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.stages.patterns import spec_by_name
 
 
 def _bound(mod):
@@ -193,8 +196,8 @@ def test_conv_candidates_come_from_cutlass_library():
 
 def test_emitted_conv_sources_hold_no_tensor_data_and_check_shapes():
     mod = _bound(conv2d_epilogue_model(2, 8, 8, 16, 16, activation="relu", residual=True))
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.constants import offloaded_functions
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
 
     partitioned, _ = offload_for_cpu(mod)
     (region,) = plan_regions([f for _, f in offloaded_functions(partitioned)], CodegenOptions())

@@ -37,7 +37,7 @@ def _covered(fragments: list[str], doc: str) -> bool:
 def _python_raises() -> list[tuple[str, list[str], str]]:
     """(where, literal parts of the message, exception class) for every raise / warnings.warn."""
     found = []
-    for path in sorted(PACKAGE.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             call = node.exc if isinstance(node, ast.Raise) else node if isinstance(node, ast.Call) else None
             if not isinstance(call, ast.Call):
@@ -54,21 +54,21 @@ def _python_raises() -> list[tuple[str, list[str], str]]:
                 if isinstance(c, ast.Constant) and isinstance(c.value, str)
             ]
             category = ast.unparse(call.args[1]) if name == "warn" and len(call.args) > 1 else name
-            found.append((f"{path.name}:{node.lineno}", parts, category))
+            found.append((f"{path.relative_to(PACKAGE)}:{node.lineno}", parts, category))
     return found
 
 
 def _cpp_errors() -> list[tuple[str, list[str]]]:
     """(where, string literals) of every error the generated C++ can raise or return."""
     found = []
-    for path in (PACKAGE / "templates.py", PACKAGE / "profile.py", PACKAGE / "emit.py"):
+    for path in sorted([*(PACKAGE / "stages").rglob("*.py"), *(PACKAGE / "kinds").rglob("*.py")]):
         text = path.read_text()
         for match in re.finditer(r"(Raise\(\"\w+\",|snprintf\(message|return \"\$name)[^;]*;", text):
             literals = re.findall(r'"((?:[^"\\]|\\.)*)"', match.group(0))
             if match.group(0).startswith("Raise("):
                 literals = literals[1:]  # the exception type
             if any(len(lit) >= 12 for lit in literals):
-                found.append((f"{path.name}:{text[: match.start()].count(chr(10)) + 1}", literals))
+                found.append((f"{path.relative_to(PACKAGE)}:{text[: match.start()].count(chr(10)) + 1}", literals))
     return found
 
 

@@ -12,7 +12,6 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 
 import relax_cutlass
 from relax_cutlass import models
-from relax_cutlass.emit import emit_kernel
 from relax_cutlass.extend import (
     ActivationCheckError,
     check_activation,
@@ -20,9 +19,13 @@ from relax_cutlass.extend import (
     registered_activations,
     unregister_activation,
 )
-from relax_cutlass.kernel_spec import Conv2dProblem, Epilogue, GemmProblem
+from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
+from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.gemm.records import GemmProblem
+from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
-from relax_cutlass.select import choose_conv2d_kernel, choose_kernel
+from relax_cutlass.stages.emit import emit_kernel
 
 QUICK_GELU_CXX = "x / (1.0f + expf(-1.702f * x))"
 
@@ -44,7 +47,7 @@ def quick_gelu():
 
 
 def test_registration_adds_patterns_and_unregistration_removes_them(quick_gelu):
-    from relax_cutlass.patterns import all_specs, spec_by_name
+    from relax_cutlass.stages.patterns import all_specs, spec_by_name
 
     names = [s.name for s in all_specs()]
     assert "relax_cutlass.dense_bias_quick_gelu" in names
@@ -155,7 +158,7 @@ def test_check_activation_compiles_the_expression_and_compares(quick_gelu):
 
 @pytest.mark.nvcc
 def test_check_activation_reports_expressions_that_do_not_compile():
-    from relax_cutlass.compile import CompileError
+    from relax_cutlass.stages.compile import CompileError
 
     register_activation("typo", lambda x, const: is_op("relax.exp")(x), "expff(x)")
     try:

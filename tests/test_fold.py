@@ -6,9 +6,9 @@ import tvm
 from harness import build_cpu, run_vm
 from tvm import relax
 
-from relax_cutlass.fold import FoldWeightsInNumpy
+from relax_cutlass.rewrites.fold import FoldWeightsInNumpy
 
-torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
 
 
 def _constants(mod):
@@ -24,7 +24,8 @@ def test_numpy_folding_gives_tvms_constants_bit_for_bit(builder, monkeypatch):
     """A bound model through bind_float16 (batch-norm folding, NHWC filters, fp16 casts, weight
     transposes) with the numpy folder and without it: the same constants, bit for bit, the same
     outputs, and no weight op left for FoldConstant to compile."""
-    from relax_cutlass import fold, models
+    from relax_cutlass import models
+    from relax_cutlass.rewrites import fold
 
     if builder == "resnet":
         mod, weights = torch_models.resnet50_module(batch=1, image=32, blocks=(1, 1, 1, 1), width=8)

@@ -7,16 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from relax_cutlass.emit import emit_kernel
-from relax_cutlass.kernel_spec import (
-    ACTIVATIONS,
-    GELU16_LOG2_TAIL,
-    Conv2dProblem,
-    Epilogue,
-    GemmKernel,
-    GemmProblem,
-)
-from relax_cutlass.select import candidate_tiles_sm90, choose_conv2d_kernel, choose_kernel
+from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
+from relax_cutlass.kinds.epilogue import ACTIVATIONS, GELU16_LOG2_TAIL, Epilogue
+from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem
+from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.stages.emit import emit_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import fit_gelu16  # noqa: E402

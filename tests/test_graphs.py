@@ -12,9 +12,9 @@ from harness import compare_on_cpu, offload_for_cpu, random_inputs
 from hypothesis import HealthCheck, given, settings
 
 import relax_cutlass
-from relax_cutlass.constants import offloaded_functions
 from relax_cutlass.models import bind_weights, random_weights
-from relax_cutlass.regions import analyze
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.regions import analyze
 
 
 def _check_offload(mod: tvm.IRModule, **dims) -> None:

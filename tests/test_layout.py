@@ -8,8 +8,8 @@ from harness import build_cpu, compare_on_cpu, random_inputs, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.layout import LAYOUT_SKIPPED_ATTR, ConvertToNHWC, layout_skipped
 from relax_cutlass.models import bind_float16
+from relax_cutlass.rewrites.layout import LAYOUT_SKIPPED_ATTR, ConvertToNHWC, layout_skipped
 
 
 def _conv_layouts(mod: tvm.IRModule) -> list[str]:
@@ -84,7 +84,7 @@ def test_a_negative_squeeze_away_from_the_convs_converts():
 
 
 torch = pytest.importorskip("torch", reason="needs the 'models' extra (torch)")
-torch_models = pytest.importorskip("relax_cutlass.torch_models")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models")
 
 
 @pytest.fixture(scope="module")

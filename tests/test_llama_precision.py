@@ -17,7 +17,7 @@ from harness import build_cpu, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.torch_models import last_hidden_state
+from relax_cutlass.models.torch_transformers import last_hidden_state
 
 
 def _small_llama(torch, transformers):

@@ -19,7 +19,7 @@ import relax_cutlass
 from relax_cutlass.models import bind_float16, tvm_baseline
 from relax_cutlass.transform import MakeGemmBroadcastsExplicit
 
-torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
 # mobilenet_v3_large's 4th and 5th blocks: squeeze-excitation after a stride-2 depthwise conv, then

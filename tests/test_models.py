@@ -8,9 +8,10 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.models import bind_float16
-from relax_cutlass.torch_models import last_hidden_state
+from relax_cutlass.models.torch_transformers import last_hidden_state
 
-torch_models = pytest.importorskip("relax_cutlass.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
+torch_transformers = pytest.importorskip("relax_cutlass.models.torch_transformers")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_transformers_bert_encoder_offloads_every_dense_fuses_gelu_and_attention
     of each encoder layer are offloaded, the FFN's gelu fused once FoldLinearReshapes removed the
     flatten/unflatten torch.export puts around nn.Linear, and each layer's attention (two batched
     matmuls, the scale, the fp32 softmax and every transpose between) is one fused region."""
-    mod, weights = torch_models.bert_module(batch=2, seq=16, layers=2, hidden=64, heads=4, ffn=128)
+    mod, weights = torch_transformers.bert_module(batch=2, seq=16, layers=2, hidden=64, heads=4, ffn=128)
     mod = bind_float16(mod, weights)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)
@@ -85,8 +86,8 @@ def test_plain_torch_bert_is_the_transformers_encoder(attention):
     transformers' BertEncoder computes, with its weights loaded by name."""
     import torch
 
-    reference = torch_models.bert_encoder(layers=2, hidden=64, heads=4, ffn=128)
-    ours = torch_models.bert_encoder_torch(layers=2, hidden=64, heads=4, ffn=128, attention=attention)
+    reference = torch_transformers.bert_encoder(layers=2, hidden=64, heads=4, ffn=128)
+    ours = torch_transformers.bert_encoder_torch(layers=2, hidden=64, heads=4, ffn=128, attention=attention)
     ours.load_state_dict(reference.encoder.state_dict(), strict=True)
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 16, 64)).astype("float32"))
     with torch.no_grad():
@@ -94,7 +95,7 @@ def test_plain_torch_bert_is_the_transformers_encoder(attention):
 
 
 def test_llama_style_gated_mlp():
-    mod, weights = torch_models.llama_mlp_module(tokens=16, hidden=64, intermediate=176)
+    mod, weights = torch_transformers.llama_mlp_module(tokens=16, hidden=64, intermediate=176)
     mod = bind_float16(mod, weights)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)

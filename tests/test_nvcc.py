@@ -10,11 +10,11 @@ import pytest
 import tvm
 
 import relax_cutlass
-from relax_cutlass.codegen import CodegenOptions, plan_regions
-from relax_cutlass.compile import compile_all
-from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.emit import emit_kernel
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
+from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+from relax_cutlass.stages.compile import compile_all
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_kernel
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 pytestmark = pytest.mark.nvcc
@@ -29,9 +29,10 @@ def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
     target and holds the family's tensor-core instructions (wgmma's HGMMA on sm_90a, mma.sync's HMMA
     elsewhere, Blackwell included), which compile_all's guard checked."""
     from relax_cutlass.arch import arch_name
-    from relax_cutlass.kernel_spec import Epilogue, GemmProblem
-    from relax_cutlass.sass_check import mma_counts
-    from relax_cutlass.select import choose_kernel
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.kinds.gemm.select import choose_kernel
+    from relax_cutlass.stages.sass_check import mma_counts
 
     kernel = choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), arch, family="auto" if arch == 90 else family)
     assert f"sm{kernel.arch}" == family and kernel.target == arch
@@ -47,13 +48,16 @@ def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):
     used to) compiles without complaint into a stub; the guard refuses it, and again from the cache."""
     import dataclasses
 
-    import relax_cutlass.compile
-    from relax_cutlass.kernel_spec import Epilogue, GemmProblem
-    from relax_cutlass.sass_check import StubKernelError
-    from relax_cutlass.select import choose_kernel
+    import relax_cutlass.stages.compile
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.kinds.gemm.select import choose_kernel
+    from relax_cutlass.stages.sass_check import StubKernelError
 
     kernel = dataclasses.replace(choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), 90), target=100)
-    monkeypatch.setattr(relax_cutlass.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_100a,code=sm_100a"])
+    monkeypatch.setattr(
+        relax_cutlass.stages.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_100a,code=sm_100a"]
+    )
     for _ in range(2):
         with pytest.raises(StubKernelError, match=r"sm90_gemm_\S+ is a CUTLASS 3.x SM90 .* \(sm_100a\) has HGMMA x0"):
             compile_all([emit_kernel(kernel)], 100)
@@ -131,8 +135,11 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
     import numpy as np
     import tvm_ffi
 
-    from relax_cutlass.kernel_spec import AttentionProblem, Conv2dProblem, Epilogue, GemmProblem
-    from relax_cutlass.profile import ProfileJob, build_profiler, plan_jobs
+    from relax_cutlass.kinds.attention.records import AttentionProblem
+    from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.stages.profile import ProfileJob, build_profiler, plan_jobs
 
     conv = Conv2dProblem(n=1, h=8, w=8, c=16, k=16, r=3, s=3, p=8, q=8, pad=(1, 1))
     attention = AttentionProblem(batch=2, heads=4, seq_q=64, seq_kv=64, head_dim=64, head_dim_value=64, scale=0.125)

@@ -9,9 +9,10 @@ from tvm import relax
 from tvm.relax.op import astype, divide, erf, multiply, nn
 
 import relax_cutlass
-from relax_cutlass.constants import composite_of, offloaded_functions
+from relax_cutlass.kinds.gemm.patterns import all_gemm_specs
 from relax_cutlass.models import bind_weights, dense, dense_epilogue_model, random_weights
-from relax_cutlass.patterns import all_gemm_specs, spec_by_name
+from relax_cutlass.stages.constants import composite_of, offloaded_functions
+from relax_cutlass.stages.patterns import spec_by_name
 
 
 def graph(params: dict[str, tuple[list[int], str]], body) -> tvm.IRModule:

@@ -1,7 +1,8 @@
 """Kernel choice: candidates come from cutlass_library; the heuristic is legal and deterministic."""
 
-from relax_cutlass.kernel_spec import Epilogue, GemmProblem
-from relax_cutlass.select import SMEM_LIMIT, _smem_bytes, candidate_tiles, choose_kernel, estimate_cost
+from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.gemm.records import GemmProblem
+from relax_cutlass.kinds.gemm.select import SMEM_LIMIT, _smem_bytes, candidate_tiles, choose_kernel, estimate_cost
 
 
 def test_candidates_are_cutlass_library_sm80_tiles():

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import relax_cutlass
+from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
 from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
-from relax_cutlass.patterns import FUSED_ACTIVATIONS
 
 
 @pytest.mark.parametrize("activation", ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed"])

@@ -5,21 +5,15 @@ import dataclasses
 import pytest
 
 import relax_cutlass
-from relax_cutlass.codegen import CodegenOptions, plan_regions
-from relax_cutlass.constants import offloaded_functions
-from relax_cutlass.emit import emit_kernel
-from relax_cutlass.emit_sm90 import epilogue_tree
-from relax_cutlass.kernel_spec import (
-    ACTIVATIONS,
-    SPLIT_K_MIN_ITERATIONS,
-    Epilogue,
-    GemmKernel,
-    GemmProblem,
-    TileConfig,
-)
+from relax_cutlass.kinds.epilogue import ACTIVATIONS, Epilogue
+from relax_cutlass.kinds.gemm.emit_sm90 import epilogue_tree
+from relax_cutlass.kinds.gemm.profile import gemm_candidates
+from relax_cutlass.kinds.gemm.records import SPLIT_K_MIN_ITERATIONS, GemmKernel, GemmProblem, TileConfig
+from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.profile import gemm_candidates
-from relax_cutlass.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_kernel
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 
@@ -173,8 +167,8 @@ def test_choice_does_not_depend_on_the_hash_seed():
     import sys
 
     script = (
-        "from relax_cutlass.select import choose_kernel;"
-        "from relax_cutlass.kernel_spec import GemmProblem, Epilogue;"
+        "from relax_cutlass.kinds.gemm.select import choose_kernel;"
+        "from relax_cutlass.kinds.gemm.records import GemmProblem; from relax_cutlass.kinds.epilogue import Epilogue;"
         "print([choose_kernel(GemmProblem(m, n, k, True), Epilogue(bias=True), a).name"
         " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))])"
     )

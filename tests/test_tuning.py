@@ -9,18 +9,19 @@ import warnings
 import pytest
 
 import relax_cutlass
-from relax_cutlass.kernel_spec import Epilogue, GemmProblem
+from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.gemm.profile import candidate_label, gemm_candidates
+from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
+from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.profile import candidate_label, gemm_candidates, plan_epilogue_jobs, plan_jobs, stage2_reason
-from relax_cutlass.select import choose_kernel
-from relax_cutlass.tuning import (
+from relax_cutlass.stages.profile import plan_epilogue_jobs, plan_jobs, stage2_reason
+from relax_cutlass.stages.tuning import (
     M_BUCKETS,
     TuningDatabase,
     TuningDatabaseWarning,
     TuningKey,
     TuningRecord,
     epilogue_key,
-    gemm_key,
     m_bucket,
 )
 
@@ -166,9 +167,9 @@ def test_candidates_always_include_the_heuristic_choice(arch):
 def test_symbolic_m_dispatches_among_tuned_buckets_at_run_time(tmp_path):
     """Records for two M buckets of a symbolic-M region: the glue picks the kernel by the run-time
     M, and the report lists the dispatch."""
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.constants import offloaded_functions
-    from relax_cutlass.emit import emit_glue
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
+    from relax_cutlass.stages.emit import emit_glue
     from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
     db_path = tmp_path / "t.jsonl"
@@ -195,9 +196,8 @@ STAGE4 = dict(h=7, w=7, c=512, k=512, r=3, s=3, p=7, q=7, pad=(1, 1))
 
 
 def test_conv2d_records_carry_tile_and_split_k(tmp_path):
-    from relax_cutlass.kernel_spec import Conv2dProblem
-    from relax_cutlass.select import choose_conv2d_kernel
-    from relax_cutlass.tuning import conv2d_key
+    from relax_cutlass.kinds.conv2d.records import Conv2dProblem, conv2d_key
+    from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
 
     problem = Conv2dProblem(n=1, **STAGE4)
     other = Conv2dProblem(n=1, **(STAGE4 | {"stride": (2, 2), "p": 4, "q": 4}))
@@ -216,8 +216,8 @@ def test_conv2d_records_carry_tile_and_split_k(tmp_path):
 
 
 def test_conv2d_profiling_candidates_try_split_k_where_tiles_underfill():
-    from relax_cutlass.kernel_spec import Conv2dProblem
-    from relax_cutlass.profile import conv2d_candidates
+    from relax_cutlass.kinds.conv2d.profile import conv2d_candidates
+    from relax_cutlass.kinds.conv2d.records import Conv2dProblem
 
     batch1 = conv2d_candidates(Conv2dProblem(n=1, **STAGE4), 90, 8)
     assert len({split for _, split in batch1}) >= 3  # several split-K counts of the heuristic's tile
@@ -234,13 +234,13 @@ class _FakeGpu:
 
     def __init__(self, monkeypatch, arch: int):
         import relax_cutlass.arch
-        import relax_cutlass.profile
-        import relax_cutlass.profile_runner
+        import relax_cutlass.stages.profile
+        import relax_cutlass.stages.profile_runner
 
         self.built: list = []
         monkeypatch.setattr(relax_cutlass.arch, "local_gpu_arch", lambda: arch)
-        monkeypatch.setattr(relax_cutlass.profile, "build_profiler", self.build)
-        monkeypatch.setattr(relax_cutlass.profile_runner, "run_profiler", self.run)
+        monkeypatch.setattr(relax_cutlass.stages.profile, "build_profiler", self.build)
+        monkeypatch.setattr(relax_cutlass.stages.profile_runner, "run_profiler", self.run)
 
     def build(self, jobs, arch, out, jobs_parallel=None):
         self.built.append(jobs)
@@ -258,8 +258,8 @@ class _FakeGpu:
 
 
 def _regions(mod, **options):
-    from relax_cutlass.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.constants import offloaded_functions
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
     from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
     part = LiftConstants()(PartitionForCutlass("sm_80")(mod))
@@ -347,9 +347,8 @@ def test_records_of_another_form_of_an_epilogue_are_not_reused(tmp_path):
 
 
 def test_stage_two_never_splits_a_conv_with_a_residual(tmp_path):
-    from relax_cutlass.kernel_spec import Conv2dProblem
-    from relax_cutlass.profile import conv2d_candidates
-    from relax_cutlass.tuning import conv2d_key
+    from relax_cutlass.kinds.conv2d.profile import conv2d_candidates
+    from relax_cutlass.kinds.conv2d.records import Conv2dProblem, conv2d_key
 
     conv = Conv2dProblem(n=1, h=7, w=7, c=512, k=512, r=3, s=3, p=7, q=7, pad=(1, 1))
     labels = [candidate_label(t, s) for t, s in conv2d_candidates(conv, 90, 12)]
@@ -404,8 +403,8 @@ def test_bad_profile_option_is_named():
 def test_ties_go_to_the_heuristic_then_to_unsplit_kernels():
     """Within TIE_MARGIN of the fastest, a measured choice keeps the heuristic's kernel, else
     prefers one without split-K: a 2% win alone ran 4% slower in the model on the H100."""
-    from relax_cutlass.select import TIE_MARGIN, measured_choice
-    from relax_cutlass.tuning import parse_label
+    from relax_cutlass.kinds.gemm.select import TIE_MARGIN, measured_choice
+    from relax_cutlass.stages.tuning import parse_label
 
     key = gemm_key(PROBLEM, 90, 90, PROBLEM.m)
 
@@ -428,8 +427,8 @@ BERT_ATTENTION = dict(heads=16, head_dim=64, head_dim_value=64, scale=0.125)
 
 
 def test_attention_is_profiled_over_its_two_tiles_where_it_has_a_choice():
-    from relax_cutlass.kernel_spec import AttentionProblem
-    from relax_cutlass.select import choose_attention_kernel
+    from relax_cutlass.kinds.attention.records import AttentionProblem
+    from relax_cutlass.kinds.attention.select import choose_attention_kernel
 
     b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
     b1 = AttentionProblem(batch=1, seq_q=128, seq_kv=128, **BERT_ATTENTION)
@@ -445,9 +444,9 @@ def test_attention_is_profiled_over_its_two_tiles_where_it_has_a_choice():
 
 
 def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
-    from relax_cutlass.kernel_spec import AttentionProblem
-    from relax_cutlass.select import choose_attention_kernel
-    from relax_cutlass.tuning import attention_key
+    from relax_cutlass.kinds.attention.profile import attention_key
+    from relax_cutlass.kinds.attention.records import AttentionProblem
+    from relax_cutlass.kinds.attention.select import choose_attention_kernel
 
     b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
     rule = choose_attention_kernel(b8, 90)

@@ -1,0 +1,142 @@
+"""Region kinds: what relax_cutlass offloads, one package per kind.
+
+A kind (GEMM, conv2d, fused attention, ...) is everything the shared stages need to know about one
+sort of offloaded region, as one frozen `RegionKind` record: its pattern specs and legality rules,
+how an offloaded function reads back into its problem record, how a kernel is chosen, the C++ it
+emits, how it is profiled and checked. The shared stages (`relax_cutlass.stages`) hold no
+kind-specific code: they iterate over `kinds()` and ask the kind of a spec, problem, kernel or
+region (`kind_of`).
+
+Adding a kind is a new package `relax_cutlass/kinds/<name>/` whose `kind` module defines `KIND`, plus
+its name in `REGISTERED` (or `register(KIND)` at run time, for a kind that lives elsewhere). The
+package's `reference` module (numpy only: it runs on GPU hosts with just the TVM runtime) gives the
+profiler's float32 reference. docs/architecture.md walks through an example.
+
+This module imports nothing from TVM's compiler: the GPU host's profile runner imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from string import Template
+
+CODEGEN = "relax_cutlass"
+
+# The built-in kinds, one line each: the package name under relax_cutlass.kinds (its `kind`
+# module defines KIND). The order is that of each kernel ABI's struct in the glue and profiler
+# sources, and of patterns of equal size.
+REGISTERED = [
+    "gemm",
+    "conv2d",
+    "attention",
+]
+
+
+@dataclass(frozen=True)
+class Profiling:
+    """How the profiler tunes a kind (relax_cutlass.stages.profile)."""
+
+    # (problem, arch, family, limit) -> stage-1 ProfileJobs (no epilogue), [] when not profiled
+    jobs: Callable
+    # (kernel, split_k) -> the candidate's label in manifests and tuning records
+    label: Callable
+    # per candidate kernel: a TVM FFI timing function; a Template over index, kernel, bias, residual
+    timing_function: Template
+    # ProfileJob -> the problem's fields of its manifest entry, for the runner and its reference
+    job_fields: Callable
+    # (problem, arch, family) -> [(stage-1 TuningKey, concrete problem)]: stage 2 times these with
+    # the region's epilogue. None: the kind has no epilogue stage.
+    stage2_keys: Callable | None = None
+    # (problem, epilogue, arch, key, record) -> (heuristic kernel, [(tile, split_k)] ranked by the
+    # record, heuristic's split_k)
+    stage2_candidates: Callable | None = None
+
+
+@dataclass(frozen=True)
+class RegionKind:
+    """One kind of offloaded region (see the module docstring)."""
+
+    name: str  # the package name; also the tuning key's and the profiler manifest's `op`
+    # --- partitioning
+    specs: Callable  # () -> every pattern spec (frozen records with .name, .size, .epilogue)
+    spec_type: type
+    pattern: Callable  # spec -> (DFPattern, {annotation name: DFPattern})
+    # (spec, annotations, matched output, var2val) -> legality problems (empty: offloadable)
+    rules: Callable
+    # parameter roles in the order they are assigned to a region's parameters
+    roles: tuple[str, ...]
+    # (spec, annotations) -> [(annotation, reason)]: region inputs that must not be computed from
+    # the region's root (they would be read before written)
+    independent_inputs: Callable
+    # --- reading an offloaded function back (relax_cutlass.stages.regions)
+    read_problem: Callable  # (spec, annotations, output, var2val, accumulator) -> problem record
+    problem_type: type
+    kernel_type: type
+    region_type: type
+    # (problem, spec, CodegenOptions, tuning database or None) -> (kernel, extra region fields)
+    plan: Callable
+    # --- C++
+    emit_kernel: Callable  # kernel -> Source exporting `<kernel.name>_run(const <args_type>*, stream)`
+    glue_function: Callable  # region -> the TVM FFI function of the region (C++ text)
+    args_type: str  # the C struct a kernel's `_run` takes
+    args: str  # its definition (in every glue and profiler source)
+    # --- tuning and the report
+    profiling: Profiling | None = None
+    report_line: Callable | None = None  # offloaded report row -> its line in OffloadReport's text
+    flops_name: str = ""  # the kind's root ops in the report's "% of the ... FLOPs offloaded"
+    # root op name -> (call, var2val, layout_skipped) -> (op, flops, reasons): a root left in TVM
+    left_in_tvm: dict = field(default_factory=dict)
+    # Relax function rewrites run by PartitionForCutlass before (`prepare`) and after
+    # (`finish`) the shared canonicalizations, in registration order
+    prepare: tuple[Callable, ...] = ()
+    finish: tuple[Callable, ...] = ()
+    # a refused fusion of this kind is reported even when no smaller pattern took the root
+    report_refused: bool = False
+
+
+_EXTRA: list[RegionKind] = []
+
+
+def register(kind: RegionKind) -> None:
+    """Add a kind defined outside the built-in packages (after the registered ones)."""
+    if any(k.name == kind.name for k in kinds()):
+        raise ValueError(f"a region kind named {kind.name!r} is already registered")
+    _EXTRA.append(kind)
+    _clear()
+
+
+def unregister(name: str) -> None:
+    """Remove a kind added with `register`."""
+    _EXTRA[:] = [k for k in _EXTRA if k.name != name]
+    _clear()
+
+
+def _clear() -> None:
+    from ..stages.patterns import clear_caches
+
+    clear_caches()
+
+
+def kinds() -> tuple[RegionKind, ...]:
+    """Every registered kind, in registration order."""
+    return _builtin(tuple(REGISTERED)) + tuple(_EXTRA)
+
+
+@functools.cache
+def _builtin(names: tuple[str, ...]) -> tuple[RegionKind, ...]:
+    return tuple(importlib.import_module(f"{__name__}.{name}.kind").KIND for name in names)
+
+
+def kind_of(record) -> RegionKind:
+    """The kind whose spec, problem, kernel or region `record` is."""
+    for kind in kinds():
+        if isinstance(record, (kind.spec_type, kind.problem_type, kind.kernel_type, kind.region_type)):
+            return kind
+    raise TypeError(f"{type(record).__name__} belongs to no registered region kind")
+
+
+def kind_named(name: str) -> RegionKind:
+    return next(k for k in kinds() if k.name == name)

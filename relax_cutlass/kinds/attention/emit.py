@@ -1,0 +1,129 @@
+"""C++ of fused attention: the kernel's translation unit (CUTLASS examples/41) and a region's glue
+function (sizes, shape checks, strides of q/k/v and the bias)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ...stages.compile import Source, _pkg_dir, cache_dir
+from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
+from ..epilogue import CUTLASS_ELEMENT
+from .layout import OPERAND_AXES
+from .records import BIAS_AXES, BIAS_VECTOR, MASKED_ROWS, AttentionKernel, AttentionRegion
+from .templates import ATTENTION_ARGS, ATTENTION_GLUE_FUNCTION, ATTENTION_KERNEL_TU
+
+
+def emit_attention_kernel(kernel: AttentionKernel) -> Source:
+    text = ATTENTION_KERNEL_TU.substitute(
+        name=kernel.name,
+        attention_args=ATTENTION_ARGS,
+        element=CUTLASS_ELEMENT[kernel.problem.element],
+        aligned=str(kernel.aligned).lower(),
+        queries=kernel.queries_per_block,
+        keys=kernel.keys_per_block,
+        max_k=kernel.max_head_dim,
+        supports_bias=str(kernel.bias).lower(),
+        check_device=check_device(kernel),
+    )
+    return Source(kernel.name, text, "cuda", fmha_flags(), family="fmha")
+
+
+def attention_glue_function(region: AttentionRegion) -> str:
+    """The ranks of q/k/v, then sizes (static ones as literals, symbolic ones read from the one
+    dimension that holds them), a check of every dimension of q/k/v against the axes it holds, and
+    the strides."""
+    p = region.kernel.problem
+    static = {"B": p.batch, "S": p.seq_q, "T": p.seq_kv, "N": p.heads, "H": p.head_dim, "V": p.head_dim_value}
+    names = {"B": "batch", "S": "seq_q", "T": "seq_kv"}
+    expr = {axis: str(v) if v is not None else names[axis] for axis, v in static.items()}
+    reads = {"query": p.query_reads, "key": p.key_reads, "value": p.value_reads}
+    ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
+    sizes, rank_checks, checks, strides, defined = [], [], [], {}, set()
+    for role, axes in OPERAND_AXES:
+        rank_checks.append(f'  TRY(CheckDim(fn, "{role} rank", {role}->ndim, {ranks[role]}, {role}));')
+        held: dict[int, list[str]] = {}
+        for axis, (dim, factor) in zip(axes, reads[role], strict=True):
+            held.setdefault(dim, []).append(axis)
+            strides[(role, axis)] = f"PackedStride({role}, {dim})" + (f" * {factor}" if factor != 1 else "")
+        for dim in range(ranks[role]):
+            inside = held.get(dim, [])
+            for axis in inside:  # a symbolic axis is defined by the first dimension holding it
+                if static[axis] is None and axis not in defined:
+                    others = "".join(f" / {expr[a]}" for a in inside if a != axis)
+                    sizes.append(f"  const int64_t {names[axis]} = {role}->shape[{dim}]{others};")
+                    defined.add(axis)
+            want = " * ".join(expr[a] for a in inside) or "1"
+            checks.append(f'  TRY(CheckDim(fn, "{role} dim {dim}", {role}->shape[{dim}], {want}, {role}));')
+    for axis in ("B", "S", "T"):
+        if static[axis] is not None:
+            sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
+    operands = []
+    for role, axes in OPERAND_AXES:
+        b, rows, n = (strides[(role, a)] for a in axes[:3])
+        operands.append(f"Data({role}), {b}, {rows}, {n}")
+    bias = ""
+    if p.bias_reads is not None:
+        bias_checks, bias_strides = _attention_bias(p, ranks["bias"], expr)
+        checks += bias_checks
+        bias = f",\n      Data(bias), {', '.join(bias_strides)}, {MASKED_ROWS.index(p.masked_rows)}"
+    return ATTENTION_GLUE_FUNCTION.substitute(
+        operand_arrays=operand_arrays(region),
+        symbol=region.symbol,
+        unpack=unpack_args(region),
+        checks=tensor_checks(region, ("query", "key", "value", "out"), {"bias": 16}),
+        rank_checks="\n".join(rank_checks),
+        sizes="\n".join(sizes),
+        shape_checks="\n".join(checks),
+        heads=p.heads,
+        head_dim=p.head_dim,
+        head_dim_value=p.head_dim_value,
+        operands=",\n      ".join(operands),
+        scale=format(p.scale, ".9g"),
+        bias=bias,
+        launch=launch_call(region.kernel),
+    )
+
+
+def _attention_bias(p, rank: int, expr: dict) -> tuple[list[str], list[str]]:
+    """The additive bias: checks of its dimensions (each 1, broadcast, or the sizes of the axes it
+    holds) and of the keys' 16-byte rows, and its batch, head and query-row strides (0 where
+    broadcast)."""
+    held: dict[int, list[str]] = {}
+    strides = []
+    for axis, read in zip(BIAS_AXES, p.bias_reads, strict=True):
+        if read is not None:
+            held.setdefault(read[0], []).append(axis)
+        if axis != "T":
+            factor = "" if read is None or read[1] == 1 else f" * {read[1]}"
+            strides.append("0" if read is None else f"PackedStride(bias, {read[0]}){factor}")
+    checks = [f'  TRY(CheckDim(fn, "bias rank", bias->ndim, {rank}, bias));']
+    for dim in range(rank):
+        want = " * ".join(expr[a] for a in held.get(dim, [])) or "1"
+        checks.append(f'  TRY(CheckDim(fn, "bias dim {dim}", bias->shape[{dim}], {want}, bias));')
+    if p.seq_kv is None:  # a static count was checked when partitioning
+        checks.append(
+            f"  if (seq_kv % {BIAS_VECTOR} != 0) {{\n"
+            f'    return Raise("ValueError", "%s: %lld keys: with a mask/bias the fused attention kernel needs a '
+            f'multiple of {BIAS_VECTOR} keys (it loads bias rows 16 bytes at a time); pad the sequence", fn, '
+            "static_cast<long long>(seq_kv));\n"
+            "  }"
+        )
+    return checks, strides
+
+
+def fmha_flags() -> tuple[str, ...]:
+    """nvcc flags for CUTLASS's fused multi-head attention headers (examples/41, shipped in the
+    nvidia-cutlass wheel). They include <curand_kernel.h> for dropout, which relax_cutlass never
+    compiles in (every use is behind HAS_PYTORCH) and which minimal CUDA installs lack: an empty
+    stand-in is searched after the system headers, so a real one still wins."""
+    example = _pkg_dir("cutlass_library") / "source" / "examples" / "41_fused_multi_head_attention"
+    shim = cache_dir() / "include-fallback"
+    header = shim / "curand_kernel.h"
+    if not header.exists():
+        shim.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=shim)
+        with os.fdopen(fd, "w") as f:
+            f.write("// relax_cutlass: stand-in for curand_kernel.h (dropout is never compiled in)\n")
+        os.replace(tmp, header)
+    return (f"-I{example}", f"-Xcompiler=-idirafter,{shim}")

@@ -1,0 +1,67 @@
+"""The fused attention kind: softmax(Q K^T * scale [+ bias]) V, decomposed or R.nn.attention, as
+CUTLASS's examples/41 kernel (the xFormers forward kernel)."""
+
+from __future__ import annotations
+
+import tvm
+
+from ...stages.profile import ProfileJob
+from .. import Profiling, RegionKind
+from .emit import attention_glue_function, emit_attention_kernel
+from .layout import attention_problems, read_problem
+from .masks import cast_attention_masks, scalar_where_fills
+from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
+from .patterns import ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
+from .profile import PROFILE_ATTENTION, attention_job
+from .records import AttentionKernel, AttentionProblem, AttentionRegion, report_line
+from .select import attention_label, choose_attention_kernel
+from .templates import ARGS_TYPE, ATTENTION_ARGS
+
+
+def _independent_inputs(_spec, ann: dict) -> list[tuple]:
+    bias = ann.get("bias")
+    if bias is None or isinstance(bias, tvm.ir.GenericConst):
+        return []
+    return [(bias, "the attention's mask/bias is computed from its own scores")]
+
+
+def plan(problem: AttentionProblem, _spec, options, db) -> tuple[AttentionKernel, dict]:
+    return choose_attention_kernel(problem, options.arch, db if not options.tile else None), {}
+
+
+def _jobs(problem: AttentionProblem, arch: int, _family: str, _limit: int) -> list[ProfileJob]:
+    job = attention_job(problem, arch)
+    return [job] if job is not None else []
+
+
+KIND = RegionKind(
+    name="attention",
+    specs=lambda: list(ATTENTION_SPECS),
+    spec_type=AttentionPatternSpec,
+    pattern=attention_pattern,
+    rules=attention_problems,
+    roles=("bias", "query", "key", "value"),
+    independent_inputs=_independent_inputs,
+    read_problem=read_problem,
+    problem_type=AttentionProblem,
+    kernel_type=AttentionKernel,
+    region_type=AttentionRegion,
+    plan=plan,
+    emit_kernel=emit_attention_kernel,
+    glue_function=attention_glue_function,
+    args_type=ARGS_TYPE,
+    args=ATTENTION_ARGS,
+    profiling=Profiling(
+        jobs=_jobs,
+        label=lambda kernel, _split_k: attention_label(kernel.queries_per_block, kernel.keys_per_block),
+        timing_function=PROFILE_ATTENTION,
+        job_fields=lambda job: {"attention": list(job.key.shape), "scale": job.problem.scale},
+    ),
+    report_line=report_line,
+    left_in_tvm={},
+    # Casts and views that frontends and mixed precision put around attention, brought to the
+    # forms the patterns match (around the shared canonicalizations, in this order).
+    prepare=(merge_repeated_casts, cast_attention_operands),
+    finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks),
+    report_refused=True,
+)

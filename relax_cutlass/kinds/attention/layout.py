@@ -1,0 +1,408 @@
+"""Attention regions: softmax(Q K^T * scale) V as one fused CUTLASS kernel.
+
+Two forms are matched. `R.nn.attention(q, k, v)` (BSNH, no bias or mask), and the decomposed
+form frontends produce: two batched matmuls with a softmax between them, each operand reached
+through the views that split and move the heads (permute_dims, reshape, a no-op broadcast_to),
+optionally with casts around the softmax. The scale is any product of scalar constants applied
+to the scores, to q and to k^T (torch's decomposed `scaled_dot_product_attention` scales q and
+k^T by sqrt(scale) each). An additive mask / bias may be added to the scores before the softmax
+(read by the kernel, broadcast axes with stride 0), and the softmax may end in torch's "safe
+softmax" tail, which gives 0 for a row whose every score is -inf. torch.export of a Hugging Face
+BERT gives this form, with attn_implementation "eager" and with the default "sdpa".
+
+The views are not fused by shape-guessing: `attention_layout` follows every view op from the
+region's q, k and v parameters to the two matmuls, and from the second matmul to the output,
+tracking which logical axis (batch B, heads N, query rows S, key rows T, head dims H and V) each
+dimension holds. A region is offloaded only when the matmuls contract and batch over exactly the
+axes attention needs and the output lands as (B, S, N, V) in memory; the kernel then reads q, k
+and v in their own layouts through strides, so the transposes before the matmuls vanish too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..ir import dtype_of
+from .patterns import _VIEW_OPS, ATTENTION_DTYPES, AttentionPatternSpec
+from .records import BIAS_AXES, BIAS_VECTOR, AttentionProblem
+from .trace import Layout, _dims, _is_one, _known_dims, _name, _NotAttention, _static, _Tracer
+
+# Roles of the logical axes in the order the kernel's strides use them.
+QUERY_AXES, KEY_AXES, VALUE_AXES = ("B", "S", "N", "H"), ("B", "T", "N", "H"), ("B", "T", "N", "V")
+OPERAND_AXES = (("query", QUERY_AXES), ("key", KEY_AXES), ("value", VALUE_AXES))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout tracing
+# ---------------------------------------------------------------------------------------------
+
+
+# How the kernel reads one logical axis of an operand: (dimension of the parameter, element
+# factor within that dimension); its stride is the dimension's packed stride times the factor.
+AxisRead = tuple[int, int]
+
+
+# How the kernel reads one axis of the additive bias: as for q/k/v, or None where the bias is
+# broadcast along it (stride 0).
+BiasRead = AxisRead | None
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What a matched region computes: for q, k and v, how each logical axis is read (in
+    QUERY_AXES / KEY_AXES / VALUE_AXES order) and the parameter's rank; sizes; the scale; the
+    additive bias's reads (in BIAS_AXES order) and rank, and what a fully masked row gives."""
+
+    query: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    key: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    value: tuple[AxisRead, AxisRead, AxisRead, AxisRead]
+    ranks: tuple[int, int, int]
+    sizes: dict  # logical axis -> PrimExpr
+    scale: float
+    bias: tuple[BiasRead, BiasRead, BiasRead, BiasRead] | None = None
+    bias_rank: int = 0
+    masked_rows: str = "nan"
+
+    @property
+    def reads(self) -> tuple:
+        """query, key, value reads, in OPERAND_AXES order."""
+        return self.query, self.key, self.value
+
+
+def _operand(
+    tracer: _Tracer, param, matmul_arg, prefix: str, inner: tuple[str, str], allowed=_VIEW_OPS
+) -> tuple[list, Layout, list[relax.Call]]:
+    """Trace a q/k/v parameter to its matmul operand. -> (the parameter's dims named
+    prefix0..3, the operand's layout, the calls between); the operand's last two dims must be
+    single axes."""
+    names = tuple(f"{prefix}{i}" for i in range(len(_dims(param))))
+    calls = tracer.chain(matmul_arg, param, allowed)
+    layout = tracer.follow(tracer.label(param, names), calls)
+    if len(layout) < 2 or any(len(g) > 1 for g in layout[-2:]):
+        raise _NotAttention(f"the {inner} of the {prefix} operand are not single axes")
+    return list(names), layout, calls
+
+
+def _assign(
+    tracer: _Tracer, names: list[str], layout: Layout, roles: tuple[str, str], lone: str, what: str
+) -> dict[str, str]:
+    """Name the operand's axes: its last two dims take `roles`; its batch axes, flattened, are B
+    then N (a lone batch axis is `lone`: the other one has size 1). Parameter dims of size 1 left
+    over take the roles left over (their strides never matter)."""
+    assigned: dict[str, str] = {}
+    for group, role in zip(layout[-2:], roles, strict=True):
+        if group:
+            assigned[group[0]] = role
+    batch = [a for group in layout[:-2] for a in group]
+    if len(batch) > 2:
+        raise _NotAttention(f"{what} batches over {len(batch)} axes; attention has batch and heads")
+    assigned |= dict(zip(batch, ("B", "N") if len(batch) == 2 else (lone,), strict=False))
+    free = [r for r in ("B", "N", *roles) if r not in assigned.values()]
+    for root in names:
+        leaves = tracer.leaves(root)
+        if any(leaf in assigned for leaf in leaves):
+            continue
+        if not free or not _is_one(tracer.sizes[root]):
+            raise _NotAttention(f"{what} has a dimension that is none of batch, heads, rows, head dim")
+        assigned[root] = free.pop(0)
+    return assigned
+
+
+def _reads(tracer: _Tracer, names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple:
+    by_role = {role: axis for axis, role in assigned.items()}
+    missing = [role for role in order if role not in by_role]
+    if missing:  # e.g. grouped-query keys/values, whose heads repeat through a broadcast
+        raise _NotAttention(f"no axis of the operand holds the kernel's {', '.join(missing)} (read {dict(assigned)})")
+    return tuple(tracer.read(names, by_role[role]) for role in order)
+
+
+def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
+    """Check that the matched region is softmax(q k^T * scale) v over (B, N) and return its
+    layout. Raises ValueError (with the reason) when it is not, or not in a form the kernel runs."""
+    try:
+        return (_op_layout if spec.form == "op" else _softmax_layout)(ann, out, var2val)
+    except _NotAttention as err:
+        raise ValueError(str(err)) from None
+
+
+def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
+    call = ann["root"]
+    attrs = call.attrs
+    if attrs.causal_mask is not None:
+        raise _NotAttention(f"causal_mask={attrs.causal_mask!r}: masked attention is not fused yet")
+    if getattr(attrs, "window_size", None) is not None:
+        raise _NotAttention("sliding-window attention is not fused")
+    tracer = _Tracer({}, {})
+    for role, axes in OPERAND_AXES:
+        tracer.label(ann[role], axes)
+    sizes = tracer.sizes
+    head_dim = sizes["H"]
+    if not isinstance(head_dim, tvm.tirx.IntImm):
+        raise _NotAttention("the head dim must be static")
+    scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(int(head_dim))
+    whole = ((0, 1), (1, 1), (2, 1), (3, 1))
+    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale)
+
+
+def _scalar_value(const, cast=None) -> float:
+    value = const.value.numpy().reshape(-1)
+    if value.size != 1:
+        raise _NotAttention("the scale is not a scalar")
+    if cast is not None:
+        value = value.astype(str(cast.ty.dtype))
+    return float(value[0])
+
+
+def _softmax_layout(ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
+    # A lone batch axis (the other of batch/heads has size 1) is heads or batch: the output's
+    # layout tells which, so try both.
+    try:
+        return _softmax_layout_as(ann, out, var2val, "N")
+    except _NotAttention as first_error:
+        try:
+            return _softmax_layout_as(ann, out, var2val, "B")
+        except _NotAttention:
+            raise first_error from None
+
+
+def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> AttentionLayout:
+    tracer = _Tracer(var2val, {}, ann.get("bias"))
+    first, second = ann["root"], ann["second"]
+    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide")
+    q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
+    k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), scaled)
+    v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"))
+    q_role = _assign(tracer, q_names, q_op, ("S", "H"), lone, "the query")
+    k_role = _assign(tracer, k_names, k_op, ("H", "T"), lone, "the key")
+    v_role = _assign(tracer, v_names, v_op, ("T", "V"), lone, "the value")
+    sizes: dict[str, tvm.tirx.PrimExpr] = {}
+    for roles, what in ((q_role, "query"), (k_role, "key"), (v_role, "value")):
+        for axis, role in roles.items():
+            size = tracer.sizes[axis]
+            if role in sizes and not tracer.equal(sizes[role], size):
+                raise _NotAttention(f"the {what}'s {role} size {size} differs from {sizes[role]}")
+            sizes.setdefault(role, size)
+    # Both operands of each matmul must batch over the same (B, N) grouping.
+    q_batch = tuple(tuple(q_role[a] for a in g) for g in q_op[:-2])
+    for layout, roles, what in ((k_op, k_role, "key"), (v_op, v_role, "value")):
+        if tuple(tuple(roles[a] for a in g) for g in layout[:-2]) != q_batch:
+            raise _NotAttention(f"the {what} operand is not batched like the query")
+    tracer.sizes |= sizes
+    kept = tuple(a for a in ("S", "T", "V") if not _is_one(sizes[a]))
+
+    def rows(role: str) -> tuple[str, ...]:
+        return (role,) if role in kept else ()
+
+    # From the scores to the probabilities: views, casts, the scale, the bias, the softmax and
+    # its safe tail only.
+    score_layout = (*q_batch, rows("S"), rows("T"))
+    allowed = (*_VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.nn.softmax")
+    calls = tracer.chain(second.args[0], first, (*allowed, "relax.where"))
+    layout = score_layout
+    bias, bias_rank = None, 0
+    for call in calls:
+        if call.same_as(ann["softmax"]):
+            axis = int(call.attrs.axis)
+            if axis not in (-1, len(layout) - 1) or layout[-1] != rows("T"):
+                raise _NotAttention(f"softmax over axis {axis} is not over the keys")
+        if "bias_add" in ann and call.same_as(ann["bias_add"]):
+            bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
+        layout = tracer.apply(layout, call)
+    if layout != score_layout:
+        raise _NotAttention("the probabilities reach the second matmul in another layout than the scores")
+    # The output: (B, S, N, V) in memory, however it is grouped.
+    masked_rows = _masked_rows(ann, sizes)
+    out_layout = tracer.follow((*q_batch, rows("S"), rows("V")), tracer.chain(out, second, _VIEW_OPS))
+    order = [a for g in out_layout for a in g]
+    want = [a for a in ("B", "S", "N", "V") if not _is_one(sizes[a])]
+    if order != want:
+        raise _NotAttention(f"the output is laid out as {''.join(order)}, not BSNV; the kernel writes (B, S, N, V)")
+    return AttentionLayout(
+        _reads(tracer, q_names, q_role, QUERY_AXES),
+        _reads(tracer, k_names, k_role, KEY_AXES),
+        _reads(tracer, v_names, v_role, VALUE_AXES),
+        (len(q_names), len(k_names), len(v_names)),
+        sizes,
+        _scale(tracer, [*q_calls, *k_calls, *calls]),
+        bias,
+        bias_rank,
+        # Without a bias no score is -inf: the (checked) tail never fires.
+        masked_rows if bias is not None else "nan",
+    )
+
+
+def _scale(tracer: _Tracer, calls: list[relax.Call]) -> float:
+    """The product of the scalar constants multiplying (or dividing) q, k^T and the scores."""
+    scale = 1.0
+    for call in calls:
+        if call.op.name not in ("relax.multiply", "relax.divide"):
+            continue
+        main = tracer.main_arg(call)
+        other = next(a for a in call.args if not a.same_as(main))
+        found = tracer.scalar_const(other)
+        if found is None:
+            raise _NotAttention(f"{call.op.name} by {_name(other)}, which is no scalar constant, is not a scale")
+        if call.op.name == "relax.divide" and not call.args[0].same_as(main):
+            raise _NotAttention("a constant divided by the scores is not a scale")
+        value = _scalar_value(*found)
+        scale = scale / value if call.op.name == "relax.divide" else scale * value
+    return scale
+
+
+def _bias_reads(tracer: _Tracer, bias: relax.Expr, layout: Layout, add: relax.Call) -> tuple[tuple, int]:
+    """How the kernel reads the additive bias added to scores laid out as `layout`: numpy
+    broadcasting, right-aligned; a dimension of size 1 is broadcast (stride 0) over the axes of
+    the scores' dimension, one of the scores' size holds them."""
+    bias_dims, score_dims = _dims(bias), _dims(tracer.main_arg(add))
+    out_dims = _dims(add)
+    if len(out_dims) != len(score_dims) or not all(
+        tracer.equal(a, b) for a, b in zip(out_dims, score_dims, strict=True)
+    ):
+        raise _NotAttention(f"the mask/bias {[str(d) for d in bias_dims]} broadcasts the scores to a larger shape")
+    offset = len(score_dims) - len(bias_dims)
+    reads: dict[str, AxisRead] = {}
+    for i, group in enumerate(layout):
+        j = i - offset
+        if j < 0 or _is_one(bias_dims[j]) or not group:
+            continue
+        if not tracer.equal(bias_dims[j], score_dims[i]):
+            raise _NotAttention(
+                f"the mask/bias dim {j} has size {bias_dims[j]}: neither 1 nor the scores' {score_dims[i]}"
+            )
+        for pos, axis in enumerate(group):
+            inner = [_static(tracer.sizes[a]) for a in group[pos + 1 :]]
+            if None in inner:
+                raise _NotAttention("the mask/bias merges a symbolic axis with another one in one dimension")
+            reads[axis] = (j, math.prod(inner))
+    return tuple(reads.get(axis) for axis in BIAS_AXES), len(bias_dims)
+
+
+def _masked_rows(ann: dict, sizes: dict) -> str:
+    """What a row whose every score is -inf gives, from the safe-softmax tail (if any)."""
+    if "tail" not in ann:
+        return "nan"
+    neg_inf = ann["tail_inf"].value.numpy().reshape(-1)
+    if neg_inf.size != 1 or not np.isneginf(neg_inf[0]):
+        raise _NotAttention("the masked-row test of the softmax compares with something else than -inf")
+    row_max = ann["tail_max"]
+    rank = len(_dims(row_max.args[0]))
+    axes = [int(a) % rank for a in row_max.attrs.axis] if row_max.attrs.axis is not None else None
+    if axes != [rank - 1] or not row_max.attrs.keepdims:
+        raise _NotAttention("the masked-row test of the softmax does not reduce over the keys")
+    fill = ann["tail_fill"].value.numpy().reshape(-1)
+    if fill.size != 1:
+        raise _NotAttention("the value of a fully masked row is not a scalar")
+    if fill[0] == 0:
+        return "zero"
+    keys = _static(sizes["T"])
+    if keys is not None and fill[0] == np.float32(1.0) / np.float32(keys):
+        return "mean"
+    raise _NotAttention(
+        f"a fully masked row gets probabilities {fill[0]:g}; the kernel gives 0 or 1/T "
+        f"(T = {sizes['T']}: the mean of the values)"
+    )
+
+
+def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var2val) -> list[str]:
+    """Why this matched region cannot run as the fused attention kernel (empty when it can)."""
+    problems = []
+    for role in ("query", "key", "value"):
+        if _known_dims(ann[role]) is None:
+            problems.append(f"{role} has no known shape")
+            continue
+        dtype = str(ann[role].ty.dtype)
+        if dtype not in ATTENTION_DTYPES:
+            problems.append(f"{role} dtype is {dtype}; fused attention takes {'/'.join(ATTENTION_DTYPES)}")
+    if problems:
+        return problems
+    if len({str(ann[r].ty.dtype) for r in ("query", "key", "value")} | {str(out.ty.dtype)}) != 1:
+        return ["query, key, value and output dtypes differ"]
+    if "bias" in ann:
+        dtype, element = str(ann["bias"].ty.dtype), str(ann["query"].ty.dtype)
+        if _known_dims(ann["bias"]) is None:
+            return ["the additive mask/bias has no known shape"]
+        if dtype != element:
+            return [
+                f"the additive mask/bias is {dtype}, but the kernel reads it as {element} (a float32 mask "
+                f"is cast to {element} before partitioning only where its values are provably exact in "
+                f"{element} or a finite mask value that swamps the scores)"
+            ]
+    try:
+        layout = attention_layout(spec, ann, out, var2val)
+    except ValueError as err:
+        return [str(err)]
+    except Exception as err:  # a form the tracer does not know must never fail the user's pipeline
+        return [f"the attention's layout could not be read ({type(err).__name__}: {err}); it stays in TVM"]
+    return layout_problems(layout)
+
+
+def layout_problems(layout: AttentionLayout) -> list[str]:
+    """The kernel's own limits: static head dims, 4-element rows, the head dim innermost."""
+    problems = []
+    for axis in ("H", "V", "N"):
+        if not isinstance(layout.sizes[axis], tvm.tirx.IntImm):
+            problems.append(f"the {'heads' if axis == 'N' else 'head dim'} must be static")
+    if problems:
+        return problems
+    h, hv = int(layout.sizes["H"]), int(layout.sizes["V"])
+    if h % 4 or hv % 4:
+        problems.append(f"head dims {h}/{hv} must be multiples of 4 (CUTLASS fMHA's narrowest vector)")
+    if max(h, hv) > 512:
+        problems.append(f"head dim {max(h, hv)} is over 512")
+    outer_head_dims, merged_symbolic = [], []
+    for (what, axes), reads, rank in zip(OPERAND_AXES, layout.reads, layout.ranks, strict=True):
+        if reads[3] != (rank - 1, 1):
+            outer_head_dims.append(f"the {what}'s head dim is not its innermost axis (the kernel reads rows of it)")
+        held: dict[int, list[str]] = {}
+        for axis, (dim, _) in zip(axes, reads, strict=True):
+            if _static(layout.sizes[axis]) is None:
+                held.setdefault(dim, []).append(axis)
+        if any(len(symbolic) > 1 for symbolic in held.values()):
+            merged_symbolic.append(f"the {what} merges two symbolic axes into one dimension")
+    problems += outer_head_dims + merged_symbolic
+    if layout.bias is not None:
+        if layout.bias[3] != (layout.bias_rank - 1, 1):
+            problems.append("the additive mask/bias is not contiguous along the keys (the kernel reads rows of it)")
+        keys = _static(layout.sizes["T"])
+        if keys is not None and keys % BIAS_VECTOR:
+            problems.append(
+                f"{keys} keys: with a mask/bias the keys must be a multiple of {BIAS_VECTOR} "
+                "(the kernel loads bias rows 16 bytes at a time)"
+            )
+    if not np.isfinite(layout.scale) or layout.scale == 0:
+        problems.append(f"scale {layout.scale} is not a finite non-zero number")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 masks: cast to the kernel's element type before partitioning, where that is exact
+# ---------------------------------------------------------------------------------------------
+
+
+def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") -> AttentionProblem:
+    layout = attention_layout(spec, ann, out_expr, var2val)
+
+    def size(axis: str) -> int | None:
+        d = layout.sizes[axis]
+        return int(d) if hasattr(d, "value") else None
+
+    return AttentionProblem(
+        batch=size("B"),
+        heads=int(layout.sizes["N"]),
+        seq_q=size("S"),
+        seq_kv=size("T"),
+        head_dim=int(layout.sizes["H"]),
+        head_dim_value=int(layout.sizes["V"]),
+        scale=layout.scale,
+        element=dtype_of(ann["query"]),
+        query_reads=layout.query,
+        key_reads=layout.key,
+        value_reads=layout.value,
+        bias_reads=layout.bias,
+        masked_rows=layout.masked_rows,
+    )

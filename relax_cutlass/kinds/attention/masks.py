@@ -1,0 +1,248 @@
+"""Attention masks brought to the form the kernel reads: additive float masks cast to the operand
+dtype where exact (a swamping finite mask value kept distinguishable), `where` fills made scalar."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.analysis import get_var2val
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from .patterns import _VIEW_OPS, ATTENTION_DTYPES
+from .trace import _is_call, _known_dims, _static
+
+# A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
+# for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging
+# Face's eager attention uses, is about 2**128).
+SWAMPING_MASK = -(2.0**40)
+
+
+_MASK_VIEWS = ("relax.broadcast_to", "relax.reshape", "relax.expand_dims", "relax.permute_dims", "relax.squeeze")
+
+
+def _exact_in(values: np.ndarray, dtype: str) -> bool:
+    """Every value of `values` (float32) survives a round trip through `dtype`."""
+    values = np.asarray(values, dtype="float32")
+    if np.isnan(values).any():
+        return False
+    if dtype == "bfloat16":
+        return bool((values.view("uint32") & 0xFFFF == 0).all())
+    with np.errstate(over="ignore"):
+        back = values.astype("float16").astype("float32")
+    return bool((back == values).all())
+
+
+class _MaskValues:
+    """What the values of a float32 mask are known to be, from the bindings that produce it."""
+
+    def __init__(self, var2val):
+        self.var2val = var2val
+
+    def value(self, expr):
+        return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def constant(self, expr) -> np.ndarray | None:
+        """The values of a constant-valued expression (a constant, full, casts and views of one)."""
+        value = self.value(expr)
+        if isinstance(value, tvm.ir.GenericConst):
+            known = value.value.numpy()
+            return known.astype("float32") if known.dtype.kind in "fiub" else None
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None
+        op = value.op.name
+        if op in _MASK_VIEWS:
+            return self.constant(value.args[0])
+        source = value.args[1] if op == "relax.full" else value.args[0] if op == "relax.astype" else None
+        known = self.constant(source) if source is not None else None
+        dtype = str(value.ty.dtype)
+        if known is None or dtype not in ("float16", "float32", "float64", "bool", "int8", "int32", "int64"):
+            return None
+        return known.astype(dtype).astype("float32")
+
+    def exact(self, expr, dtype: str) -> bool:
+        """The expression's values are all exact in `dtype`."""
+        known = self.constant(expr)
+        if known is not None:
+            return _exact_in(known, dtype)
+        value = self.value(expr)
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        op = value.op.name
+        if op in _MASK_VIEWS:
+            return self.exact(value.args[0], dtype)
+        if op == "relax.where":
+            return self.exact(value.args[1], dtype) and self.exact(value.args[2], dtype)
+        if op == "relax.astype":
+            source = str(value.args[0].ty.dtype)
+            if source in (dtype, "bool", "int8", "uint8"):
+                return True
+            return source == "float32" and self.exact(value.args[0], dtype)
+        return False
+
+    def swamping_where(self, expr) -> tuple[relax.Call, int, float] | None:
+        """(where, index of its swamping branch, the other branch's value) for a float32 mask
+        where(cond, finite exact value, finite value <= SWAMPING_MASK) (either way round)."""
+        where = self.value(expr)
+        if not _is_call(where, "relax.where"):
+            return None
+        branches = [self.constant(where.args[i]) for i in (1, 2)]
+        if any(b is None or b.size != 1 for b in branches):
+            return None
+        (a,), (b,) = (x.reshape(-1) for x in branches)
+        for index, (kept, huge) in ((2, (a, b)), (1, (b, a))):
+            if np.isfinite(kept) and _exact_in(kept, "float16") and np.isfinite(huge) and huge <= SWAMPING_MASK:
+                return where, index, float(kept)
+        return None
+
+
+def _from_matmul(expr, var2val, depth: int = 8) -> bool:
+    """`expr` is a matmul's result, through views, casts and scalar scales (the scores)."""
+    for _ in range(depth):
+        value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        if _is_call(value, "relax.matmul"):
+            return True
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        if value.op.name not in (*_VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide"):
+            return False
+        expr = value.args[0]
+    return False
+
+
+def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
+    """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys})."""
+    var2val = get_var2val(func)
+    uses: dict = {}
+
+    def count(expr):
+        if isinstance(expr, relax.Var):
+            uses[expr] = uses.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, count)
+    known = _MaskValues(var2val)
+    adds, tails = {}, {}
+    for var, value in var2val.items():
+        if not _is_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+            continue
+        x = value.args[0]
+        add = var2val.get(x)
+        if not _is_call(add, "relax.add") or str(add.ty.dtype) != "float32":
+            continue
+        for index in (1, 0):
+            scores, mask = add.args[1 - index], add.args[index]
+            cast = known.value(scores)
+            if (
+                _is_call(cast, "relax.astype")
+                and str(cast.args[0].ty.dtype) in ATTENTION_DTYPES
+                and str(mask.ty.dtype) == "float32"
+                and _from_matmul(cast.args[0], var2val)
+            ):
+                break
+        else:
+            continue
+        element = str(cast.args[0].ty.dtype)
+        if known.exact(mask, element):
+            adds[x] = (index, element, None)
+            continue
+        dims = _known_dims(x)
+        keys = _static(dims[-1]) if dims else None
+        swamping = known.swamping_where(mask) if element == "float16" else None
+        if swamping is None or keys is None or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
+            continue
+        adds[x] = (index, element, swamping)
+        tails[var] = keys
+    return adds, tails
+
+
+@relax.expr_functor.mutator
+class _CastMasks(relax.PyExprMutator):
+    def __init__(self, adds: dict, tails: dict):
+        super().__init__()
+        self.adds, self.tails = adds, tails
+        self.cast: dict = {}  # mask var -> its float16 copy, per binding block
+
+    def visit_dataflow_block_(self, block):
+        self.cast = {}
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block):
+        self.cast = {}
+        return super().visit_binding_block_(block)
+
+    def visit_var_binding_(self, binding):
+        var = binding.var
+        if var in self.adds:
+            index, element, swamping = self.adds[var]
+            mask = self.visit_expr(binding.value.args[index])
+            low = self.cast.get(mask)
+            if low is None:
+                if swamping is None:
+                    low = self.builder_.emit(relax.op.astype(mask, element))
+                else:  # the swamping value becomes -inf; the tail below keeps what a full row gives
+                    where, huge, kept = swamping
+                    branches = [relax.const(kept, element), relax.const(-np.inf, element)]
+                    args = branches if huge == 2 else branches[::-1]
+                    low = self.builder_.emit(relax.op.where(self.visit_expr(where.args[0]), *args))
+                self.cast[mask] = low
+            args = list(binding.value.args)
+            args[index] = self.builder_.emit(relax.op.astype(low, "float32"))
+            args[1 - index] = self.visit_expr(args[1 - index])
+            self.set_var_remap(var, self.builder_.emit(relax.op.add(*args)))
+            return
+        if var in self.tails:
+            x = self.visit_expr(binding.value.args[0])
+            probs = self.builder_.emit(relax.op.nn.softmax(x, axis=-1))
+            emit = self.builder_.emit
+            # torch's _safe_softmax test, so that the attention pattern reads it as such.
+            finite = emit(relax.op.logical_not(emit(relax.op.equal(x, relax.const(-np.inf, "float32")))))
+            row_any = emit(relax.op.max(emit(relax.op.astype(finite, "int8")), axis=[-1], keepdims=True))
+            masked_row = emit(relax.op.logical_not(emit(relax.op.astype(row_any, "bool"))))
+            uniform = relax.const(np.float32(1.0) / np.float32(self.tails[var]), "float32")
+            self.set_var_remap(var, emit(relax.op.where(masked_row, uniform, probs)))
+            return
+        super().visit_var_binding_(binding)
+
+
+def cast_attention_masks(func: relax.Function) -> relax.Function:
+    """softmax(astype(scores, f32) + mask) with a float32 mask -> the same with the mask cast to
+    the scores' (the kernel's) element type, where that changes no result:
+
+    * the mask's values are provably exact in that type (a 0/-inf mask: `where(keep, 0, -inf)`,
+      as torch's scaled_dot_product_attention writes a boolean mask): the cast is exact;
+    * `where(keep, c, m)` for float16 scores, c finite and exact, m finite and <= -2**40
+      (Hugging Face's eager attention: c = 0, m = finfo(float32).min): m swamps every float16
+      score, so a masked key gets probability exactly 0, as with -inf, and a row whose every
+      key is masked gets the uniform softmax of equal values. m becomes -inf, and torch's
+      safe-softmax tail, with the value 1/T (not 0), keeps what such a row gives: the mean of
+      the values.
+
+    Other float32 masks are left alone (the attention region then stays in TVM, saying why)."""
+    adds, tails = _plan_masks(func)
+    if not adds:
+        return func
+    rewritten = _CastMasks(adds, tails).visit_expr(func)
+    return relax.analysis.remove_all_unused(rewritten)
+
+
+def scalar_where_fills(func: relax.Function) -> relax.Function:
+    """where(cond, constant tensor of one repeated value, x) -> where(cond, that scalar, x) when x
+    has the result's shape. torch.export writes the 0 of its safe softmax as a zeros tensor of the
+    scores' shape; as a scalar it stays a literal of the attention region rather than becoming a
+    tensor argument of it."""
+    cond, fill, x = wildcard(), is_const(), wildcard()
+    pattern = is_op("relax.where")(cond, fill, x)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        values = m[fill].value.numpy()
+        if values.ndim == 0 or values.size == 0 or not (values == values.reshape(-1)[0]).all():
+            return orig
+        dims, out = _known_dims(m[x]), _known_dims(orig)
+        if dims is None or out is None or len(dims) != len(out):
+            return orig
+        if not all(_static(a) is not None and _static(a) == _static(b) for a, b in zip(dims, out, strict=True)):
+            return orig
+        scalar = relax.const(values.reshape(-1)[0], str(values.dtype))
+        return relax.op.where(m[cond], scalar, m[x])
+
+    return rewrite_call(pattern, rewriter, func)

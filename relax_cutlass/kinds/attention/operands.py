@@ -1,0 +1,254 @@
+"""Casts and output views around attention rewritten to the forms its patterns match: repeated casts
+merged, operand casts moved past the views and scales, sequence-first outputs split."""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+from tvm.relax.analysis import get_var2val
+
+from .masks import _from_matmul
+from .patterns import ATTENTION_DTYPES
+from .trace import _dims, _is_call
+
+_OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to")
+
+
+def _power_of_two(expr) -> bool:
+    """`expr` is a float32 scalar constant 2**k, |k| <= 64."""
+    if not isinstance(expr, tvm.ir.GenericConst) or str(expr.ty.dtype) != "float32":
+        return False
+    value = expr.value.numpy()
+    if value.size != 1:
+        return False
+    mantissa, exponent = math.frexp(float(value.reshape(-1)[0]))
+    return mantissa == 0.5 and abs(exponent - 1) <= 64
+
+
+def _is_op_call(expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+
+
+class _OperandCasts:
+    """Plans `cast_attention_operands`: which float32 -> 16-bit casts of a matmul operand move up."""
+
+    def __init__(self, func: relax.Function):
+        self.var2val = get_var2val(func)
+        self.uses: dict = {}
+
+        def count(expr):
+            if isinstance(expr, relax.Var):
+                self.uses[expr] = self.uses.get(expr, 0) + 1
+
+        relax.analysis.post_order_visit(func.body, count)
+
+    def value(self, expr):
+        return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def narrow_source(self, expr, dtype: str):
+        """The `dtype` tensor whose float32 copy `expr` is (through take), or None."""
+        value = self.value(expr)
+        if not _is_op_call(value):
+            return None
+        if value.op.name == "relax.astype":
+            return value.args[0] if str(value.args[0].ty.dtype) == dtype else None
+        if value.op.name == "relax.take":
+            return self.narrow_source(value.args[0], dtype)
+        return None
+
+    def chain(self, x, dtype: str) -> tuple[relax.Expr, list[relax.Call]] | None:
+        """(base, [calls from base to x]) of the views and power-of-two scales (float16 only)
+        leading to float32 `x`, each intermediate used once, base the float32 copy of a `dtype`
+        tensor (through take); None otherwise."""
+        calls: list[relax.Call] = []
+        while isinstance(x, relax.Var) and self.uses.get(x, 0) == 1:
+            value = self.value(x)
+            if not _is_op_call(value) or str(value.ty.dtype) != "float32":
+                break
+            op = value.op.name
+            if op in _OPERAND_CAST_VIEWS:
+                calls.append(value)
+                x = value.args[0]
+            elif op in ("relax.multiply", "relax.divide") and dtype == "float16":
+                a, b = value.args
+                if _power_of_two(b):
+                    x = a
+                elif op == "relax.multiply" and _power_of_two(a):
+                    x = b
+                else:
+                    break
+                calls.append(value)
+            else:
+                break
+        if not calls or self.narrow_source(x, dtype) is None:
+            # Only float32 copies of `dtype` values: then the views and scales run on the same
+            # values in `dtype`, and a scale's exact product rounds once either way.
+            return None
+        return x, calls[::-1]
+
+
+@relax.expr_functor.mutator
+class _CastOperands(relax.PyExprMutator):
+    def __init__(self, plan: dict, known: _OperandCasts):
+        super().__init__()
+        self.plan, self.known = plan, known
+
+    def narrow(self, expr, dtype: str):
+        value = self.known.value(expr)
+        if _is_call(value, "relax.astype") and str(value.args[0].ty.dtype) == dtype:
+            return self.visit_expr(value.args[0])
+        if _is_call(value, "relax.take") and self.known.narrow_source(value.args[0], dtype) is not None:
+            source = self.narrow(value.args[0], dtype)
+            axis = None if value.attrs.axis is None else int(value.attrs.axis)
+            index = self.visit_expr(value.args[1])
+            return self.builder_.emit(relax.op.take(source, index, axis=axis, mode=str(value.attrs.mode)))
+        return self.builder_.emit(relax.op.astype(self.visit_expr(expr), dtype))
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.plan:
+            super().visit_var_binding_(binding)
+            return
+        base, calls, dtype = self.plan[binding.var]
+        low = self.narrow(base, dtype)
+        for call in calls:
+            op = call.op.name
+            if op == "relax.permute_dims":
+                low = relax.op.permute_dims(low, call.attrs.axes)
+            elif op == "relax.reshape":
+                low = relax.op.reshape(low, call.args[1])
+            elif op == "relax.broadcast_to":
+                low = relax.op.broadcast_to(low, call.args[1])
+            else:
+                a, b = call.args
+                const = b if _power_of_two(b) else a
+                half = relax.const(const.value.numpy().astype(dtype), dtype)
+                if op == "relax.divide":
+                    low = relax.op.divide(low, half)
+                else:
+                    low = relax.op.multiply(low, half) if const is b else relax.op.multiply(half, low)
+            low = self.builder_.emit(low)
+        self.set_var_remap(binding.var, low)
+
+
+def cast_attention_operands(func: relax.Function) -> relax.Function:
+    """matmul(astype(views(x), f16), ...) with float32 views -> the cast moved up to x, the views
+    done in float16: torch.export of nn.MultiheadAttention after ToMixedPrecision splits heads,
+    scales and transposes q, k and v in float32 and casts each just before its batched matmul,
+    which hides the attention from its pattern (its operand views are those of the kernel's
+    element type). The views (reshape, permute_dims, broadcast_to) change no value, so the move is
+    bit-identical. Multiplies or divides by a scalar 2**k (|k| <= 64) move too, for float16 only
+    and only where x is the float32 copy of float16 values (through take): the float32 product is
+    then exact and rounds once either way, so those stay bit-identical as well; any other scale,
+    or float32 values not known to be float16 ones, ends the move (a subnormal float16 result
+    could round differently). A cast whose input is astype(y, f16) to float32, possibly through
+    take (the packed q/k/v projection split by index), becomes y (take of y): no cast at all."""
+    known = _OperandCasts(func)
+    plan: dict = {}
+    for value in known.var2val.values():
+        if not _is_call(value, "relax.matmul"):
+            continue
+        for arg in value.args:
+            cast = known.value(arg)
+            if not (isinstance(arg, relax.Var) and _is_call(cast, "relax.astype")) or arg in plan:
+                continue
+            dtype = str(cast.ty.dtype)
+            if dtype not in ATTENTION_DTYPES or str(cast.args[0].ty.dtype) != "float32":
+                continue
+            found = known.chain(cast.args[0], dtype)
+            if found is not None:
+                plan[arg] = (*found, dtype)
+    if not plan:
+        return func
+    rewritten = _CastOperands(plan, known).visit_expr(func)
+    return relax.analysis.remove_all_unused(rewritten)
+
+
+@relax.expr_functor.mutator
+class _MergeCasts(relax.PyExprMutator):
+    def __init__(self):
+        super().__init__()
+        self.seen: dict = {}  # (source var, dtype) -> the first cast's var, per binding block
+
+    def visit_dataflow_block_(self, block):
+        self.seen = {}
+        return super().visit_dataflow_block_(block)
+
+    def visit_binding_block_(self, block):
+        self.seen = {}
+        return super().visit_binding_block_(block)
+
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        if _is_call(value, "relax.astype") and isinstance(binding.var, relax.DataflowVar):
+            source = self.visit_expr(value.args[0])
+            key = (source, str(value.ty.dtype))
+            first = self.seen.get(key)
+            if first is not None:
+                self.set_var_remap(binding.var, first)
+                return
+            super().visit_var_binding_(binding)
+            self.seen[key] = self.visit_expr(binding.var)
+            return
+        super().visit_var_binding_(binding)
+
+
+def merge_repeated_casts(func: relax.Function) -> relax.Function:
+    """Repeated astype(x, dtype) of one x in one block -> the first. ToMixedPrecision writes the
+    float32 copy of the attention scores once for the softmax and once for torch's safe-softmax
+    test; the attention pattern reads both as one value."""
+    rewritten = _MergeCasts().visit_expr(func)
+    return relax.analysis.remove_all_unused(rewritten)
+
+
+@relax.expr_functor.mutator
+class _SplitOutputs(relax.PyExprMutator):
+    def __init__(self, plan: dict):
+        super().__init__()
+        self.plan = plan
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.plan:
+            super().visit_var_binding_(binding)
+            return
+        heads_first = self.visit_expr(self.plan[binding.var])
+        bsnv = self.builder_.emit(relax.op.permute_dims(heads_first, [0, 2, 1, 3]))
+        self.set_var_remap(binding.var, self.builder_.emit(relax.op.permute_dims(bsnv, [1, 0, 2, 3])))
+
+
+def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
+    """permute_dims chains taking a batched matmul's (B, N, S, V) result (through a reshape) to
+    (S, B, N, V) -> one permute to (B, S, N, V), then one to (S, B, N, V). nn.MultiheadAttention
+    is sequence-first: torch.export moves its heads back with three permutes that end in SBNV,
+    which the attention kernel (it writes BSNV) cannot write; split this way the region ends at
+    the BSNV tensor and the last transpose stays in TVM. Permutes move values only: exact."""
+    var2val = get_var2val(func)
+    uses: dict = {}
+
+    def count(expr):
+        if isinstance(expr, relax.Var):
+            uses[expr] = uses.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, count)
+    consumed = set()  # permutes whose result another permute takes
+    for value in var2val.values():
+        if _is_call(value, "relax.permute_dims") and isinstance(value.args[0], relax.Var):
+            consumed.add(value.args[0])
+    plan = {}
+    for var, value in var2val.items():
+        if not _is_call(value, "relax.permute_dims") or var in consumed or len(_dims(var)) != 4:
+            continue
+        axes = [0, 1, 2, 3]
+        x = var
+        while _is_call(var2val.get(x), "relax.permute_dims") and (x is var or uses.get(x, 0) == 1):
+            call = var2val[x]
+            step = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else [3, 2, 1, 0]
+            axes = [step[a] for a in axes]
+            x = call.args[0]
+        reshape = var2val.get(x)
+        if axes == [2, 0, 1, 3] and _is_call(reshape, "relax.reshape") and _from_matmul(reshape.args[0], var2val, 1):
+            plan[var] = x
+    if not plan:
+        return func
+    return relax.analysis.remove_all_unused(_SplitOutputs(plan).visit_expr(func))

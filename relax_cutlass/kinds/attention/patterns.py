@@ -1,0 +1,120 @@
+"""The patterns of fused attention: `R.nn.attention`, and softmax(q k^T * scale [+ bias]) v decomposed
+with the views that split and move the heads around it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
+
+from .. import CODEGEN
+from ..epilogue import Epilogue
+
+ATTENTION_DTYPES = ("float16", "bfloat16")
+
+
+# Ops that only change how a tensor is viewed (or are elementwise) on the way between the stages.
+_VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
+
+
+@dataclass(frozen=True)
+class AttentionPatternSpec:
+    """One attention composite: `form` "op" (R.nn.attention) or "softmax" (decomposed)."""
+
+    form: str
+
+    @property
+    def name(self) -> str:
+        return f"{CODEGEN}.attention" + ("" if self.form == "op" else "_softmax")
+
+    @property
+    def size(self) -> int:
+        return 100  # before every GEMM pattern: its matmuls must not be taken one by one
+
+    @property
+    def epilogue(self) -> Epilogue:
+        return Epilogue()
+
+
+ATTENTION_SPECS = (AttentionPatternSpec("softmax"), AttentionPatternSpec("op"))
+
+
+def _scaled(x: DFPattern) -> DFPattern:
+    """x, optionally multiplied (or divided) by a scalar constant, possibly cast."""
+    const = is_const()
+    c = is_op("relax.astype")(const) | const
+    multiply, divide = is_op("relax.multiply"), is_op("relax.divide")
+    return multiply(x, c) | multiply(c, x) | divide(x, c) | x
+
+
+def _views(x: DFPattern, ops: tuple[str, ...]) -> DFPattern:
+    """x, optionally followed by each of `ops` in turn (each one present or not); "scale" is a
+    scalar multiply or divide."""
+    for op in ops:
+        if op == "scale":
+            x = _scaled(x)
+        else:
+            x = (is_op(op)(x) if op == "relax.permute_dims" else is_op(op)(x, wildcard())) | x
+    return x
+
+
+# The views seen between a head-split q/k/v and its matmul: torch.export writes
+# permute -> [permute] -> [scale] -> broadcast_to -> reshape (the scale: torch's decomposed
+# scaled_dot_product_attention multiplies q and k^T by sqrt(scale) each), TVM's own rewrites
+# permute -> reshape -> permute.
+_OPERAND_VIEWS = (
+    "relax.permute_dims",
+    "relax.permute_dims",
+    "scale",
+    "relax.broadcast_to",
+    "relax.reshape",
+    "relax.permute_dims",
+)
+
+
+_VALUE_VIEWS = tuple(op for op in _OPERAND_VIEWS if op != "scale")  # a scaled v is no attention
+
+
+_SCORE_VIEWS = ("relax.reshape", "relax.broadcast_to", "relax.reshape")
+
+
+# torch.export of sdpa moves the heads back with three permutes ((B,N,S,V) -> (S,B,N,V) -> ...).
+_OUTPUT_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.permute_dims", "relax.permute_dims", "relax.reshape")
+
+
+def _safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPattern:
+    """torch's `_safe_softmax`: where(row all -inf, fill, softmax(x)), the row test written as
+    logical_not(astype(max(astype(logical_not(equal(x, -inf)), int8), -1, keepdims), bool))."""
+    ann["tail_inf"] = neg_inf = is_const()
+    finite = is_op("relax.logical_not")(is_op("relax.equal")(logits, neg_inf))
+    ann["tail_max"] = row_any = is_op("relax.max")(is_op("relax.astype")(finite))
+    masked_row = is_op("relax.logical_not")(is_op("relax.astype")(row_any))
+    ann["tail_fill"] = fill = is_const()
+    ann["tail"] = tail = is_op("relax.where")(masked_row, fill, softmax)
+    return tail
+
+
+@cache
+def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    """The DFPattern of `spec`, annotated query, key, value, root (the first matmul or the op),
+    and for the decomposed form [bias] (the additive mask), softmax, second (the second matmul)."""
+    q, k, v = wildcard(), wildcard(), wildcard()
+    ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
+    if spec.form == "op":
+        ann["root"] = out = is_op("relax.nn.attention")(q, k, v)
+        return out, ann
+    ann["root"] = scores = is_op("relax.matmul")(_views(q, _OPERAND_VIEWS), _views(k, _OPERAND_VIEWS))
+    scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))
+    scaled = is_op("relax.astype")(scaled) | scaled
+    ann["bias"] = bias = wildcard()
+    bias_in = is_op("relax.astype")(bias) | bias
+    ann["bias_add"] = add = is_op("relax.add")(scaled, bias_in) | is_op("relax.add")(bias_in, scaled)
+    logits = add | scaled
+    logits = is_op("relax.astype")(logits) | logits
+    ann["softmax"] = softmax = is_op("relax.nn.softmax")(logits)
+    probs = _safe_softmax_tail(logits, softmax, ann) | softmax
+    probs = _views(probs, _SCORE_VIEWS[1:])
+    probs = is_op("relax.astype")(probs) | probs
+    ann["second"] = second = is_op("relax.matmul")(probs, _views(v, _VALUE_VIEWS))
+    return _views(second, _OUTPUT_VIEWS), ann

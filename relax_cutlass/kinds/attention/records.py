@@ -1,0 +1,158 @@
+"""What a fused attention region computes (problem, kernel, region records), its tuning key and its
+report line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...stages.tuning import TuningKey
+from ..epilogue import Epilogue, widest_vector
+from ..region import Region
+
+# The axes of an attention's additive bias, in the order of `AttentionProblem.bias_reads`.
+BIAS_AXES = ("B", "N", "S", "T")
+
+
+# What a row whose every score is -inf (every key masked) gives: "nan" (the softmax's 0/0, what
+# both TVM and the kernel compute), "zero" (torch's safe softmax) or "mean" (the mean of the
+# values: a finite mask value swamped the scores, the softmax of the row is uniform). The index is
+# the kernel ABI's `masked_rows`.
+MASKED_ROWS = ("nan", "zero", "mean")
+
+
+# The kernel loads the bias 128 bits at a time (its BiasLoader), whatever its own alignment: rows
+# of keys must be whole vectors of 16-bit elements.
+BIAS_VECTOR = 8
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.
+
+    Sizes are ints, or None where symbolic (read from the tensors at run time). Each `*_reads`
+    gives, for (batch, rows, heads, head dim), the (dimension, element factor) of that packed
+    parameter which holds it: the axis's stride is the dimension's stride times the factor, so
+    ((0, 1), (1, 1), (2, 1), (3, 1)) is a BSNH tensor and ((0, 1), (1, 1), (2, 64), (2, 1)) the
+    (B, S, N*64) projection the heads are split from. The output is always (B, S, N, V) in memory.
+
+    `bias_reads`, when the scores get an additive mask/bias before the softmax, gives the same
+    for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
+    reads it in `element`. `masked_rows` is what a row whose every score is -inf gives: "nan"
+    (the softmax's 0/0), "zero" (torch's safe softmax) or "mean" (the mean of the values).
+    """
+
+    batch: int | None
+    heads: int
+    seq_q: int | None
+    seq_kv: int | None
+    head_dim: int
+    head_dim_value: int
+    scale: float
+    element: str = "float16"
+    query_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
+    key_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
+    value_reads: tuple[tuple[int, int], ...] = ((0, 1), (1, 1), (2, 1), (3, 1))
+    element_accumulator: str = "float32"  # the kernel's softmax and both products run in fp32
+    bias_reads: tuple[tuple[int, int] | None, ...] | None = None
+    masked_rows: str = "nan"
+
+    @property
+    def alignment(self) -> int:
+        """Widest vector access of q/k/v/out rows (in elements)."""
+        return widest_vector(self.head_dim, self.head_dim_value)
+
+    def flops(self) -> int | None:
+        if None in (self.batch, self.seq_q, self.seq_kv):
+            return None
+        return 2 * self.batch * self.heads * self.seq_q * self.seq_kv * (self.head_dim + self.head_dim_value)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One fused multi-head attention kernel (CUTLASS example 41, the xFormers forward kernel):
+    a CTA takes `queries_per_block` query rows of one head and streams the keys in blocks of
+    `keys_per_block`, with an online softmax. Only the dtype, the tile, the largest head dim
+    (`max_head_dim`) and whether rows are 16-byte aligned are compiled in."""
+
+    problem: AttentionProblem
+    queries_per_block: int
+    keys_per_block: int
+    max_head_dim: int
+    aligned: bool
+    arch: int = 80  # the SM80 tensor-op kernel; it is also what runs on sm_90a
+    target: int = 80
+    epilogue: Epilogue = Epilogue()  # none: the region is the whole attention
+    selected_by: str = field(default="heuristic", compare=False)
+    note: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
+        return (
+            f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
+            f"k{self.keys_per_block}_maxk{self.max_head_dim}" + ("_bias" if self.bias else "")
+        )
+
+    @property
+    def bias(self) -> bool:
+        """Compiled with CUTLASS's attention bias (kSupportsBias): the problem adds a mask/bias."""
+        return self.problem.bias_reads is not None
+
+
+@dataclass(frozen=True)
+class AttentionRegion(Region):
+    kernel: AttentionKernel
+
+    @property
+    def kernels(self) -> tuple[AttentionKernel, ...]:
+        return (self.kernel,)
+
+    def report_row(self) -> dict:
+        p = self.kernel.problem
+        attention = {
+            "batch": p.batch if p.batch is not None else "dynamic",
+            "heads": p.heads,
+            "seq_q": p.seq_q if p.seq_q is not None else "dynamic",
+            "seq_kv": p.seq_kv if p.seq_kv is not None else "dynamic",
+            "head_dim": p.head_dim,
+            "head_dim_value": p.head_dim_value,
+            "scale": p.scale,
+        }
+        if p.bias_reads is not None:
+            # The bias's shape as the kernel reads it: a broadcast axis shows as 1.
+            attention["bias"] = "".join(a if r is not None else "1" for a, r in zip("BNST", p.bias_reads, strict=True))
+            attention["masked_rows"] = p.masked_rows
+        # "mnk" of one head's first product, for the report's common columns.
+        mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
+        return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})
+
+
+def report_line(r: dict) -> str:
+    a = r["attention"]
+    return (
+        f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
+        f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
+        + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
+        + f"{r['dtypes']['query']}->"
+        f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
+        f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
+        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+    )
+
+
+def attention_key(problem: AttentionProblem, arch: int) -> TuningKey:
+    """The key of a fused attention problem with static sizes (the SM80 kernel family). The
+    kernel reads q, k and v through strides, so one timing on BSNH tensors serves every layout."""
+    p = problem
+    return TuningKey(
+        arch=arch,
+        op="attention",
+        shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
+        geometry=(),
+        layout="bsnh",
+        element=p.element,
+        element_out=p.element,
+        accumulator=p.element_accumulator,
+        alignment=p.alignment,
+        family=80,
+    )

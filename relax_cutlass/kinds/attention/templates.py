@@ -1,0 +1,197 @@
+"""C++ of the fused attention kind: the kernel ABI, its translation unit and the glue function."""
+
+from __future__ import annotations
+
+from string import Template
+
+from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL, KERNEL_PRELUDE
+
+ARGS_TYPE = "RelaxCutlassAttentionArgs"
+
+# The ABI of fused attention kernels: sizes, and for q/k/v the element strides of the batch, row
+# and head dimensions (the head dim itself is contiguous). The output is (B, S, N, V), packed.
+# The optional additive bias (masks) comes last, so that callers without one leave it zero.
+ATTENTION_ARGS = """\
+struct RelaxCutlassAttentionArgs {
+  int64_t batch, heads, seq_q, seq_kv, head_dim, head_dim_value;
+  const void* q; int64_t q_stride_b, q_stride_s, q_stride_n;
+  const void* k; int64_t k_stride_b, k_stride_s, k_stride_n;
+  const void* v; int64_t v_stride_b, v_stride_s, v_stride_n;
+  void* out;
+  float scale;
+  // Additive bias on the scores, or nullptr (kernels built with bias support only): (B, N, S, T)
+  // in the q/k/v element type, read through these element strides (0: broadcast axis); the keys
+  // are contiguous. 16-byte aligned, with seq_kv and every stride a multiple of 8.
+  const void* bias; int64_t bias_stride_b, bias_stride_n, bias_stride_s;
+  // What a row whose every score is -inf (every key masked) gives: 0 NaN (the softmax's 0/0),
+  // 1 zeros (torch's safe softmax), 2 the mean of the values. Used with a bias only.
+  int32_t masked_rows;
+};
+"""
+
+
+# One fused attention configuration -> one object exporting `<kernel>_run`: CUTLASS's
+# examples/41 forward kernel (xFormers' memory-efficient attention), launched as its own
+# example launches it.
+ATTENTION_KERNEL_TU = Template(
+    """\
+// relax_cutlass generated kernel: $name
+"""
+    + KERNEL_PRELUDE
+    + """\
+#include <cstdint>
+#include <cstdio>
+#include <cmath>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+#include "kernel_forward.h"
+
+$attention_args
+namespace {
+// A TU-local kernel type, so no other library ever shares this kernel's symbols.
+struct Attention : AttentionKernel<$element, cutlass::arch::Sm80, /*isAligned=*/$aligned,
+                                   /*kQueriesPerBlock=*/$queries, /*kKeysPerBlock=*/$keys,
+                                   /*kMaxK=*/$max_k, /*kSupportsDropout=*/false,
+                                   /*kSupportsBias=*/$supports_bias> {};
+
+// A row whose every score is -inf leaves the kernel as 0/0 = NaN, its logsumexp -inf. The graph
+// gives zeros there (masked_rows 1, torch's safe softmax) or the mean of the values (2: a finite
+// mask value swamped the scores, so the softmax of the row was uniform).
+template <typename T>
+__global__ void FixMaskedRows(RelaxCutlassAttentionArgs a, const float* lse, int64_t lse_dim) {
+  const int64_t rows = a.batch * a.heads * a.seq_q;
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t s = row % a.seq_q, n = row / a.seq_q % a.heads, b = row / a.seq_q / a.heads;
+    if (lse[(b * a.heads + n) * lse_dim + s] != -INFINITY) continue;
+    T* out = static_cast<T*>(a.out) + ((b * a.seq_q + s) * a.heads + n) * a.head_dim_value;
+    const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + n * a.v_stride_n;
+    for (int64_t d = 0; d < a.head_dim_value; ++d) {
+      float sum = 0.0f;
+      if (a.masked_rows == 2) {
+        for (int64_t t = 0; t < a.seq_kv; ++t) sum += static_cast<float>(v[t * a.v_stride_s + d]);
+        sum /= static_cast<float>(a.seq_kv);
+      }
+      out[d] = static_cast<T>(sum);
+    }
+  }
+}
+
+$check_device
+const char* Fail(const char* step) {
+  static thread_local char message[512];
+  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
+                cudaGetErrorString(cudaGetLastError()));
+  return message;
+}
+}  // namespace
+
+// Returns nullptr on success, else a message that names the failing step.
+extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
+    const RelaxCutlassAttentionArgs* a, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (const char* error = CheckDevice()) return error;
+  using T = typename Attention::scalar_t;
+  typename Attention::Params p;
+  p.query_ptr = static_cast<T*>(const_cast<void*>(a->q));
+  p.key_ptr = static_cast<T*>(const_cast<void*>(a->k));
+  p.value_ptr = static_cast<T*>(const_cast<void*>(a->v));
+  p.output_ptr = static_cast<T*>(a->out);
+  p.logsumexp_ptr = nullptr;
+  p.scale = a->scale;
+  p.num_batches = static_cast<int32_t>(a->batch);
+  p.num_heads = static_cast<int32_t>(a->heads);
+  p.head_dim = static_cast<int32_t>(a->head_dim);
+  p.head_dim_value = static_cast<int32_t>(a->head_dim_value);
+  p.num_queries = static_cast<int32_t>(a->seq_q);
+  p.num_keys = static_cast<int32_t>(a->seq_kv);
+  p.custom_mask_type = Attention::NoCustomMask;
+  p.q_strideB = a->q_stride_b;
+  p.q_strideM = static_cast<int32_t>(a->q_stride_s);
+  p.q_strideH = static_cast<int32_t>(a->q_stride_n);
+  p.k_strideB = a->k_stride_b;
+  p.k_strideM = static_cast<int32_t>(a->k_stride_s);
+  p.k_strideH = static_cast<int32_t>(a->k_stride_n);
+  p.v_strideB = a->v_stride_b;
+  p.v_strideM = static_cast<int32_t>(a->v_stride_s);
+  p.v_strideH = static_cast<int32_t>(a->v_stride_n);
+  p.o_strideM = static_cast<int32_t>(a->head_dim_value * a->heads);
+  if (a->bias != nullptr) {
+    if (!Attention::kSupportsBias) return "$name: this kernel was built without attention-bias support";
+    p.attn_bias_ptr = static_cast<T*>(const_cast<void*>(a->bias));
+    p.bias_strideB = a->bias_stride_b;
+    p.bias_strideH = a->bias_stride_n;
+    p.bias_strideM = static_cast<int32_t>(a->bias_stride_s);
+  }
+  if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
+  void* workspace = nullptr;
+  if (Attention::kNeedsOutputAccumulatorBuffer) {
+    const size_t bytes =
+        sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
+    if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) return Fail("output accumulator allocation");
+    p.output_accum_ptr = static_cast<typename Attention::output_accum_t*>(workspace);
+  }
+  constexpr auto kernel = attention_kernel_batched_impl<Attention>;
+  const int smem_bytes = sizeof(typename Attention::SharedStorage);
+  if (smem_bytes > 0xc000) {
+    // Per device: the opt-in to more than 48 KB of shared memory is a property of the context.
+    static bool configured[64] = {};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device >= 64 || !configured[device]) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
+        if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+        return Fail("shared memory opt-in");
+      }
+      if (device < 64) configured[device] = true;
+    }
+  }
+  // Fully masked rows are found by their logsumexp (-inf), which the kernel then writes.
+  float* lse = nullptr;
+  const int64_t lse_dim = (a->seq_q + Attention::kAlignLSE - 1) / Attention::kAlignLSE * Attention::kAlignLSE;
+  if (a->bias != nullptr && a->masked_rows != 0) {
+    if (cudaMallocAsync(reinterpret_cast<void**>(&lse), sizeof(float) * a->batch * a->heads * lse_dim, stream) !=
+        cudaSuccess) {
+      if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+      return Fail("logsumexp allocation");
+    }
+    p.logsumexp_ptr = lse;
+  }
+  kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p);
+  cudaError_t launched = cudaPeekAtLastError();
+  if (launched == cudaSuccess && lse != nullptr) {
+    const int64_t rows = a->batch * a->heads * a->seq_q;
+    const int blocks = static_cast<int>(rows / 256 + 1 < 4096 ? rows / 256 + 1 : 4096);
+    FixMaskedRows<T><<<blocks, 256, 0, stream>>>(*a, lse, lse_dim);
+    launched = cudaPeekAtLastError();
+  }
+  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+  if (lse != nullptr) cudaFreeAsync(lse, stream);
+  if (launched != cudaSuccess) return Fail("kernel launch");
+  return nullptr;
+}
+"""
+)
+
+
+ATTENTION_GLUE_FUNCTION = Template(
+    GLUE_FUNCTION_HEAD
+    + """\
+$rank_checks
+$sizes
+$shape_checks
+  TRY(CheckDim(fn, "output elements", Numel(out), batch * seq_q * $heads * $head_dim_value, out));
+  if (batch == 0 || seq_q == 0) return 0;
+  if (seq_kv == 0) {
+    return Raise("ValueError", "%s: attention over zero keys (shape %s) is undefined", fn, ShapeStr(key).text);
+  }
+  if (batch > 65535 || Numel(query) > INT32_MAX || Numel(key) > INT32_MAX || Numel(value) > INT32_MAX) {
+    return Raise("ValueError", "%s: batch %lld or a q/k/v tensor of over 2^31 elements is past the fused attention "
+                 "kernel's 32-bit row strides and grid; split the batch", fn, static_cast<long long>(batch));
+  }
+  RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
+      $operands,
+      const_cast<void*>(Data(out)), ${scale}f${bias}};
+"""
+    + GLUE_FUNCTION_TAIL
+)

@@ -1,0 +1,198 @@
+"""Following view ops (reshape, permute_dims, broadcast_to) through a region, naming the logical
+attention axis each dimension holds."""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import relax
+
+# A layout: for each dimension of a tensor, the logical axes merged into it, outermost first.
+# Axes of static size 1 are left out (they place nothing in memory).
+Layout = tuple[tuple[str, ...], ...]
+
+
+class _NotAttention(Exception):
+    """A view the kernel cannot express; the message says which and why."""
+
+
+def _known_dims(expr: relax.Expr) -> list | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+        return None
+    return list(ty.shape.values)
+
+
+def _dims(expr: relax.Expr) -> list:
+    dims = _known_dims(expr)
+    if dims is None:
+        raise _NotAttention(f"{_name(expr)} has no known shape")
+    return dims
+
+
+def _name(expr: relax.Expr) -> str:
+    return expr.name if isinstance(expr, relax.Var) else type(expr).__name__
+
+
+def _is_one(dim) -> bool:
+    return isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1
+
+
+def _static(dim) -> int | None:
+    return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
+
+
+def _is_call(expr: relax.Expr, op: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
+
+
+class _Tracer:
+    """Follows views from one tensor to another, keeping each dimension's logical axes."""
+
+    def __init__(self, var2val, sizes: dict[str, tvm.tirx.PrimExpr], bias: relax.Expr | None = None):
+        self.var2val = var2val
+        self.sizes = sizes
+        self.bias = bias  # the additive bias (a region input), if any: the add continues past it
+        self.children: dict[str, tuple[str, str]] = {}  # axis -> its two sub-axes, once split
+        self.analyzer = tvm.sym.Analyzer()
+
+    def equal(self, a, b) -> bool:
+        return self.analyzer.can_prove_equal(a, b)
+
+    def label(self, expr: relax.Expr, names: tuple[str, ...]) -> Layout:
+        """The layout of `expr` itself, its dimensions named `names`."""
+        dims = _dims(expr)
+        if len(dims) != len(names):
+            raise _NotAttention(f"{_name(expr)} has rank {len(dims)}, not {len(names)}")
+        for name, dim in zip(names, dims, strict=True):
+            if name in self.sizes and not self.equal(self.sizes[name], dim):
+                raise _NotAttention(f"{_name(expr)}'s {name} size {dim} differs from {self.sizes[name]}")
+            self.sizes[name] = dim
+        return tuple(() if _is_one(d) else (n,) for n, d in zip(names, dims, strict=True))
+
+    def chain(self, end: relax.Expr, start: relax.Expr, allowed: tuple[str, ...]) -> list[relax.Call]:
+        """The calls from `start` to `end`, first first; every one an op in `allowed` whose
+        main argument (`main_arg`) continues the chain."""
+        calls = []
+        expr = end
+        while not expr.same_as(start):
+            value = self.value(expr)
+            if value.same_as(start):  # a matched wildcard is the bound value, not the var
+                break
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in allowed):
+                raise _NotAttention(f"{_name(expr)} is not reached from {_name(start)} through {allowed}")
+            calls.append(value)
+            expr = self.main_arg(value)
+        return calls[::-1]
+
+    def value(self, expr: relax.Expr) -> relax.Expr:
+        """What a dataflow var is bound to (the expression itself otherwise)."""
+        return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    def is_side(self, expr: relax.Expr) -> bool:
+        """`expr` is the additive bias, or the cast of it."""
+        if self.bias is None:
+            return False
+        value = self.value(expr)
+        if expr.same_as(self.bias) or value.same_as(self.bias):
+            return True
+        return _is_call(value, "relax.astype") and self.is_side(value.args[0])
+
+    def scalar_const(self, expr: relax.Expr) -> tuple[tvm.ir.GenericConst, relax.Call | None] | None:
+        """(constant, its cast or None) when `expr` is a scalar constant, possibly cast."""
+        value = self.value(expr)
+        cast = None
+        if _is_call(value, "relax.astype"):
+            cast, value = value, self.value(value.args[0])
+        if isinstance(value, tvm.ir.GenericConst) and value.value.numpy().size == 1:
+            return value, cast
+        return None
+
+    def main_arg(self, call: relax.Call) -> relax.Expr:
+        """The argument a chain of views/elementwise ops continues through: the probabilities of
+        the safe-softmax `where`, the scores of the bias add, the tensor a scale multiplies."""
+        op = call.op.name
+        if op == "relax.where":
+            return call.args[2]
+        if op == "relax.add":
+            return call.args[1] if self.is_side(call.args[0]) else call.args[0]
+        if op in ("relax.multiply", "relax.divide"):
+            return call.args[1] if self.scalar_const(call.args[0]) is not None else call.args[0]
+        return call.args[0]
+
+    def apply(self, layout: Layout, call: relax.Call) -> Layout:
+        op = call.op.name
+        if op == "relax.permute_dims":
+            axes = call.attrs.axes
+            order = [int(a) for a in axes] if axes is not None else list(range(len(layout)))[::-1]
+            return tuple(layout[a] for a in order)
+        if op == "relax.reshape":
+            return self.regroup(layout, _dims(call), call)
+        if op == "relax.broadcast_to":
+            before, after = _dims(call.args[0]), _dims(call)
+            if len(before) != len(after) or not all(self.equal(a, b) for a, b in zip(before, after, strict=True)):
+                raise _NotAttention(f"broadcast_to {[str(d) for d in after]} repeats data (only a no-op one is fused)")
+            return layout
+        return layout  # elementwise: astype, the scale, softmax (its axis is checked apart)
+
+    def regroup(self, layout: Layout, new_dims: list, call) -> Layout:
+        """A reshape: the same axes in the same order, grouped into the new dimensions. A static
+        axis may be split (the head split of a (B, S, N*H) projection): it becomes two sub-axes."""
+        axes = [a for group in layout for a in group]
+        groups, i = [], 0
+        for dim in new_dims:
+            if _is_one(dim):
+                groups.append(())
+                continue
+            group: list[str] = []
+            size = tvm.tirx.IntImm("int64", 1)
+            while not (group and self.equal(size, dim)):
+                if i == len(axes):
+                    raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} does not regroup the axes")
+                axis = axes[i]
+                outer = self._split_off(axis, size, dim)
+                if outer is not None:
+                    axes[i : i + 1] = list(outer)
+                    axis = axes[i]
+                group.append(axis)
+                size = size * self.sizes[axis]
+                i += 1
+            groups.append(tuple(group))
+        if i != len(axes):
+            raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} drops axes")
+        return tuple(groups)
+
+    def _split_off(self, axis: str, size, dim) -> tuple[str, str] | None:
+        """If `axis` is larger than what dimension `dim` still needs after `size`, split it into
+        (that much, the rest) and return the two sub-axes; None when it fits whole."""
+        whole, need, have = (_static(e) for e in (self.sizes[axis], dim, size))
+        if None in (whole, need, have) or need % have or whole <= need // have:
+            return None
+        outer = need // have
+        if whole % outer:
+            raise _NotAttention(f"reshape to {dim} cuts axis {axis} of size {whole} unevenly")
+        parts = (f"{axis}.0", f"{axis}.1")
+        self.sizes[parts[0]] = tvm.tirx.IntImm("int64", outer)
+        self.sizes[parts[1]] = tvm.tirx.IntImm("int64", whole // outer)
+        self.children[axis] = parts
+        return parts
+
+    def leaves(self, axis: str) -> list[str]:
+        """`axis`, or the sub-axes it was split into, outermost first."""
+        return [leaf for part in self.children.get(axis, ()) for leaf in self.leaves(part)] or [axis]
+
+    def read(self, names: list[str], axis: str) -> tuple[int, int]:
+        """(dimension of the parameter, element factor within it) of a leaf axis: its stride is
+        the dimension's packed stride times the sizes of the leaves inside it after this one."""
+        for dim, root in enumerate(names):
+            leaves = self.leaves(root)
+            if axis in leaves:
+                inner = leaves[leaves.index(axis) + 1 :]
+                return dim, math.prod(_static(self.sizes[a]) for a in inner)
+        raise _NotAttention(f"axis {axis} belongs to no parameter dimension")
+
+    def follow(self, layout: Layout, calls: list[relax.Call]) -> Layout:
+        for call in calls:
+            layout = self.apply(layout, call)
+        return layout

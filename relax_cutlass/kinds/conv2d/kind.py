@@ -1,0 +1,105 @@
+"""The conv2d kind: NHWC x OHWI forward convolution (+ bias, activation, residual add(+relu)) as a
+CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU."""
+
+from __future__ import annotations
+
+from ...stages.profile import ProfileJob, by_label
+from .. import Profiling, RegionKind
+from ..epilogue import Epilogue
+from ..epilogue_patterns import epilogue_problems, residual_input
+from ..gemm.profile import candidate_label
+from ..region import mnk_report_line
+from .emit import conv2d_glue_function, emit_conv2d_kernel
+from .patterns import (
+    Conv2dPatternSpec,
+    all_conv2d_specs,
+    conv2d_pattern,
+    conv2d_problems,
+    left_in_tvm_row,
+    read_problem,
+)
+from .profile import PROFILE_CONV2D, conv2d_candidates
+from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
+from .select import candidate_conv2d_tiles, choose_conv2d_kernel
+from .templates import ARGS_TYPE, CONV2D_ARGS
+
+
+def _rules(spec, ann, out, _var2val) -> list[str]:
+    return conv2d_problems(ann["root"]) or epilogue_problems(spec, ann, out)
+
+
+def plan(problem: Conv2dProblem, spec, options, db) -> tuple[Conv2dKernel, dict]:
+    kernel, split_k = choose_conv2d_kernel(problem, spec.epilogue, options.arch, 1, options.family, options.tile, db)
+    # A symbolic batch can grow past what the slice count was chosen for: no split-K then.
+    return kernel, {"split_k": split_k if problem.n is not None else 1}
+
+
+def _keys(problem: Conv2dProblem, arch: int, _family: str) -> list[tuple]:
+    """Static batches only: a symbolic one gets the heuristic (the report says so)."""
+    return [] if problem.n is None else [(conv2d_key(problem, arch), problem)]
+
+
+def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[ProfileJob]:
+    return [
+        ProfileJob(
+            key,
+            problem,
+            tuple(
+                (Conv2dKernel(problem, Epilogue(), t, arch=80, target=arch, selected_by="profiling"), split)
+                for t, split in conv2d_candidates(problem, arch, limit)
+            ),
+        )
+        for key, _ in _keys(problem, arch, family)
+    ]
+
+
+def _stage2_candidates(p: Conv2dProblem, epilogue: Epilogue, arch: int, _key, record) -> tuple:
+    heuristic, split = choose_conv2d_kernel(p, epilogue, arch)
+    pool = candidate_conv2d_tiles(p.element_accumulator, p.element)
+    # Serial split-K keeps partial sums where the residual block epilogue reads its second
+    # operand: with a residual, a split tile is timed unsplit (choose_split_k).
+    return heuristic, split, [(t, 1 if epilogue.residual else s) for t, s in by_label(pool, record)]
+
+
+def _job_fields(job: ProfileJob) -> dict:
+    p = job.problem
+    return {"conv": [p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q, *p.pad, *p.stride, *p.dilation]}
+
+
+def _report_line(r: dict) -> str:
+    conv = r["conv"]
+    detail = f" {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} pad {conv['padding']}" + (
+        f" split-K {conv['split_k']}" if conv["split_k"] > 1 else ""
+    )
+    return mnk_report_line(r, detail)
+
+
+KIND = RegionKind(
+    name="conv2d",
+    specs=all_conv2d_specs,
+    spec_type=Conv2dPatternSpec,
+    pattern=conv2d_pattern,
+    rules=_rules,
+    roles=("data", "weight", "bias", "residual"),
+    independent_inputs=residual_input,
+    read_problem=read_problem,
+    problem_type=Conv2dProblem,
+    kernel_type=Conv2dKernel,
+    region_type=Conv2dRegion,
+    plan=plan,
+    emit_kernel=emit_conv2d_kernel,
+    glue_function=conv2d_glue_function,
+    args_type=ARGS_TYPE,
+    args=CONV2D_ARGS,
+    profiling=Profiling(
+        jobs=_jobs,
+        label=lambda kernel, split_k: candidate_label(kernel.tile, split_k),
+        timing_function=PROFILE_CONV2D,
+        job_fields=_job_fields,
+        stage2_keys=_keys,
+        stage2_candidates=_stage2_candidates,
+    ),
+    report_line=_report_line,
+    flops_name="conv2d",
+    left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
+)

@@ -1,0 +1,139 @@
+"""The patterns of the conv2d kind (NHWC x OHWI conv2d + epilogue), its legality rules, how a matched
+region reads back into a Conv2dProblem, and the report row of a conv2d left in TVM."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+
+from .. import CODEGEN
+from ..epilogue_patterns import (
+    SUPPORTED_INPUT_DTYPES,
+    _epilogue_pattern,
+    _EpilogueSpec,
+    _shape,
+    _static_int,
+    dtype_of,
+    epilogue_specs,
+)
+from ..ir import accumulator_for, shape_of, static_shape
+from .records import Conv2dProblem
+
+# conv2d: NHWC activations x OHWI filters (what ConvertToNHWC produces).
+CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
+
+
+@dataclass(frozen=True)
+class Conv2dPatternSpec(_EpilogueSpec):
+    """The shape of one conv2d composite: conv2d root, then bias, activation, residual add(+relu)."""
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: bool = False
+    residual_relu: bool = False
+    cast: bool = False  # never set: conv outputs keep the input dtype (see conv2d_problems)
+
+    @property
+    def name(self) -> str:
+        return f"{CODEGEN}." + "_".join(["conv2d", *self.epilogue.parts()])
+
+    @property
+    def size(self) -> int:
+        return 1 + self.bias + (self.activation != "identity") * 2 + self.residual + self.residual_relu
+
+
+def all_conv2d_specs() -> list[Conv2dPatternSpec]:
+    """Every supported epilogue, largest first."""
+    return epilogue_specs(Conv2dPatternSpec)
+
+
+@cache
+def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    """Build the DFPattern for `spec` with annotations data, weight, root, [bias], [residual], ..."""
+    data, weight = wildcard(), wildcard()
+    ann: dict[str, DFPattern] = {"data": data, "weight": weight}
+    ann["root"] = root = is_op("relax.nn.conv2d")(data, weight)
+    out = _epilogue_pattern(root, ann, spec)
+    return out, dict(ann)
+
+
+def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
+    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel (empty when it can).
+
+    layout_skipped: why ConvertToNHWC left the conv's function in NCHW, if it did."""
+    data, weight = conv.args
+    attrs = conv.attrs
+    problems = []
+    layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
+    if layouts != CONV2D_LAYOUTS:
+        problems.append(
+            f"layouts {layouts} are not NHWC/OHWI; "
+            + (
+                f"ConvertToNHWC skipped the layout conversion of this function ({layout_skipped})"
+                if layout_skipped
+                else "run relax_cutlass.transform.ConvertToNHWC() first (offload_pipeline does)"
+            )
+        )
+    if int(attrs.groups) != 1:
+        problems.append(
+            f"groups={int(attrs.groups)}: grouped and depthwise conv2d are not offloaded yet (no CUTLASS "
+            "2.x fprop kernel here), the conv stays in TVM"
+        )
+    in_dtype = dtype_of(data)
+    if in_dtype not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != in_dtype:
+        problems.append(
+            f"data/weight dtypes {in_dtype}/{dtype_of(weight)}: both must be one of {SUPPORTED_INPUT_DTYPES}"
+        )
+    if dtype_of(conv) != in_dtype:
+        problems.append(f"out_dtype {dtype_of(conv)} differs from the input dtype {in_dtype}")
+    dshape, wshape, oshape = _shape(data), _shape(weight), _shape(conv)
+    if len(dshape) != 4 or len(wshape) != 4 or len(oshape) != 4:
+        problems.append("data, weight and output must be 4-D")
+        return problems
+    static = [_static_int(d) for d in (*dshape[1:], *wshape, *oshape[1:])]
+    if None in static:
+        problems.append("H, W, C and the filter shape must be static; only the batch N may be symbolic")
+        return problems
+    if problems:
+        return problems
+    c, k = _static_int(dshape[3]), _static_int(wshape[0])
+    if _static_int(wshape[3]) != c:
+        problems.append(f"filter channels {wshape[3]} do not match the input's C={c}")
+    if c % 2 or k % 2:
+        problems.append(
+            f"C={c} and K={k} must both be even (fp16 tensor-op kernels need at least 2-element aligned "
+            "channels); pad the channels to offload (e.g. an RGB stem conv with C=3 stays in TVM)"
+        )
+    return problems
+
+
+def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProblem:
+    conv = ann["root"]
+    n, h, w, c = shape_of(ann["data"])
+    k, r, s, _ = shape_of(ann["weight"])
+    _, p, q, _ = shape_of(conv)
+    attrs = conv.attrs
+    return Conv2dProblem(
+        n=n if isinstance(n, int) else None,
+        h=h, w=w, c=c, k=k, r=r, s=s, p=p, q=q,
+        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
+        stride=tuple(int(v) for v in attrs.strides),
+        dilation=tuple(int(v) for v in attrs.dilation),
+        element=dtype_of(ann["data"]),
+        element_accumulator=accumulator_for(conv, ann["data"], accumulator),
+    )  # fmt: skip
+
+
+def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple:
+    """(op, FLOPs, reasons) of a conv2d left in TVM (FLOPs: 2 x output elements x C/groups x R x S,
+    None when a shape is symbolic)."""
+    out, data, weight = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])
+    flops = None
+    if out is not None and data is not None and weight is not None:
+        out_channels = weight[str(call.attrs.kernel_layout).index("O")]
+        flops = 2 * math.prod(out) * math.prod(weight) // out_channels
+    return "conv2d", flops, conv2d_problems(call, layout_skipped)

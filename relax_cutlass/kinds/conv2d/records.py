@@ -1,0 +1,128 @@
+"""What a conv2d region computes: problem (with its implicit-GEMM view), kernel and region records,
+and its tuning key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...stages.tuning import TuningKey
+from ..epilogue import Epilogue, widest_vector
+from ..gemm.records import GemmProblem, TileConfig
+from ..region import Region
+
+
+@dataclass(frozen=True)
+class Conv2dProblem:
+    """An NHWC x OHWI -> NHWC forward convolution (groups == 1); the batch N may be unknown.
+
+    CUTLASS runs it as an implicit GEMM of M = N*P*Q, N = K, K = C*R*S. Padding is the top/left
+    padding: with the output size P, Q given explicitly, reads past the bottom/right edge are
+    zero-filled, so asymmetric padding needs no extra state.
+    """
+
+    n: int | None
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    p: int
+    q: int
+    pad: tuple[int, int] = (0, 0)
+    stride: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    element: str = "float16"  # activations, filters and output
+    element_accumulator: str = "float32"
+
+    @property
+    def element_out(self) -> str:
+        return self.element
+
+    @property
+    def alignment(self) -> int:
+        """Widest vector access (in elements) legal for activations (C) and output (K)."""
+        return widest_vector(self.c, self.k)
+
+    def implicit_gemm(self, n_hint: int = 1) -> GemmProblem:
+        """The GEMM this convolution runs as (row-major activations x (K, CRS) filter)."""
+        batch = self.n if self.n is not None else n_hint
+        return GemmProblem(
+            m=batch * self.p * self.q,
+            n=self.k,
+            k=self.c * self.r * self.s,
+            b_transposed=True,
+            element_a=self.element,
+            element_b=self.element,
+            element_out=self.element,
+            element_accumulator=self.element_accumulator,
+        )
+
+    def flops(self, n: int | None = None) -> int:
+        return self.implicit_gemm(n or self.n or 1).flops()
+
+
+@dataclass(frozen=True)
+class Conv2dKernel:
+    """One conv2d fprop kernel to instantiate. Like a GEMM kernel, it is shape-agnostic: only the
+    dtypes, alignment, epilogue, tile and iterator are compiled in; the problem size (and the
+    split-K slice count) arrive at run time."""
+
+    problem: Conv2dProblem
+    epilogue: Epilogue
+    tile: TileConfig
+    iterator: str = "optimized"  # cutlass::conv::IteratorAlgorithm: "optimized" | "analytic"
+    arch: int = 80
+    target: int = 80
+    selected_by: str = field(default="heuristic", compare=False)
+    note: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        p = self.problem
+        acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
+        element = {"float16": "f16", "bfloat16": "bf16"}[p.element]
+        epi = self.epilogue.describe().replace("+", "_")
+        return (
+            f"sm{self.arch}_conv2d_fprop_nhwc_{element}_{acc}_a{p.alignment}_{self.iterator}_"
+            f"{self.tile.describe()}_{epi}"
+        )
+
+
+@dataclass(frozen=True)
+class Conv2dRegion(Region):
+    kernel: Conv2dKernel
+    split_k: int = 1  # serial split-K slices (1: none), chosen for this region's shape
+
+    @property
+    def kernels(self) -> tuple[Conv2dKernel, ...]:
+        return (self.kernel,)
+
+    def report_row(self) -> dict:
+        p = self.kernel.problem
+        gemm = p.implicit_gemm()
+        conv = {
+            "kernel_size": [p.r, p.s],
+            "stride": list(p.stride),
+            "padding": list(p.pad),
+            "dilation": list(p.dilation),
+            "split_k": self.split_k,
+        }
+        return self._row("conv2d", [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k], {"conv": conv})
+
+
+def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
+    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family)."""
+    p = problem
+    return TuningKey(
+        arch=arch,
+        op="conv2d",
+        shape=(p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q),
+        geometry=(*p.pad, *p.stride, *p.dilation),
+        layout="nhwc",
+        element=p.element,
+        element_out=p.element,
+        accumulator=p.element_accumulator,
+        alignment=p.alignment,
+        family=80,
+    )

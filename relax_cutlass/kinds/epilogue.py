@@ -1,0 +1,115 @@
+"""What a kernel computes, as small frozen records.
+
+Everything downstream of partitioning (kernel choice, C++ emission, compilation, the offload report)
+reads these records instead of Relax IR, so each stage can be tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .epilogue_templates import GELU16_FUNCTOR
+
+# Relax dtype -> CUTLASS element type.
+CUTLASS_ELEMENT = {
+    "float16": "cutlass::half_t",
+    "bfloat16": "cutlass::bfloat16_t",
+    "float32": "float",
+}
+DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
+
+
+def widest_vector(*extents: int) -> int:
+    """The widest 16-bit vector access (8, 4 or 2 elements; else 1) that divides every extent."""
+    return next((w for w in (8, 4, 2) if all(e % w == 0 for e in extents)), 1)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation applied in the epilogue, and the CUTLASS functor that computes it."""
+
+    name: str
+    functor: str
+    # CUTLASS skips the source (bias) load when it can; "heavy" functors tell the epilogue to
+    # evaluate them once per fragment rather than inline per element.
+    is_heavy: bool = False
+    # C++ defining `functor` (a template over the element or Array type), which every kernel TU
+    # using it must contain: set for custom activations (relax_cutlass.extend), empty for CUTLASS's.
+    definition: str = ""
+    # A cheaper form, accurate to 16-bit outputs, for kernels that write fp16/bf16 (None: same form).
+    narrow: Activation | None = None
+
+    def for_output(self, element_out: str) -> Activation:
+        """The form a kernel writing `element_out` instantiates."""
+        return self.narrow if self.narrow is not None and DTYPE_BITS[element_out] == 16 else self
+
+
+# log2(1 - Phi(t)) ~ sum(c[i] * t**i) for t >= 0: weighted minimax fit by scripts/fit_gelu16.py.
+GELU16_LOG2_TAIL = (-1.00012076, -1.14917588, -0.464120954, -0.0482372046, 0.00582726812, -0.000320508756)
+_GELU16 = Activation(
+    "gelu16",
+    "RelaxCutlassGelu16",
+    is_heavy=True,
+    definition=GELU16_FUNCTOR.substitute(
+        functor="RelaxCutlassGelu16", **{f"c{i}": f"{c:.9g}" for i, c in enumerate(GELU16_LOG2_TAIL)}
+    ),
+)
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in (
+        Activation("identity", "cutlass::epilogue::thread::Identity"),
+        Activation("relu", "cutlass::epilogue::thread::ReLu"),
+        # erf form, as R.nn.gelu and the decomposed 0.5*x*(1+erf(x/sqrt(2))); erff for float32
+        # outputs, the polynomial form (within 1 ulp, about a third of the instructions) for 16-bit.
+        Activation("gelu", "cutlass::epilogue::thread::GELU", is_heavy=True, narrow=_GELU16),
+        # tanh form, as R.nn.gelu_tanh.
+        Activation("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True),
+        Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True),
+        Activation("sigmoid", "cutlass::epilogue::thread::Sigmoid", is_heavy=True),
+        # x * relu6(x + 3) / 6, as PyTorch's Hardswish (frontends decompose it; see patterns).
+        Activation("hardswish", "cutlass::epilogue::thread::HardSwish", is_heavy=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """D = post(act(acc + bias) + residual), cast to the output dtype.
+
+    `post` is only meaningful with a residual (the ResNet/Transformer `relu(x + f(x))` shape).
+    """
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: bool = False
+    residual_activation: str = "identity"
+
+    def __post_init__(self) -> None:
+        for name in (self.activation, self.residual_activation):
+            if name not in ACTIVATIONS:
+                raise ValueError(f"unknown epilogue activation {name!r}; known: {sorted(ACTIVATIONS)}")
+        if self.residual_activation != "identity" and not self.residual:
+            raise ValueError("a post-residual activation needs a residual")
+
+    def parts(self) -> list[str]:
+        """The fused steps in order, e.g. ["bias", "gelu", "residual_add", "relu"]."""
+        steps = [
+            ("bias", self.bias),
+            (self.activation, self.activation != "identity"),
+            ("residual_add", self.residual),
+            (self.residual_activation, self.residual_activation != "identity"),
+        ]
+        return [name for name, present in steps if present]
+
+    def describe(self) -> str:
+        return "+".join(self.parts()) or "none"
+
+    def functors(self, element_out: str) -> tuple[Activation, Activation]:
+        """(activation, post-residual activation) in the forms a kernel writing `element_out` uses."""
+        return tuple(ACTIVATIONS[name].for_output(element_out) for name in (self.activation, self.residual_activation))
+
+    def definitions(self, element_out: str) -> str:
+        """The C++ definitions of the functors this epilogue uses that CUTLASS does not define."""
+        return "".join(dict.fromkeys(a.definition for a in self.functors(element_out)))

@@ -1,0 +1,105 @@
+"""Profiling GEMMs: the candidate tiles timed per problem (the heuristic's first) and the timing
+function of a candidate kernel."""
+
+from __future__ import annotations
+
+from string import Template
+
+from ...arch import native_family, resolve_family
+from ..epilogue import Epilogue
+from .records import SPLIT_K_MIN_ITERATIONS, GemmProblem, TileConfig
+from .select import (
+    SM90_HEURISTIC_TILES,
+    _rank_sm80,
+    _smem_bytes,
+    candidate_tiles,
+    candidate_tiles_sm90,
+    choose_kernel,
+    estimate_cost,
+    sm90_fallback_reason,
+    smem_limit,
+    under_fills,
+)
+
+SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the SM90 split-K candidate's CTA tile and cluster
+
+
+def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) -> list[TileConfig]:
+    """The heuristic's own choice, then the configurations the wave model ranks next, up to `limit`.
+
+    Profiling thereby corrects the model's ranking among plausible kernels (and can only improve on
+    the heuristic, whose kernel is always timed) instead of timing hopeless ones. SM90: the CTA
+    tiles of the measured sweep (docs/kernel-selection.md; 256x256 spills) with both schedules,
+    both cluster shapes and stream-K; SM80: every tile that fits shared memory.
+    """
+    if family == 90:
+        pool = [
+            t
+            for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+            if t.threadblock in SM90_HEURISTIC_TILES
+        ]
+        chosen = choose_kernel(problem, Epilogue(), arch).tile
+        # Data-parallel tiles first: stream-K and split-K scheduling lost to them on every large
+        # shape measured (H100), and where the grid under-fills the GPU split-K is added below.
+        rank = lambda t: (t.scheduler != "default", estimate_cost(problem, t, arch), t.describe())  # noqa: E731
+    else:
+        pool = [
+            t
+            for t in candidate_tiles(problem.element_accumulator, problem.element_a)
+            if _smem_bytes(t) <= smem_limit(arch)
+        ]
+        chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
+        rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
+    ranked = [chosen] + sorted((t for t in pool if t != chosen), key=rank)
+    if family == 90 and _splits_usefully(problem, arch):
+        # Split-K is never the heuristic's choice (measured slower on BERT-large's shapes), but an
+        # under-filled problem with a long main loop is where it can win: always time it there.
+        split = next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE)
+        ranked = [ranked[0], split] + [t for t in ranked[1:] if t != split]
+    return ranked[:limit]
+
+
+def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
+    """The split-K candidate's tiles under-fill the GPU and the main loop is long enough to cut."""
+    threadblock = SPLIT_K_TILE[0]
+    iterations = -(-problem.k // threadblock[2])
+    return under_fills(problem.m or 1024, problem.n, threadblock, arch) and iterations >= 2 * SPLIT_K_MIN_ITERATIONS
+
+
+def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
+    family = resolve_family(family, arch)
+    return 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+
+
+def candidate_label(tile: TileConfig, split_k: int = 1) -> str:
+    """A candidate's name in profile manifests and tuning records."""
+    return tile.describe() + (f"_splitk{split_k}" if split_k > 1 else "")
+
+
+# One timing function per candidate kernel: a first launch (surfacing any error), then
+# `iterations` back-to-back launches between CUDA events on TVM's stream; returns ms per launch.
+# bias / residual are read only by kernels whose epilogue has them (the runner passes stand-ins).
+# Each is a TVM FFI function written against tvm-ffi's C ABI, as the model glue is
+# (templates.FFI_HELPERS).
+PROFILE_GEMM = Template("""\
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
+  const char* fn = "relax_cutlass_profile_${index}";
+  TRY(CheckArgCount(fn, num_args, 10, "a, b, bias, residual, d, m, n, k, b_transposed, iterations"));
+  const DLTensor *a, *b, *bias, *residual, *d;
+  int64_t m, n, k, b_transposed, iterations;
+  TRY(TensorArg(fn, ffi_args, 0, "a", &a));
+  TRY(TensorArg(fn, ffi_args, 1, "b", &b));
+  TRY(TensorArg(fn, ffi_args, 2, "bias", &bias));
+  TRY(TensorArg(fn, ffi_args, 3, "residual", &residual));
+  TRY(TensorArg(fn, ffi_args, 4, "d", &d));
+  TRY(IntArg(fn, ffi_args, 5, "m", &m));
+  TRY(IntArg(fn, ffi_args, 6, "n", &n));
+  TRY(IntArg(fn, ffi_args, 7, "k", &k));
+  TRY(IntArg(fn, ffi_args, 8, "b_transposed", &b_transposed));
+  TRY(IntArg(fn, ffi_args, 9, "iterations", &iterations));
+  RelaxCutlassGemmArgs args{m, n, k, Data(a), k, Data(b), b_transposed ? k : n,
+                            ${bias}, ${residual}, n, const_cast<void*>(Data(d)), n};
+  return TimeLaunches(d, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
+}
+""")

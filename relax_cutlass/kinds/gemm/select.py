@@ -1,0 +1,382 @@
+"""Kernel choice: enumerate candidate configurations from cutlass_library, pick one by a documented heuristic.
+
+Candidates are exactly the configurations cutlass_library's own generators emit for the input and
+accumulator types (`GenerateSM80_TensorOp_16816` for CUTLASS 2.x kernels,
+`GenerateSM90_TensorOp_16b_WGMMA_gemm` for SM90), so every kernel we build is one CUTLASS ships and
+tests. The heuristic (until profiling lands, see docs/kernel-selection.md) models run time as
+
+    waves(tile) * tile_work / efficiency(tile)
+
+  * waves = ceil(#CTAs / #SMs): tiles on the busiest SM (wave quantization), the dominant effect
+    for the medium-sized GEMMs of transformer layers (a 1024x4096 problem is 128 CTAs of 128x256:
+    one wave on an H100's 132 SMs, but two on an A100's 108);
+  * efficiency = min(1, reuse / 85) with reuse = bm*bn/(bm+bn), the arithmetic intensity of a
+    CTA main loop in elements: 128x256 / 256x128 tiles feed the tensor cores at full rate,
+    smaller tiles are bandwidth-bound in proportion;
+  * SM80 ties go to the larger K tile for K >= 1024 (fewer main-loop iterations), then more
+    stages, then the taller tile; SM90 uses the measured rule in `_choose_sm90`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from ...arch import SM_COUNT, family_note, native_family, resolve_family
+from ...cutlass_lib import data_type
+from ...cutlass_lib import load as load_cutlass_library
+from ...stages.codegen import DEFAULT_M_HINT
+from ...stages.tuning import epilogue_key, m_bucket, parse_label
+from ..epilogue import DTYPE_BITS, Epilogue
+from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
+
+# Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
+# capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
+SMEM_LIMIT = {
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    103: 227 * 1024,
+    110: 227 * 1024,
+    120: 99 * 1024,
+    121: 99 * 1024,
+}
+
+
+def smem_limit(arch: int) -> int:
+    return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
+
+
+class _Collector:
+    """Stands in for cutlass_library's Manifest: keeps every operation the generator appends."""
+
+    kernel_filter = "all"  # non-empty: the generator emits every tile, not only the first
+    compute_capabilities_baseline = [90]
+    compute_capabilities_feature_set = ["90a"]
+    selected_kernels: list = []
+
+    def __init__(self):
+        self.operations = []
+
+    def append(self, operation):
+        self.operations.append(operation)
+
+    def get_instantiation_level(self, pruned_level=0, default_level=111, exhaustive_level=9992):
+        return default_level  # the generator's default set of cluster shapes and schedules
+
+
+@functools.cache
+def _generated(generator_name: str) -> tuple:
+    """Every operation one cutlass_library generator function emits (run once per process)."""
+    load_cutlass_library()
+    from cutlass_library import generator
+
+    collector = _Collector()
+    getattr(generator, generator_name)(collector, "13.0")
+    return tuple(collector.operations)
+
+
+def _gemms(generator_name: str, kind: str, element: str, accumulator: str):
+    """The GEMM operations of `kind` ("Universal" / "Universal3x") for these input/accumulator types."""
+    from cutlass_library.library import GemmKind
+
+    for op in _generated(generator_name):
+        if (
+            getattr(op, "gemm_kind", None) == getattr(GemmKind, kind)
+            and op.A.element == data_type(element)
+            and op.accumulator_type() == data_type(accumulator)
+        ):
+            yield op
+
+
+def _sm80_tile(op, swizzle: int = 8) -> TileConfig:
+    """A CUTLASS 2.x operation's TileDescription as a TileConfig."""
+    td = op.tile_description
+    return TileConfig(
+        threadblock=tuple(td.threadblock_shape),
+        warps=tuple(td.warp_count),
+        stages=td.stages,
+        instruction=tuple(td.math_instruction.instruction_shape),
+        swizzle=swizzle,
+    )
+
+
+@functools.cache
+def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
+    tiles = {_sm80_tile(op): None for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)}
+    return _stable(tiles)
+
+
+SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecializedPingpong": "pingpong"}
+
+
+@functools.cache
+def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
+    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler, and
+    for every stream-K one its split-K variant (the same scheduler in another run-time mode)."""
+    tiles = {
+        TileConfig(
+            threadblock=tuple(op.tile_description.tile_shape),
+            instruction=tuple(op.tile_description.math_instruction.instruction_shape),
+            cluster=tuple(op.tile_description.cluster_shape),
+            schedule=SM90_SCHEDULES[op.kernel_schedule.name],
+            scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
+        ): None
+        for op in _gemms("GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator)
+        if op.kernel_schedule.name in SM90_SCHEDULES
+    }
+    tiles.update({dataclasses.replace(t, scheduler="splitk"): None for t in tiles if t.scheduler == "streamk"})
+    return _stable(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
+
+
+# Accumulator registers per thread an SM90 configuration may need. A ping-pong warp group holds a
+# whole CTA tile, a cooperative one half of it: 128x256 ping-pong (and 256x256 cooperative) need 256
+# fp32 registers per thread, more than a consumer warp group gets (240), and spill. On the H100
+# every such kernel cutlass_library lists ran 10-20x slower than the fastest candidate (session 6-7
+# tuning records), wasting tuning slots and compile time.
+SM90_MAX_ACCUMULATOR_REGISTERS = 128
+
+
+def accumulator_registers(tile: TileConfig, accumulator: str) -> int:
+    """32-bit registers per consumer thread holding the accumulator tile."""
+    warp_groups = 1 if tile.schedule == "pingpong" else 2
+    bm, bn, _ = tile.threadblock
+    return bm * bn * DTYPE_BITS[accumulator] // 32 // (128 * warp_groups)
+
+
+def _stable(tiles) -> tuple[TileConfig, ...]:
+    """Candidates in an order that is the same in every process: cutlass_library's generators
+    iterate hash-ordered sets, so their own order changes with PYTHONHASHSEED."""
+    return tuple(sorted(tiles, key=lambda t: (t.threadblock, t.warps, t.stages, t.cluster, t.schedule, t.scheduler)))
+
+
+def _smem_bytes(tile: TileConfig) -> int:
+    bm, bn, bk = tile.threadblock
+    return tile.stages * (bm * bk + bk * bn) * 2
+
+
+def output_tiles(m: int, n: int, threadblock) -> int:
+    """CTA tiles covering an M x N output."""
+    return math.ceil(m / threadblock[0]) * math.ceil(n / threadblock[1])
+
+
+def under_fills(m: int, n: int, threadblock, arch: int) -> bool:
+    """The CTA tiles of an M x N grid fill at most half of the SMs (where split-K, or smaller
+    tiles, can pay)."""
+    return 2 * output_tiles(m, n, threadblock) <= SM_COUNT.get(arch, 108)
+
+
+def estimate_cost(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int = DEFAULT_M_HINT) -> float:
+    """Relative run time of `tile` on `problem` under the heuristic in this module's docstring."""
+    bm, bn, _ = tile.threadblock
+    ctas = output_tiles(problem.m or m_hint, problem.n, tile.threadblock)
+    # The busiest SM's share of tiles: CTAs co-resident on one SM share its tensor cores, so
+    # quantization is per SM, not per CTA slot.
+    tiles_on_busiest_sm = math.ceil(ctas / SM_COUNT.get(arch, 108))
+    efficiency = min(1.0, bm * bn / (bm + bn) / 85.0)
+    return tiles_on_busiest_sm * bm * bn / efficiency
+
+
+def sm90_fallback_reason(problem: GemmProblem) -> str | None:
+    """Why an SM90 target cannot use an SM90 (TMA + wgmma) kernel for `problem`, if it cannot."""
+    if problem.alignment < 8:
+        return f"K={problem.k} / N={problem.n} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
+    if not candidate_tiles_sm90(problem.element_accumulator, problem.element_a):
+        return f"no SM90 {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
+    return None
+
+
+def choose_kernel(
+    problem: GemmProblem,
+    epilogue: Epilogue,
+    arch: int,
+    m_hint: int = DEFAULT_M_HINT,
+    family: str = "auto",
+    tile: str = "",
+    db=None,
+) -> GemmKernel:
+    """Pick the configuration for `problem`, instantiated with `epilogue`: the tuning database's
+    measured choice when `db` has a record for it, else the heuristic.
+
+    SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
+    (the reason is kept in the kernel's note, and shown by the offload report); every other
+    target (Ampere, Ada, Blackwell) gets CUTLASS 2.x kernels (`arch.native_family`). `tile` pins a
+    configuration by its `TileConfig.describe()` name (for sweeps and profiling).
+    """
+    family = resolve_family(family, arch)
+    if db is not None and not tile:
+        tuned = _tuned(problem, epilogue, arch, m_hint, family, db)
+        if isinstance(tuned, GemmKernel):
+            return tuned
+        kernel = choose_kernel(problem, epilogue, arch, m_hint, family)
+        return dataclasses.replace(kernel, note="; ".join(filter(None, [kernel.note, tuned])))
+    note = family_note(arch)
+    if native_family(arch) == 90 and family == "auto":
+        note = sm90_fallback_reason(problem) or ""
+        if not note:
+            if tile:
+                return _pinned(
+                    problem,
+                    epilogue,
+                    arch,
+                    90,
+                    candidate_tiles_sm90(problem.element_accumulator, problem.element_a),
+                    tile,
+                )
+            return _choose_sm90(problem, epilogue, arch, m_hint)
+    elif native_family(arch) == 90:
+        note = "SM80 kernel requested (family='sm80')"
+    legal = _fitting(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
+    if tile:
+        return _pinned(problem, epilogue, arch, 80, legal, tile, note)
+    best = min(legal, key=lambda t: _rank_sm80(problem, t, arch, m_hint))
+    return GemmKernel(problem, epilogue, best, arch=80, target=arch, selected_by="heuristic", note=note)
+
+
+def _fitting(tiles, arch: int, problem) -> list[TileConfig]:
+    legal = [t for t in tiles if _smem_bytes(t) <= smem_limit(arch)]
+    if not legal:
+        raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
+    return legal
+
+
+def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
+    prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
+    # Remaining ties (e.g. 256x128 vs 128x256) go to the taller tile, as in cutlass_library's list.
+    return (
+        estimate_cost(problem, tile, arch, m_hint),
+        -prefer_deep_k,
+        -tile.stages,
+        -tile.threadblock[0],
+        tile.describe(),
+    )
+
+
+# Two timings closer than this are a tie: back-to-back launches in the profiler and the same
+# kernel inside a model differ by a few percent (H100, session 6: conv stages whose stage-2 winner
+# was 2% faster alone ran 4% slower in the model).
+TIE_MARGIN = 0.03
+
+
+def measured_choice(record) -> tuple[str, int, float]:
+    """(tile name, split-K slices, ms) a build takes from a record: the fastest correct candidate,
+    except that among the candidates within TIE_MARGIN of it the heuristic's kernel wins, then an
+    unsplit one (split-K adds a workspace, a memset and a second pass over the output)."""
+    ok = {label: ms for label, ms in record.candidates.items() if ms is not None}
+    if not ok:  # a record written without its candidates' times: its choice as recorded
+        return record.tile, record.split_k, record.ms
+    best = min(ok.values())
+    tied = {label: ms for label, ms in ok.items() if ms <= best * (1 + TIE_MARGIN)}
+    unsplit = {label: ms for label, ms in tied.items() if "_splitk" not in label}  # either kind
+    label = record.heuristic if record.heuristic in tied else min(unsplit or tied, key=(unsplit or tied).get)
+    tile, split = parse_label(label)
+    return tile, split, ok[label]
+
+
+def _stage_record(db, key):
+    """The record of `key` with its epilogue (stage 2) if any, else of its main loop (stage 1),
+    and its choice (tile, split-K, ms); the note says which kind of timing chose the kernel."""
+    record = db.lookup(key) if key.epilogue else None
+    timing = f"with its {key.epilogue} epilogue"
+    if record is None:
+        record, timing = db.lookup(dataclasses.replace(key, epilogue="")), "without epilogue"
+    if record is None:
+        return None, None, ""
+    choice = measured_choice(record)
+    return record, choice, f"measured {choice[2] * 1e3:.1f} us {timing} on {record.device}"
+
+
+def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
+    """The database's kernel for `problem`, or why there is none (a note for the report)."""
+    family = resolve_family(family, arch)
+    native = 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    m = problem.m if problem.m is not None else m_bucket(m_hint)
+    key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue, problem.element_out))
+    record, choice, note = _stage_record(db, key)
+    if record is None:
+        return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
+    # A record measured before the heuristic's current kernel was a candidate (an older candidate
+    # set) cannot show that its winner beats it: the heuristic stands until the problem is re-tuned.
+    heuristic = choose_kernel(dataclasses.replace(problem, m=m), epilogue, arch, m_hint, family).tile.describe()
+    if record.candidates and heuristic not in record.candidates:
+        return f"tuning record for M={m} N={problem.n} K={problem.k} never timed {heuristic}: heuristic (re-tune)"
+    candidates = (
+        candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+        if native == 90
+        else candidate_tiles(problem.element_accumulator, problem.element_a)
+    )
+    for candidate in candidates:
+        if candidate.describe() == choice[0]:
+            note = "; ".join(filter(None, [family_note(arch), note]))
+            return GemmKernel(problem, epilogue, candidate, arch=native, target=arch, selected_by="tuned", note=note)
+    return f"tuning record names {choice[0]!r}, not a candidate here: heuristic"
+
+
+def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = "") -> GemmKernel:
+    for candidate in candidates:
+        if candidate.describe() == tile:
+            return GemmKernel(problem, epilogue, candidate, arch=family, target=arch, selected_by="pinned", note=note)
+    names = sorted(c.describe() for c in candidates)
+    spill = (
+        f" (SM90 configurations needing more than {SM90_MAX_ACCUMULATOR_REGISTERS} accumulator registers per "
+        "thread, such as 128x256 ping-pong or 256x256, are not candidates: they spill and run 10-20x slower)"
+        if family == 90
+        else ""
+    )
+    raise ValueError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}{spill}; candidates: {names}")
+
+
+# Measured on an H100 (bench/results, sweep of 14 configurations x 9 shapes, dense + bias + gelu):
+# 256x256 tiles (two consumer warpgroups each holding a 128x256 fp32 accumulator) ran ~20x slower
+# than 128x256 (they are no longer candidates at all: SM90_MAX_ACCUMULATOR_REGISTERS), and stream-K
+# ran below data-parallel tiles on the one under-filled shape, so the heuristic never picks it
+# (it stays available to tile= and to profiling).
+SM90_HEURISTIC_TILES = ((128, 128, 64), (128, 256, 64), (256, 128, 64))
+SM90_PINGPONG = ((128, 128, 64), (2, 1, 1))  # short main loops: K <= 2048, >= 2 waves of tiles
+SM90_COOPERATIVE_TIE = ((256, 128, 64), (1, 2, 1))
+
+
+def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int) -> GemmKernel:
+    """SM90, from the sweep above: with a short main loop (K <= 2048) and at least two waves of
+    128x128 tiles, the ping-pong schedule (one warpgroup's epilogue overlaps the other's main loop)
+    on 128x128 tiles; otherwise cooperative kernels ranked by the wave model, ties to 256x128 with
+    a 1x2 cluster (best or within 3% of the best on every swept shape).
+
+    Never split-K, although under-filled problems look made for it: on the H100, BERT-large's
+    split-K GEMMs (CUTLASS's stream-K scheduler in split-K mode, 128x128 tiles) ran slower than
+    data-parallel tiles at batch 8 (1.55 vs 1.45 ms for its 120 1024-row projections) and much
+    slower at batch 1 (2.25 vs 1.38 ms for M=128), workspace memsets included. Split-K stays a
+    profiling candidate for under-filled problems (profile.gemm_candidates) and a `tile=` choice.
+    """
+    m = problem.m or m_hint
+    candidates = [
+        t for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+        if t.scheduler == "default" and t.threadblock in SM90_HEURISTIC_TILES
+    ]  # fmt: skip
+    waves_128 = output_tiles(m, problem.n, (128, 128)) / SM_COUNT.get(arch, 132)
+    if problem.k <= 2048 and waves_128 >= 2:
+        pingpong = [t for t in candidates if t.schedule == "pingpong" and (t.threadblock, t.cluster) == SM90_PINGPONG]
+        if pingpong:
+            return GemmKernel(problem, epilogue, pingpong[0], arch=90, target=arch, selected_by="heuristic")
+
+    def rank(tile: TileConfig):
+        return (
+            estimate_cost(problem, tile, arch, m_hint),
+            (tile.threadblock, tile.cluster) != SM90_COOPERATIVE_TIE,
+            tile.cluster != (2, 1, 1),
+            tile.describe(),
+        )
+
+    best = min((t for t in candidates if t.schedule == "cooperative"), key=rank)
+    return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")
+
+
+# ---------------------------------------------------------------------------------------------
+# conv2d (implicit GEMM)
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Reading Relax expressions into the plain values the region records hold."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def dim(d) -> int | str:
+    return int(d) if hasattr(d, "value") else str(d)
+
+
+def shape_of(expr) -> tuple[int | str, ...]:
+    if isinstance(expr.ty, relax.ShapeType):
+        return tuple(dim(d) for d in expr.ty.values) if expr.ty.values is not None else ()
+    return tuple(dim(d) for d in expr.ty.shape.values)
+
+
+def dtype_or_shape(expr) -> str:
+    return "shape" if isinstance(expr.ty, relax.ShapeType) else dtype_of(expr)
+
+
+def accumulator_for(root, inputs, requested: str) -> str:
+    # fp32 outputs and bf16 inputs always accumulate in fp32 (tensor cores have no bf16 accumulator).
+    return "float32" if dtype_of(root) == "float32" or dtype_of(inputs) == "bfloat16" else requested
+
+
+def dtype_of(expr: relax.Expr) -> str:
+    """The tensor dtype of `expr` as a plain string ("float16")."""
+    return str(expr.ty.dtype)
+
+
+def _static_int(dim) -> int | None:
+    return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
+
+
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The tensor shape of `expr` as ints; None when it is unknown or has a symbolic dim."""
+    values = getattr(getattr(expr.ty, "shape", None), "values", None)
+    if values is None:
+        return None
+    dims = [_static_int(d) for d in values]
+    return None if None in dims else dims
+
+
+def _shape(expr: relax.Expr) -> list:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return []
+    return list(ty.shape.values) if hasattr(ty.shape, "values") else list(ty.shape)
+
+
+def same_shape(a: list, b: list) -> bool:
+    """Both shapes provably equal, dim by dim (symbolic dims too)."""
+    analyzer = tvm.sym.Analyzer()
+    return len(a) == len(b) and all(analyzer.can_prove_equal(x, y) for x, y in zip(a, b, strict=True))

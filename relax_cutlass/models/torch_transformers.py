@@ -1,0 +1,164 @@
+"""Transformer models from Hugging Face `transformers` and PyTorch (BERT encoders, a LLaMA-style
+gated MLP), imported with `torch.export` + `from_exported_program` as in torch_models."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from .torch_models import _torch, import_exported
+
+
+def bert_encoder(layers: int = 2, hidden: int = 1024, heads: int = 16, ffn: int = 4096, seed: int = 0):
+    """A Hugging Face `transformers` BERT encoder stack (random init, no hub download; eval mode,
+    eager attention so torch.export sees the matmuls). Input: hidden states (batch, seq, hidden)."""
+    torch = _torch()
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        attn_implementation="eager",
+    )
+    encoder = BertModel(config, add_pooling_layer=False).encoder.eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, hidden_states):
+            return self.encoder(hidden_states).last_hidden_state
+
+    return Encoder().eval()
+
+
+def bert_encoder_torch(
+    layers: int = 24, hidden: int = 1024, heads: int = 16, ffn: int = 4096, attention: str = "sdpa", seed: int = 0
+):
+    """Hugging Face's BertEncoder (eval) written in plain PyTorch, with the same parameter names, so
+    `load_state_dict(bert_encoder(...).encoder.state_dict())` carries a transformers model over.
+
+    The torch peer of the BERT benchmark on the GPU host, which has torch but not transformers.
+    attention="sdpa" is transformers' default (`F.scaled_dot_product_attention`, flash attention
+    in fp16 on a GPU); "eager" spells out softmax(q k^T / sqrt(d)) v as the exported graph does.
+    """
+    torch = _torch()
+    nn, F = torch.nn, torch.nn.functional
+    head_dim = hidden // heads
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = (p(x).view(b, s, heads, head_dim).transpose(1, 2) for p in (self.query, self.key, self.value))
+            if attention == "sdpa":
+                ctx = F.scaled_dot_product_attention(q, k, v)
+            else:
+                ctx = torch.softmax(q @ k.transpose(-1, -2) / head_dim**0.5, dim=-1) @ v
+            return ctx.transpose(1, 2).reshape(b, s, hidden)
+
+    class DenseNorm(nn.Module):  # BertSelfOutput / BertOutput: LayerNorm(dense(x) + residual)
+        def __init__(self, width):
+            super().__init__()
+            self.dense = nn.Linear(width, hidden)
+            self.LayerNorm = nn.LayerNorm(hidden, eps=1e-12)
+
+        def forward(self, x, residual):
+            return self.LayerNorm(self.dense(x) + residual)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self = SelfAttention()
+            self.output = DenseNorm(hidden)
+
+        def forward(self, x):
+            return self.output(self.self(x), x)
+
+    class Intermediate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = nn.Linear(hidden, ffn)
+
+        def forward(self, x):
+            return F.gelu(self.dense(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = Attention()
+            self.intermediate = Intermediate()
+            self.output = DenseNorm(ffn)
+
+        def forward(self, x):
+            a = self.attention(x)
+            return self.output(self.intermediate(a), a)
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.ModuleList(Layer() for _ in range(layers))
+
+        def forward(self, x):
+            for layer in self.layer:
+                x = layer(x)
+            return x
+
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention={attention!r}: use 'sdpa' or 'eager'")
+    torch.manual_seed(seed)
+    return Encoder().eval()
+
+
+def bert_module(batch: int = 8, seq: int = 128, **kwargs) -> tuple[tvm.IRModule, dict]:
+    """The transformers BERT encoder imported with torch.export: (IRModule, weights)."""
+    torch = _torch()
+    model = bert_encoder(**kwargs)
+    hidden = model.encoder.config.hidden_size
+    example = (torch.from_numpy(np.zeros((batch, seq, hidden), "float32")),)
+    return import_exported(model, example)
+
+
+def llama_mlp_module(tokens: int = 64, hidden: int = 256, intermediate: int = 704, seed: int = 0):
+    """A LLaMA-style gated MLP: down(silu(gate(x)) * up(x)) + x, imported with torch.export."""
+    torch = _torch()
+    nn = torch.nn
+
+    class GatedMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(hidden, intermediate, bias=False)
+            self.up = nn.Linear(hidden, intermediate, bias=False)
+            self.down = nn.Linear(intermediate, hidden, bias=False)
+
+        def forward(self, x):
+            return self.down(nn.functional.silu(self.gate(x)) * self.up(x)) + x
+
+    torch.manual_seed(seed)
+    example = (torch.from_numpy(np.zeros((tokens, hidden), "float32")),)
+    return import_exported(GatedMLP().eval(), example)
+
+
+def last_hidden_state(model):
+    """Wrap a Hugging Face `transformers` model so that its forward takes token ids (and an optional
+    attention mask) and returns one tensor, the last hidden state: torch.export and the zoo need a
+    single output, and the wrapper keeps the model's own forward (its attention implementation,
+    masks and caches) as users run it."""
+    torch = _torch()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return LastHiddenState().eval()

@@ -1,0 +1,333 @@
+"""FoldLinearReshapes: undo the flatten/unflatten frontends put around a linear layer.
+
+`torch.export` lowers `nn.Linear` on a (B, S, K) input to reshape(B*S, K) -> matmul (+ bias) ->
+reshape(B, S, N), with an astype after the first reshape once ToMixedPrecision has run. The
+reshape between the GEMM (+ bias) and what follows (gelu, a residual add) would end the fused
+region at the bias. Relax's matmul takes the N-D input directly, so the pair of reshapes is
+dropped: matmul(x, W) (+ b) on (B, S, K) is the same computation, and the epilogue after it fuses.
+
+The same pass also turns a batched matmul whose weight is one 2-D matrix broadcast over the batch
+back into matmul(x, W). torch.export writes some linear layers (a Hugging Face BERT's attention
+output projection under SDPA) as expand(W^T, (B, K, N)) + bmm; after bind_params + FoldConstant
+the broadcast is a (B, K, N) constant of B equal slices, which no ND x 2D GEMM pattern matches.
+Nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from ..kinds.ir import same_shape, static_shape
+
+
+def _pattern():
+    x, weight, bias = wildcard(), wildcard(), wildcard()
+    flat = is_op("relax.reshape")(x, wildcard())
+    # ToMixedPrecision casts the flattened input: reshape -> astype -> matmul.
+    cast = is_op("relax.astype")(flat)
+    gemm = is_op("relax.matmul")(flat | cast, weight)
+    biased = is_op("relax.add")(gemm, bias) | is_op("relax.add")(bias, gemm)
+    out = is_op("relax.reshape")(gemm | biased, wildcard())
+    return out, x, flat, cast, gemm, weight, bias, biased
+
+
+def _rewrite(func: relax.Function) -> relax.Function:
+    out, x, flat, cast, gemm, weight, bias, biased = _pattern()
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        xs, fs, os_ = static_shape(m[x]), static_shape(m[flat]), static_shape(orig)
+        if xs is None or fs is None or os_ is None or len(xs) < 3 or len(fs) != 2:
+            return orig
+        lead = xs[:-1]
+        # Only the exact flatten of the leading dims, and the exact restore of them.
+        if fs != [math.prod(lead), xs[-1]] or os_[:-1] != lead or len(os_) != len(xs):
+            return orig
+        if len(static_shape(m[weight]) or []) != 2:
+            return orig
+        lhs = relax.op.astype(m[x], str(m[cast].ty.dtype)) if cast in m else m[x]
+        y = relax.op.matmul(lhs, m[weight], out_dtype=str(m[gemm].ty.dtype))
+        if biased in m:
+            b = m[bias]
+            bias_dims = static_shape(b)
+            if bias_dims is None or math.prod(bias_dims) != os_[-1]:
+                return orig
+            y = relax.op.add(y, b)
+        return y
+
+    return rewrite_call(out, rewriter, func)
+
+
+def _broadcast_source(weight: relax.Expr, batch_dims: int) -> relax.Expr | None:
+    """The 2-D matrix that `weight` (rank 2 + batch_dims) repeats over its leading dims, or None.
+
+    Either broadcast_to(W) of a 2-D W, or a constant whose slices over the leading dims are all
+    equal (compared exactly, so a constant that merely looks broadcast is never changed)."""
+    if isinstance(weight, relax.Call) and weight.op == tvm.ir.Op.get("relax.broadcast_to"):
+        source = weight.args[0]
+        dims = static_shape(source)
+        wdims = static_shape(weight)
+        if dims is not None and wdims is not None and len(dims) == 2 and dims == wdims[-2:]:
+            return source
+        return None
+    if not isinstance(weight, tvm.ir.GenericConst):
+        return None
+    value = weight.value.numpy()
+    if value.ndim != 2 + batch_dims or value.ndim < 3:
+        return None
+    flat = value.reshape(-1, *value.shape[-2:])
+    if not all(np.array_equal(flat[0], s) for s in flat[1:]):
+        return None
+    return relax.const(np.ascontiguousarray(flat[0]), str(weight.ty.dtype))
+
+
+def unbroadcast_weights(func: relax.Function) -> relax.Function:
+    """matmul(x, W broadcast to (..., K, N)) -> matmul(x, W) for a 2-D W repeated over x's batch."""
+    x, weight = wildcard(), wildcard()
+    pattern = is_op("relax.matmul")(x, weight)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        xs, ws = static_shape(m[x]), static_shape(m[weight])
+        if xs is None or ws is None or len(ws) < 3 or len(xs) < len(ws) or xs[-len(ws) : -2] != ws[:-2]:
+            return orig
+        source = _broadcast_source(m[weight], len(ws) - 2)
+        if source is None:
+            return orig
+        return relax.op.matmul(m[x], source, out_dtype=str(orig.ty.dtype))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+_HALF_DTYPES = ("float16", "bfloat16")
+
+
+def _operand_dtypes(call: relax.Call) -> list[str]:
+    return [str(a.ty.dtype) if isinstance(a.ty, relax.TensorType) else "" for a in call.args]
+
+
+def _conv_with_out_dtype(builder):
+    """A rebuild of a convolution call with another out_dtype, every other attribute kept."""
+
+    def rebuild(call: relax.Call, out_dtype: str) -> relax.Expr:
+        a = call.attrs
+        return builder(
+            call.args[0],
+            call.args[1],
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=int(a.groups),
+            data_layout=a.data_layout,
+            kernel_layout=a.kernel_layout,
+            out_layout=a.out_layout,
+            out_dtype=out_dtype,
+        )
+
+    return rebuild
+
+
+# The reductions ToMixedPrecision gives a 16-bit out_dtype, which TVM's legalization then sums in,
+# each with how to rebuild its call with another out_dtype.
+ACCUMULATING_OPS = {
+    "relax.matmul": lambda call, out_dtype: relax.op.matmul(call.args[0], call.args[1], out_dtype=out_dtype),
+    "relax.nn.conv2d": _conv_with_out_dtype(relax.op.nn.conv2d),
+    "relax.nn.conv1d": _conv_with_out_dtype(relax.op.nn.conv1d),
+}
+
+
+def _accumulating_call(expr: relax.Expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ACCUMULATING_OPS
+
+
+def _accumulating_pattern():
+    a, b = wildcard(), wildcard()
+    return is_op("relax.matmul")(a, b) | is_op("relax.nn.conv2d")(a, b) | is_op("relax.nn.conv1d")(a, b)
+
+
+def accumulate_in_float32(func: relax.Function) -> relax.Function:
+    """op(a, b) -> dtype with 16-bit a, b and dtype -> astype(op(a, b) -> float32, dtype), for the
+    matmuls and convolutions of `ACCUMULATING_OPS`.
+
+    ToMixedPrecision(out_dtype="float16") gives each of them a float16 out_dtype, and TVM's
+    legalization sums in the out_dtype: a K=5632 reduction (Llama's down projection) summed in
+    float16 is 3.8e-2 from float32 at the last hidden state, where torch's fp16 (float32
+    accumulators) is 1e-2; a ResNet-50's RGB stem conv (K=147, batch norm folded in) summed in
+    float16 puts TVM's build at 9.8e-2 where torch's fp16 is 3.3e-2. Spelled as a float32 op cast to
+    16 bits, TVM's own build sums in float32 as torch and the CUTLASS kernels do; the rounded values
+    downstream are unchanged."""
+    pattern = _accumulating_pattern()
+
+    def rewriter(orig: relax.Expr, _m: dict) -> relax.Expr:
+        out = str(orig.ty.dtype)
+        if out not in _HALF_DTYPES or _operand_dtypes(orig) != [out, out]:
+            return orig
+        return relax.op.astype(ACCUMULATING_OPS[orig.op.name](orig, "float32"), out)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def fold_float32_accumulation(func: relax.Function) -> relax.Function:
+    """astype(op(a, b) -> float32, dtype) with 16-bit a, b of that dtype -> op(a, b) -> dtype, the
+    inverse of `accumulate_in_float32`, for the offload patterns: a CUTLASS GEMM or convolution with
+    a 16-bit output accumulates in float32 (the `accumulator` option) and runs its epilogue (bias,
+    activation, residual) before the one rounding, so the region is the same computation, and the
+    bias add after it fuses instead of ending the region at the cast."""
+    inner = _accumulating_pattern()
+    pattern = is_op("relax.astype")(inner)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        out, call = str(orig.ty.dtype), m[inner]
+        if (
+            out not in _HALF_DTYPES
+            or not _accumulating_call(call)
+            or str(call.ty.dtype) != "float32"
+            or _operand_dtypes(call) != [out, out]
+        ):
+            return orig
+        return ACCUMULATING_OPS[call.op.name](call, out)
+
+    return relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
+
+
+def _relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+    """`rewrite` applied to each Relax function of `mod` that is not an offloaded region."""
+
+    def offloaded(func: relax.Function) -> bool:
+        return bool(func.attrs) and ("Codegen" in func.attrs or "Composite" in func.attrs)
+
+    functions = {
+        gv: rewrite(func) if isinstance(func, relax.Function) and not offloaded(func) else func
+        for gv, func in mod.functions_items()
+    }
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.AccumulateInFloat32")
+class AccumulateInFloat32:
+    """16-bit matmuls and convolutions left to TVM sum in float32 (`accumulate_in_float32`); offloaded regions and
+    float32 matmuls are left alone. from_torch applies it; offload_pipeline folds it back before
+    partitioning (FoldLinearReshapes) and applies it again to what stays in TVM."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return _relax_functions(mod, accumulate_in_float32)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")
+class FoldLinearReshapes:
+    """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b], and
+    matmul(x, W broadcast over the batch) -> matmul(x, W), after folding a float32-accumulated
+    16-bit matmul back into one (`fold_float32_accumulation`)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        functions = {
+            gv: _rewrite(unbroadcast_weights(fold_float32_accumulation(func)))
+            if isinstance(func, relax.Function)
+            else func
+            for gv, func in mod.functions_items()
+        }
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
+    """broadcast_to(x, shape of x) -> x. torch.export writes one before every batched matmul; left
+    in a fused region with a symbolic shape, it would become an R.Shape argument whose tensor
+    shape the region can no longer see."""
+    x = wildcard()
+    pattern = is_op("relax.broadcast_to")(x, wildcard())
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        before, after = m[x].ty, orig.ty
+        if not (isinstance(before, relax.TensorType) and isinstance(after, relax.TensorType)):
+            return orig
+        if not (hasattr(before.shape, "values") and hasattr(after.shape, "values")):
+            return orig
+        same = same_shape(list(before.shape.values), list(after.shape.values))
+        return m[x] if same and before.dtype == after.dtype else orig
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def fold_scalar_casts(func: relax.Function) -> relax.Function:
+    """astype(scalar constant) -> the constant in that dtype. ToMixedPrecision leaves the fp16
+    cast of a scale (attention's 1/sqrt(d)) as a binding that every layer shares; inside one
+    layer's fused region it would count as a value the region leaks to the others."""
+    const = is_const()
+    pattern = is_op("relax.astype")(const)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        value = m[const].value.numpy()
+        if value.size != 1:
+            return orig
+        return relax.const(value.astype(str(orig.ty.dtype)), str(orig.ty.dtype))
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+# Dtypes TVM 0.27's CUDA cumsum handles; a bool input aborts the process with a misaligned shared
+# memory write (gpu_2d_continuous_cumsum, seen on the H100) and int8 does not compile.
+_CUMSUM_DTYPES = ("int32", "int64", "float16", "float32", "float64")
+
+
+def widen_narrow_cumsums(func: relax.Function) -> relax.Function:
+    """cumsum over bool / 8- or 16-bit ints -> the same sums in int32, cast back to the result type.
+
+    The integer sums are exact and then narrowed as the original's result type narrows them (for
+    bool: any True so far), so the function computes the same values, in a form TVM can build."""
+    x = wildcard()
+    pattern = is_op("relax.cumsum")(x)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        source, result = str(m[x].ty.dtype), str(orig.ty.dtype)
+        if source in _CUMSUM_DTYPES and result in _CUMSUM_DTYPES:
+            return orig
+        wide = result if result in _CUMSUM_DTYPES else "int32"
+        attrs = orig.attrs
+        summed = relax.op.cumsum(relax.op.astype(m[x], wide), attrs.axis, wide, bool(attrs.exclusive))
+        return summed if wide == result else relax.op.astype(summed, result)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+def expand_integer_powers(func: relax.Function) -> relax.Function:
+    """power(x, c) with c a constant integer from -4 to 4 -> products of x (1 / products for c < 0).
+
+    TVM 0.27's CUDA build computes power through exp2(c * log2(x)), which is NaN for any negative
+    x: GPT-2's gelu (x ** 3) and Llama's RMSNorm (x ** 2) gave NaN outputs on the H100 in the
+    offloaded build and TVM's own alike. Products are exact where the exponent is an integer."""
+    x, exponent = wildcard(), is_const()
+    pattern = is_op("relax.power")(x, exponent)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        value = m[exponent].value.numpy()
+        if value.size != 1 or not np.isfinite(value).all():
+            return orig
+        c = float(value.reshape(-1)[0])
+        if c != round(c) or abs(c) > 4 or c == 0 or not isinstance(orig.ty, relax.TensorType):
+            return orig
+        base = m[x]
+        dtype = str(orig.ty.dtype)
+        if str(base.ty.dtype) != dtype:
+            base = relax.op.astype(base, dtype)
+        product = base
+        for _ in range(int(abs(c)) - 1):
+            product = relax.op.multiply(product, base)
+        return product if c > 0 else relax.op.divide(relax.const(1.0, dtype), product)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
+class FixTvmCudaForms:
+    """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over narrow
+    dtypes (abort or no build) and small integer powers (NaN for negative bases)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        functions = {
+            gv: expand_integer_powers(widen_narrow_cumsums(func)) if isinstance(func, relax.Function) else func
+            for gv, func in mod.functions_items()
+        }
+        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)

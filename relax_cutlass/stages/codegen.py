@@ -1,0 +1,203 @@
+"""CutlassCodegen: turn each offloaded function into an external kernel call.
+
+TVM's `RunCodegen` calls the function registered as `relax.ext.relax_cutlass` with the offloaded
+functions; it returns runtime modules (here: one relocatable object, loaded as a static library) and
+RunCodegen rewrites every call into `R.call_dps_packed(R.extern(symbol), ...)` and records the modules
+under the IRModule attribute `external_mods`, so `tvm.compile` links them and `export_library` ships
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ..arch import parse_arch, resolve_family
+from ..kinds import CODEGEN, kind_of
+from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
+from .compile import cache_dir, compile_all, link_relocatable
+from .emit import emit_glue, emit_kernel
+from .regions import analyze, make_region
+from .tuning import TuningDatabase
+
+REGIONS_ATTR = "relax_cutlass.regions"
+# M assumed by the kernel heuristics when M is symbolic (CodegenOptions.m_hint).
+DEFAULT_M_HINT = 1024
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Knobs of CutlassCodegen (also accepted by `offload_pipeline`)."""
+
+    arch: int = 80
+    accumulator: str = "float32"  # "float16" trades accuracy for register pressure
+    m_hint: int = DEFAULT_M_HINT  # M assumed by the heuristic when M is symbolic
+    jobs: int | None = None  # parallel compiler processes (default: all cores)
+    compile: bool = True  # False: plan and rewrite, but build nothing (dry run)
+    family: str = "auto"  # "auto": the target's native kernels (SM90 on sm_90a, else SM80); "sm80": CUTLASS 2.x
+    tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
+    # Tuning database (JSON lines) whose measured choices win over the heuristic.
+    tuning_db: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_TUNING_DB", ""))
+    # Problems the database misses: "auto" profiles them when this machine's GPU is the target
+    # (recording into tuning_db, else <cache dir>/tuning.jsonl); "never": the heuristic.
+    profile: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_PROFILE", "auto"))
+
+    @staticmethod
+    def create(arch="sm_80", **options) -> CodegenOptions:
+        known = {"accumulator", "m_hint", "jobs", "compile", "family", "tile", "tuning_db", "profile"}
+        unknown = set(options) - known
+        if unknown:
+            raise TypeError(f"unknown relax_cutlass option(s) {sorted(unknown)}; known: {sorted(known)}")
+        acc = options.get("accumulator", "float32")
+        if acc not in ACCUMULATOR_DTYPES:
+            raise ValueError(f"accumulator={acc!r}: use one of {ACCUMULATOR_DTYPES}")
+        sm = parse_arch(arch)
+        # "sm90" is "auto" on sm_90a and an error elsewhere (its kernels would be stubs there).
+        options["family"] = resolve_family(options.get("family", "auto"), sm)
+        created = CodegenOptions(arch=sm, **options)
+        if created.profile not in ("auto", "never"):
+            raise ValueError(f"profile={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
+        return created
+
+    def to_map(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @staticmethod
+    def from_map(options) -> CodegenOptions:
+        values = {str(k): v for k, v in dict(options).items()}
+        return CodegenOptions(
+            arch=int(values.get("arch", 80)),
+            accumulator=str(values.get("accumulator", "float32")),
+            m_hint=int(values.get("m_hint", DEFAULT_M_HINT)),
+            jobs=int(values["jobs"]) if "jobs" in values else None,
+            compile=bool(values.get("compile", True)),
+            family=str(values.get("family", "auto")),
+            tile=str(values.get("tile", "")),
+            tuning_db=str(values.get("tuning_db", "")),
+            profile=str(values.get("profile", "auto")),
+        )
+
+
+def _database(path: str):
+    """The tuning database at `path`, read once per version of the file: a build plans its regions
+    twice (for the report, then in RunCodegen) and should neither re-read nor re-warn."""
+    try:
+        stat = os.stat(path)
+        version = (stat.st_mtime_ns, stat.st_size)
+    except FileNotFoundError:
+        version = None
+    return _read_database(os.path.abspath(path), version)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_database(path: str, _version) -> TuningDatabase:
+    return TuningDatabase(path)
+
+
+def plan_regions(functions, options: CodegenOptions) -> list:
+    """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
+    symbols = [str(func.attrs["global_symbol"]) for func in functions]
+    # (spec, roles, problem, composite, aliases) per function
+    analyzed = [analyze(func, symbol, options.accumulator) for func, symbol in zip(functions, symbols, strict=True)]
+    if _profiles_here(options):
+        options = dataclasses.replace(options, tuning_db=options.tuning_db or str(cache_dir() / "tuning.jsonl"))
+        _profile_misses([(problem, spec.epilogue) for spec, _, problem, _, _ in analyzed], options)
+    db = _database(options.tuning_db) if options.tuning_db else None
+    regions = []
+    for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
+        kernel, extra = kind_of(problem).plan(problem, spec, options, db)
+        regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
+    return regions
+
+
+def _profiles_here(options: CodegenOptions) -> bool:
+    """Profile database misses during this build? Only when it compiles, picks kernels freely, and
+    this machine's GPU is the target: an sm_80 library measured on an H100 would be tuned wrongly."""
+    if options.profile == "never" or not options.compile or options.tile:
+        return False
+    from ..arch import local_gpu_arch
+
+    return local_gpu_arch() == options.arch
+
+
+def _profile_misses(regions: list, options: CodegenOptions) -> None:
+    """Profile on the local GPU what the database lacks for these (problem, epilogue) regions:
+    main loops of problems without a record (stage 1), then the fastest of them with each region's
+    epilogue (stage 2); records are appended, progress goes to stderr."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from .profile import build_profiler, plan_epilogue_jobs, plan_jobs
+    from .profile_runner import run_profiler
+
+    def progress(line: str) -> None:
+        print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
+
+    for stage in (1, 2):
+        db = _database(options.tuning_db)
+        if stage == 1:
+            jobs = plan_jobs([problem for problem, _ in regions], options.arch, options.family)
+        else:
+            jobs = plan_epilogue_jobs(regions, options.arch, db, options.family)
+        jobs = [job for job in jobs if db.lookup(job.key) is None]
+        if not jobs:
+            continue
+        what = "main loops of" if stage == 1 else "epilogues of"
+        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU -> {options.tuning_db}")
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            build_profiler(jobs, options.arch, Path(tmp), options.jobs)
+            run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
+
+
+def build_regions(regions: list, options: CodegenOptions, module_name: str):
+    """Emit, compile (cached, parallel) and link one static-library module for these regions."""
+    kernels = {k.name: k for r in regions for k in r.kernels}
+    sources = [emit_kernel(k) for k in kernels.values()]
+    sources.append(emit_glue(regions, module_name))
+    objects = compile_all(sources, options.arch, options.jobs)
+    merged = link_relocatable([objects[s.name][0] for s in sources], module_name)
+    return tvm.runtime.load_static_library(str(merged), [r.symbol for r in regions])
+
+
+@tvm_ffi.register_global_func(f"relax.ext.{CODEGEN}", override=True)
+def _relax_ext_codegen(functions, options, _constant_names):
+    """Entry point RunCodegen calls with all functions annotated Codegen="relax_cutlass"."""
+    opts = CodegenOptions.from_map(options)
+    regions = plan_regions(list(functions), opts)
+    if not regions or not opts.compile:
+        return []
+    return [build_regions(regions, opts, f"{CODEGEN}_module")]
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.CutlassCodegen")
+class CutlassCodegen:
+    """Generate, compile and attach CUTLASS kernels for every relax_cutlass region.
+
+    Options: accumulator ("float32" | "float16"), m_hint (int), jobs (int), compile (bool; False
+    rewrites the module and records the plan without running a compiler). Each region (op,
+    epilogue, shapes, kernel) is recorded in the module attribute "relax_cutlass.regions" for
+    `offload_report`.
+    """
+
+    def __init__(self, arch: str | int = "sm_80", **options):
+        self.options = CodegenOptions.create(arch, **options)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        from .constants import call_counts, offloaded_functions
+
+        # Planning is deterministic and cheap, so the report rows are computed here rather than
+        # smuggled out of the RunCodegen callback.
+        calls = call_counts(mod)
+        regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options)
+        rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
+        out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
+        previous = json.loads(str(mod.attrs[REGIONS_ATTR])) if mod.attrs and REGIONS_ATTR in mod.attrs else []
+        return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))

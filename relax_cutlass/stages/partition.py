@@ -1,0 +1,100 @@
+"""PartitionForCutlass: group the regions every registered kind offloads into composite functions."""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+
+from ..kinds import kind_of, kinds
+from ..rewrites.canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
+from .patterns import fusion_patterns, spec_by_name
+
+NOT_FUSED_ATTR = "relax_cutlass.not_fused"
+
+
+class FusionLog:
+    """The larger fusions refused at each root that a smaller pattern then offloaded, and why.
+
+    FuseOpsByPattern tries the patterns largest first and checks every structural match; a root's
+    decisions therefore arrive as refusals, then the one pattern that was applied.
+    """
+
+    def __init__(self) -> None:
+        self._roots: dict[relax.Var, dict] = {}
+
+    def record(self, spec, ctx: relax.transform.PatternCheckContext, problems: list[str]) -> None:
+        root = ctx.annotated_expr["root"]
+        var = ctx.value_to_bound_var.get(root)
+        if var is None:
+            return
+        entry = self._roots.setdefault(var, {"root": _describe(var, root), "refused": [], "fused_as": None})
+        if entry["fused_as"] is not None:
+            return
+        # A pattern whose tail is optional (a chain of output views) is checked at each binding it
+        # reaches: only its latest decision, about the longest match, stands.
+        entry["refused"] = [r for r in entry["refused"] if r["pattern"] != spec.name]
+        if not problems:
+            entry["fused_as"] = spec.name
+        else:
+            entry["refused"].append({"pattern": spec.name, "reasons": problems})
+
+    def rows(self) -> list[dict]:
+        """Roots offloaded by a smaller pattern after refusals, and roots whose refused fusion is of
+        a kind that reports it (`RegionKind.report_refused`: its ops stay in TVM, and the reason
+        would otherwise be lost)."""
+        specs = spec_by_name()
+        return [
+            e
+            for e in self._roots.values()
+            if e["refused"]
+            and (e["fused_as"] or any(kind_of(specs[r["pattern"]]).report_refused for r in e["refused"]))
+        ]
+
+
+def _describe(var: relax.Var, call: relax.Call) -> str:
+    shapes = " x ".join(
+        "(" + ", ".join(str(d.value) if hasattr(d, "value") else str(d) for d in a.ty.shape) + ")"
+        for a in call.args
+        if isinstance(a.ty, relax.TensorType) and a.ty.shape is not None
+    )
+    return f"{var.name} = {call.op.name}({shapes})"
+
+
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.PartitionForCutlass")
+class PartitionForCutlass:
+    """Mark each legal region of a registered kind as a composite function for the relax_cutlass codegen.
+
+    Constants stay bound inside the regions (LiftConstants then turns tensor constants into
+    parameters and keeps scalar ones as kernel literals). Regions that fail a legality rule stay in
+    TVM, and a larger fusion refused in favour of a smaller one is logged under the module attribute
+    `relax_cutlass.not_fused`; `relax_cutlass.offload_report` shows both, with the reasons.
+
+    Parameters
+    ----------
+    arch: target SM as "sm_80", "sm_90a", 80, ... ("auto" detects the local GPU). Kept on the
+        module so later stages and the report agree on what the partition was checked against.
+    """
+
+    def __init__(self, arch: str | int = "sm_80"):
+        from ..arch import parse_arch
+
+        self.arch = parse_arch(arch)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = relax.transform.ConvertToDataflow()(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
+                for rewrite in [r for kind in kinds() for r in kind.prepare]:
+                    func = rewrite(func)
+                func = fold_scalar_casts(drop_identity_broadcasts(fold_float32_accumulation(func)))
+                for rewrite in [r for kind in kinds() for r in kind.finish]:
+                    func = rewrite(func)
+                mod[gv] = func
+        log = FusionLog()
+        mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
+        previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []
+        return mod.with_attr("relax_cutlass.arch", self.arch).with_attr(
+            NOT_FUSED_ATTR, json.dumps(previous + log.rows())
+        )

@@ -1,0 +1,161 @@
+"""offload_report: what was offloaded (op, epilogue, shapes, dtypes, kernel) and what stayed in TVM, why."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax.analysis import get_var2val
+
+from ..kinds import kind_of, kinds
+from ..rewrites.layout import layout_skipped
+from .constants import offloaded_functions
+
+
+@dataclass(frozen=True)
+class OffloadReport:
+    """offloaded: one row per offloaded function; left_in_tvm: root ops of the region kinds that
+    stayed in TVM, with the reasons; not_fused: offloaded roots where a larger fusion (their epilogue) was refused,
+    with the pattern refused, the reasons, and the pattern offloaded instead."""
+
+    offloaded: list[dict]
+    left_in_tvm: list[dict]
+    not_fused: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "offloaded": self.offloaded,
+                "left_in_tvm": self.left_in_tvm,
+                "not_fused": self.not_fused,
+                "offloaded_flop_fraction": self.offloaded_flop_fraction,
+            },
+            indent=2,
+        )
+
+    @property
+    def offloaded_flop_fraction(self) -> float | None:
+        """The offloaded share of the FLOPs of the module's region roots (call sites counted), or None
+        when a symbolic shape makes a count unknown."""
+        done = [_row_flops(r) * r.get("calls", 1) for r in self.offloaded if _row_flops(r) is not None]
+        left = [r.get("flops") for r in self.left_in_tvm]
+        if len(done) != len(self.offloaded) or None in left or not done + left:
+            return None
+        return sum(done) / (sum(done) + sum(left))
+
+    def __str__(self) -> str:
+        sites = sum(r.get("calls", 1) for r in self.offloaded)
+        fraction = self.offloaded_flop_fraction
+        targets = ", ".join(sorted({r["target"] for r in self.offloaded if "target" in r}))
+        title = f"relax_cutlass offload report{' for ' + targets if targets else ''}"
+        lines = [
+            f"{title}: {sites} call(s) of {len(self.offloaded)} offloaded function(s), "
+            f"{len(self.left_in_tvm)} candidate(s) left in TVM"
+            + (f"; {100 * fraction:.1f}% of the {_flops_name()} FLOPs offloaded" if fraction is not None else "")
+        ]
+        for r in self.offloaded:
+            lines.append(_kind_of_row(r).report_line(r))
+        for r in self.left_in_tvm:
+            lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
+        for r in self.not_fused:
+            largest = r["refused"][0]
+            outcome = f"offloaded as {r['fused_as']}" if r["fused_as"] else "stays in TVM"
+            lines.append(
+                f"  [not fused] {r['root']}: {largest['pattern']} refused ({'; '.join(largest['reasons'])}); {outcome}"
+            )
+        return "\n".join(lines)
+
+
+def _row_flops(row: dict) -> int | None:
+    """An offloaded row's FLOPs: a row may carry its own, else 2*M*N*K."""
+    if "flops" in row:
+        return row["flops"]
+    return 2 * math.prod(row["mnk"]) if all(isinstance(d, int) for d in row["mnk"]) else None
+
+
+def _calls(func: relax.Function, op_name: str) -> list[relax.Call]:
+    calls: list[relax.Call] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op_name:
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return calls
+
+
+NOT_MATCHED = (
+    "no relax_cutlass pattern matched here (the op is not in a dataflow block, or PartitionForCutlass has not run)"
+)
+
+
+def _shapes(call: relax.Call) -> list[str]:
+    return [str(a.ty.shape) if hasattr(a.ty, "shape") else "?" for a in call.args]
+
+
+def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
+    rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
+            continue
+        var2val = get_var2val(func)
+        for kind in kinds():
+            for op_name, row in kind.left_in_tvm.items():
+                for call in _calls(func, op_name):
+                    op, flops, reasons = row(call, var2val, skipped.get(gv.name_hint))
+                    rows.append(
+                        {
+                            "function": gv.name_hint,
+                            "op": op,
+                            "shapes": _shapes(call),
+                            "flops": flops,
+                            "reasons": reasons or [NOT_MATCHED],
+                        }
+                    )
+    return rows
+
+
+def _flops_name() -> str:
+    """What the FLOP fraction counts, in the report's text: the kinds' root ops."""
+    return "/".join(kind.flops_name for kind in kinds() if kind.flops_name)
+
+
+def _kind_of_row(row: dict):
+    from .patterns import spec_by_name
+
+    return kind_of(spec_by_name()[row["composite"]])
+
+
+def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
+    """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
+    from ..transform import ConvertToNHWC, FoldLinearReshapes
+    from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
+    from .constants import LiftConstants, call_counts
+    from .partition import PartitionForCutlass
+
+    attrs = mod.attrs or {}
+    if REGIONS_ATTR in attrs:
+        return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod), _not_fused(mod))
+    arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
+    if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
+        mod = PartitionForCutlass(arch)(ConvertToNHWC()(FoldLinearReshapes()(mod)))
+    mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
+    # A report previews the plan; it never runs the GPU (the build itself profiles, see CodegenOptions).
+    opts = CodegenOptions.create(arch, **({"profile": "never"} | options))
+    calls = call_counts(mod)
+    regions = plan_regions([f for _, f in offloaded_functions(mod)], opts)
+    rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
+    return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
+
+
+def _not_fused(mod: tvm.IRModule) -> list[dict]:
+    from .partition import NOT_FUSED_ATTR
+
+    attrs = mod.attrs or {}
+    return json.loads(str(attrs[NOT_FUSED_ATTR])) if NOT_FUSED_ATTR in attrs else []
+
+
+__all__ = ["OffloadReport", "offload_report"]

@@ -1,0 +1,340 @@
+"""The C++ templates relax_cutlass emits, kept apart from the Python that fills them."""
+
+from string import Template
+
+# Every kernel object's guard; a Template over name, arch, arch_exact and arch_name.
+CHECK_DEVICE = """\
+// Fails clearly, before any launch, when the current GPU cannot run this object's machine code
+// (e.g. an sm_90a library on an A100): otherwise CUTLASS reports only a generic launch error.
+const char* CheckDevice() {
+  static thread_local char message[512];
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return "$name: no usable CUDA device";
+  }
+  const int cc = major * 10 + minor;
+  const bool ok = $arch_exact ? cc == $arch : cc >= $arch;
+  if (ok) return nullptr;
+  std::snprintf(message, sizeof(message),
+                "$name: this library was built for sm_$arch_name, but cuda:%d is sm_%d%d; rebuild with "
+                "arch='auto' on this machine (or arch='sm_%d%d')", device, major, minor, major, minor);
+  return message;
+}
+"""
+
+# Every kernel object's first lines (after its #defines). A module takes nothing from the C++
+# runtime: libstdc++ may exist only as a static, non-PIC archive, which no shared library can link
+# (compile.py says how the rest is kept out). CUTLASS's host code reports a few failures (a TMA
+# descriptor it cannot encode, a rejected cluster shape, xFormers' alignment checks) on std::cout /
+# std::cerr, and merely including <iostream> adds a static std::ios_base::Init. So <iostream> is
+# never included (its include guard is taken), and std::cout / std::cerr / std::clog are stand-ins
+# that print text, numbers and pointers with stdio.
+KERNEL_PRELUDE = """\
+#include <cstdio>
+#include <ostream>
+#include <type_traits>
+#define _GLIBCXX_IOSTREAM 1  // libstdc++'s include guard
+#define _LIBCPP_IOSTREAM 1   // libc++'s
+namespace relax_cutlass_io {
+struct Stream {
+  bool to_stdout;
+  std::FILE* file() const { return to_stdout ? stdout : stderr; }
+  template <typename T>
+  Stream& operator<<(const T& value) {
+    if constexpr (std::is_same_v<T, char>) {
+      std::fputc(value, file());
+    } else if constexpr (std::is_convertible_v<const T&, const char*>) {
+      std::fputs(value, file());
+    } else if constexpr (std::is_pointer_v<T>) {
+      std::fprintf(file(), "%p", static_cast<const void*>(value));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      std::fprintf(file(), "%g", static_cast<double>(value));
+    } else if constexpr (std::is_unsigned_v<T>) {
+      std::fprintf(file(), "%llu", static_cast<unsigned long long>(value));
+    } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+      std::fprintf(file(), "%lld", static_cast<long long>(value));
+    } else {
+      std::fputs("<value>", file());  // a CUTLASS type: its operator<< takes a real std::ostream
+    }
+    return *this;
+  }
+  Stream& operator<<(std::ostream& (*)(std::ostream&)) {  // std::endl, the one manipulator used
+    std::fputc('\\n', file());
+    std::fflush(file());
+    return *this;
+  }
+};
+}  // namespace relax_cutlass_io
+namespace std {
+static relax_cutlass_io::Stream cout{true}, cerr{false}, clog{false};
+}  // namespace std
+"""
+
+
+# The one piece of the C++ ABI that kernel objects still call: nvcc's launch stub keeps each
+# kernel's handle in a function-local static, whose initialization compilers guard with
+# __cxa_guard_acquire / _release / _abort (libsupc++). Defined here instead, hidden, and linked
+# into every module (link_relocatable), where they become local symbols. As in the Itanium ABI,
+# byte 0 of the 64-bit guard says "initialized" (compilers test it inline before calling in);
+# byte 1 says "a thread is initializing", and other threads wait for it.
+CXX_ABI_SUPPORT = """\
+// relax_cutlass: static-initialization guards, so that modules take nothing from libsupc++.
+#include <sched.h>
+#include <stdint.h>
+
+extern "C" {
+__attribute__((visibility("hidden"))) int __cxa_guard_acquire(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  char* busy = done + 1;
+  while (true) {
+    if (__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 0;
+    char idle = 0;
+    if (__atomic_compare_exchange_n(busy, &idle, 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+      if (!__atomic_load_n(done, __ATOMIC_ACQUIRE)) return 1;  // this thread initializes
+      __atomic_store_n(busy, 0, __ATOMIC_RELEASE);             // another one finished meanwhile
+      return 0;
+    }
+    sched_yield();
+  }
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_release(uint64_t* guard) {
+  char* done = reinterpret_cast<char*>(guard);
+  __atomic_store_n(done, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(done + 1, 0, __ATOMIC_RELEASE);
+}
+
+__attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
+  __atomic_store_n(reinterpret_cast<char*>(guard) + 1, 0, __ATOMIC_RELEASE);
+}
+}
+"""
+
+# What every host unit (a module's glue, the profiler's) builds its TVM FFI functions from. They are
+# written against tvm-ffi's C ABI alone and compiled without exceptions or RTTI, so that a module
+# needs nothing from the C++ runtime (see KERNEL_PRELUDE): each function is a TVMFFISafeCallType
+# (`int f(void* self, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result)`) that raises
+# with TVMFFIErrorSetRaisedFromCStr and returns -1. Tensors arrive as DLTensor* or tvm-ffi Tensors.
+FFI_HELPERS = """\
+// A check returns nonzero once it has raised an error: hand the failure (-1) to tvm-ffi.
+#define TRY(check)               \\
+  do {                           \\
+    if ((check) != 0) return -1; \\
+  } while (0)
+
+namespace {
+// Raises `kind` (the Python exception type: ValueError, TypeError, ...) with a printf-formatted
+// message; returns -1.
+__attribute__((format(printf, 2, 3))) int Raise(const char* kind, const char* format, ...) {
+  char message[1024];
+  va_list values;
+  va_start(values, format);
+  std::vsnprintf(message, sizeof(message), format, values);
+  va_end(values);
+  TVMFFIErrorSetRaisedFromCStr(kind, message);
+  return -1;
+}
+
+const char* TypeName(int32_t type_index) {
+  switch (type_index) {
+    case kTVMFFINone: return "None";
+    case kTVMFFIInt: return "int";
+    case kTVMFFIBool: return "bool";
+    case kTVMFFIFloat: return "float";
+    case kTVMFFIRawStr: case kTVMFFISmallStr: case kTVMFFIStr: return "str";
+    case kTVMFFIShape: return "Shape";
+    case kTVMFFIArray: return "Array";
+    default: return "another type";
+  }
+}
+
+int CheckArgCount(const char* fn, int32_t got, int32_t want, const char* params) {
+  if (got == want) return 0;
+  return Raise("TypeError", "%s: takes %d arguments (%s), got %d", fn, want, params, got);
+}
+
+// Argument `index` as a tensor: a DLTensor* or a tvm-ffi Tensor object.
+int TensorArg(const char* fn, const TVMFFIAny* args, int index, const char* name, const DLTensor** out) {
+  const TVMFFIAny& arg = args[index];
+  if (arg.type_index == kTVMFFIDLTensorPtr) {
+    *out = static_cast<const DLTensor*>(arg.v_ptr);
+    return 0;
+  }
+  if (arg.type_index == kTVMFFITensor) {
+    *out = TVMFFITensorGetDLTensorPtr(arg.v_obj);
+    return 0;
+  }
+  return Raise("TypeError", "%s: argument #%d (%s) must be a tensor, got %s (type index %d)", fn, index, name,
+               TypeName(arg.type_index), static_cast<int>(arg.type_index));
+}
+
+const void* Data(const DLTensor* t) { return static_cast<const char*>(t->data) + t->byte_offset; }
+}  // namespace
+"""
+
+# One module -> one glue object exporting a TVM FFI function per offloaded region.
+GLUE_TU = Template(
+    """\
+// relax_cutlass generated host glue: argument checks, stream, launch.
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime_api.h>
+#include <tvm/ffi/c_api.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+$args
+$kernel_decls
+
+"""
+    + FFI_HELPERS
+    + """
+namespace {
+// "(2, 3, 4)": a tensor's shape, for messages.
+struct ShapeText {
+  char text[256];
+};
+
+ShapeText ShapeStr(const DLTensor* t) {
+  ShapeText s;
+  const int size = static_cast<int>(sizeof(s.text));
+  int used = std::snprintf(s.text, size, "(");
+  for (int i = 0; i < t->ndim && used < size; ++i) {
+    used += std::snprintf(s.text + used, size - used, "%s%lld", i ? ", " : "", static_cast<long long>(t->shape[i]));
+  }
+  if (used < size) std::snprintf(s.text + used, size - used, ")");
+  return s;
+}
+
+// "lhs (64, 128), rhs (256, 128), out (64, 256)": what a failed kernel was given, for messages.
+struct OperandsText {
+  char text[1024];
+};
+
+OperandsText DescribeOperands(int count, const char* const* names, const DLTensor* const* tensors) {
+  OperandsText s;
+  const int size = static_cast<int>(sizeof(s.text));
+  int used = 0;
+  s.text[0] = '\0';
+  for (int i = 0; i < count && used < size; ++i) {
+    used += std::snprintf(s.text + used, size - used, "%s%s %s", i ? ", " : "", names[i], ShapeStr(tensors[i]).text);
+  }
+  return s;
+}
+
+int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+// Row-major (as tvm-ffi's IsContiguous: size-1 dimensions may have any stride, empty tensors are).
+bool IsContiguous(const DLTensor* t) {
+  if (t->strides == nullptr) return true;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return true;
+  }
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] == 1) continue;
+    if (t->strides[i] != expected) return false;
+    expected *= t->shape[i];
+  }
+  return true;
+}
+
+int CheckTensor(const char* fn, const char* role, const DLTensor* t, uint8_t code, uint8_t bits,
+                int alignment_bytes, int device_id) {
+  if (t->device.device_type != kDLCUDA) {
+    return Raise("ValueError", "%s: %s must be on a CUDA device (got device type %d)", fn, role,
+                 static_cast<int>(t->device.device_type));
+  }
+  if (t->device.device_id != device_id) {
+    return Raise("ValueError", "%s: %s is on cuda:%d but the output is on cuda:%d", fn, role,
+                 t->device.device_id, device_id);
+  }
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
+    return Raise("TypeError", "%s: %s has the wrong dtype (code %d, %d bits); the kernel was built for code %d, "
+                 "%d bits", fn, role, int(t->dtype.code), int(t->dtype.bits), int(code), int(bits));
+  }
+  if (!IsContiguous(t)) {
+    return Raise("ValueError", "%s: %s must be contiguous (row-major)", fn, role);
+  }
+  if (reinterpret_cast<uintptr_t>(Data(t)) % alignment_bytes != 0) {
+    return Raise("ValueError", "%s: %s data is not %d-byte aligned, which the kernel's vector width requires", fn,
+                 role, alignment_bytes);
+  }
+  return 0;
+}
+
+// The element stride of `dim` in a contiguous (checked) tensor.
+int64_t PackedStride(const DLTensor* t, int dim) {
+  int64_t stride = 1;
+  for (int i = dim + 1; i < t->ndim; ++i) stride *= t->shape[i];
+  return stride;
+}
+
+int CheckDim(const char* fn, const char* what, int64_t got, int64_t want, const DLTensor* t) {
+  if (got == want) return 0;
+  return Raise("ValueError", "%s: %s is %lld but the kernel was built for %lld (shape %s)", fn, what,
+               static_cast<long long>(got), static_cast<long long>(want), ShapeStr(t).text);
+}
+
+// Errors of CUDA itself (no GPU, no or an old driver), not of earlier work.
+bool CudaUnusable(cudaError_t error) {
+  switch (error) {
+    case cudaErrorNoDevice: case cudaErrorInsufficientDriver: case cudaErrorStubLibrary:
+    case cudaErrorInitializationError: case cudaErrorSystemDriverMismatch: case cudaErrorSystemNotReady:
+    case cudaErrorCompatNotSupportedOnDevice: case cudaErrorDevicesUnavailable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Called just before a launch. A kernel that fails asynchronously (an illegal address, say) leaves
+// its error for a later CUDA call to report; launching on would blame this region's kernel for it,
+// or crash later. The error is read (and, unless sticky, cleared) here and raised, naming it.
+int CheckNoPendingCudaError(const char* fn) {
+  const cudaError_t pending = cudaGetLastError();
+  if (pending == cudaSuccess) return 0;
+  if (CudaUnusable(pending)) {
+    return Raise("RuntimeError", "%s: no usable CUDA device (%s: %s)", fn, cudaGetErrorName(pending),
+                 cudaGetErrorString(pending));
+  }
+  return Raise("RuntimeError", "%s: not launched: an error from earlier CUDA work is pending (%s: %s); a kernel "
+               "that failed asynchronously may have left the CUDA context unusable", fn, cudaGetErrorName(pending),
+               cudaGetErrorString(pending));
+}
+}  // namespace
+
+$functions
+"""
+)
+
+
+# The first and last lines of every region's glue function (each kind's template fills in the
+# middle): the arguments read as `const DLTensor*`s named by role (`unpack`, from ffi_args, since
+# `args` is the kernel's argument struct) and the tensor checks; then the launch on TVM's stream,
+# with the operands described in a failure's message.
+GLUE_FUNCTION_HEAD = """\
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_${symbol}(
+    void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny*) {
+  const char* fn = "$symbol";
+$unpack
+  const int device_id = out->device.device_id;
+$checks
+"""
+GLUE_FUNCTION_TAIL = """\
+  TRY(CheckNoPendingCudaError(fn));
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device_id);
+  if (const char* err = ${launch}) {
+$operand_arrays
+    return Raise("RuntimeError", "%s: %s (operands: %s)", fn, err,
+                 DescribeOperands(kOperandCount, kOperandNames, kOperandTensors).text);
+  }
+  return 0;
+}
+"""
