@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import tvm
 import pytest
+import tvm
 from harness import build_cpu, rel_error, run_vm
 from tvm import relax
 
@@ -108,12 +108,12 @@ def test_convolutions_left_in_tvm_sum_in_float32_with_every_attribute_kept():
     TVM's build of a ResNet-50 at 9.8e-2 from float32 where torch's fp16 is 3.3e-2 (3.2e-2 with
     float32 sums). The rewrite keeps strides, padding and layouts, and its inverse restores the
     original call exactly."""
-    from relax_cutlass.canonicalize import accumulate_in_float32, fold_float32_accumulation
+    from relax_cutlass.rewrites.canonicalize import accumulate_in_float32, fold_float32_accumulation
 
     mod = _conv_module("float16")
     widened = accumulate_in_float32(mod["main"])
     text = widened.script()
-    assert 'out_dtype="float32"' in text and 'R.astype(' in text
+    assert 'out_dtype="float32"' in text and "R.astype(" in text
     assert "strides=[2, 2]" in text and "padding=[3, 3, 3, 3]" in text and 'data_layout="NHWC"' in text
     restored = fold_float32_accumulation(widened).body.blocks[0].bindings[0].value
     tvm.ir.assert_structural_equal(restored, mod["main"].body.blocks[0].bindings[0].value)
@@ -129,6 +129,9 @@ def test_offload_pipeline_keeps_the_stem_conv_summing_in_float32():
     offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(_conv_module("float16"))
     main = offloaded["main"].script()
     assert "R.nn.conv2d(" in main and 'out_dtype="float32"' in main
+    # the report gives the reason it stayed, not the float32 sum the pipeline spelled afterwards
+    (row,) = relax_cutlass.offload_report(offloaded).left_in_tvm
+    assert "C=3" in row["reasons"][0], row
     aligned = relax_cutlass.offload_pipeline("sm_90a", compile=False)(_conv_module("float16", channels=8))
     assert len(relax_cutlass.offload_report(aligned).offloaded) == 1
     assert "R.astype(" not in aligned["main"].script()
