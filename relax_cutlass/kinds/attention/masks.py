@@ -155,20 +155,31 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
     return adds, tails
 
 
-@relax.expr_functor.mutator
-class _CastMasks(relax.PyExprMutator):
-    def __init__(self, adds: dict, tails: dict):
-        super().__init__()
-        self.adds, self.tails = adds, tails
-        self.cast: dict = {}  # mask var -> its float16 copy, per binding block
+class BlockScopedMutator(relax.PyExprMutator):
+    """A mutator whose memo of earlier bindings (`reset_block_state`) holds within one binding block:
+    a var bound in another block is not in scope there."""
+
+    def reset_block_state(self) -> None:
+        raise NotImplementedError
 
     def visit_dataflow_block_(self, block):
-        self.cast = {}
+        self.reset_block_state()
         return super().visit_dataflow_block_(block)
 
     def visit_binding_block_(self, block):
-        self.cast = {}
+        self.reset_block_state()
         return super().visit_binding_block_(block)
+
+
+@relax.expr_functor.mutator
+class _CastMasks(BlockScopedMutator):
+    def __init__(self, adds: dict, tails: dict):
+        super().__init__()
+        self.adds, self.tails = adds, tails
+        self.reset_block_state()
+
+    def reset_block_state(self) -> None:
+        self.cast: dict = {}  # mask var -> its float16 copy
 
     def visit_var_binding_(self, binding):
         var = binding.var

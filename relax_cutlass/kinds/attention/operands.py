@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from .masks import _from_matmul
+from .masks import BlockScopedMutator, _from_matmul
 from .patterns import ATTENTION_DTYPES
 from .trace import _dims, _is_call
 
@@ -166,18 +166,13 @@ def cast_attention_operands(func: relax.Function) -> relax.Function:
 
 
 @relax.expr_functor.mutator
-class _MergeCasts(relax.PyExprMutator):
+class _MergeCasts(BlockScopedMutator):
     def __init__(self):
         super().__init__()
-        self.seen: dict = {}  # (source var, dtype) -> the first cast's var, per binding block
+        self.reset_block_state()
 
-    def visit_dataflow_block_(self, block):
-        self.seen = {}
-        return super().visit_dataflow_block_(block)
-
-    def visit_binding_block_(self, block):
-        self.seen = {}
-        return super().visit_binding_block_(block)
+    def reset_block_state(self) -> None:
+        self.seen: dict = {}  # (source var, dtype) -> the first cast's var
 
     def visit_var_binding_(self, binding):
         value = binding.value
