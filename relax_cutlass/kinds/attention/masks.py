@@ -10,7 +10,7 @@ from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from .patterns import _VIEW_OPS, ATTENTION_DTYPES
-from .trace import _is_call, _known_dims, _static
+from .trace import _is_call, _known_dims, _static, use_counts
 
 # A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
 # for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging
@@ -113,13 +113,7 @@ def _from_matmul(expr, var2val, depth: int = 8) -> bool:
 def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
     """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys})."""
     var2val = get_var2val(func)
-    uses: dict = {}
-
-    def count(expr):
-        if isinstance(expr, relax.Var):
-            uses[expr] = uses.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, count)
+    uses = use_counts(func)
     known = _MaskValues(var2val)
     adds, tails = {}, {}
     for var, value in var2val.items():

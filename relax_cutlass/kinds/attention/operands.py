@@ -11,7 +11,7 @@ from tvm.relax.analysis import get_var2val
 
 from .masks import BlockScopedMutator, _from_matmul
 from .patterns import ATTENTION_DTYPES
-from .trace import _dims, _is_call
+from .trace import _dims, _is_call, use_counts
 
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to")
 
@@ -36,13 +36,7 @@ class _OperandCasts:
 
     def __init__(self, func: relax.Function):
         self.var2val = get_var2val(func)
-        self.uses: dict = {}
-
-        def count(expr):
-            if isinstance(expr, relax.Var):
-                self.uses[expr] = self.uses.get(expr, 0) + 1
-
-        relax.analysis.post_order_visit(func.body, count)
+        self.uses = use_counts(func)
 
     def value(self, expr):
         return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
@@ -219,13 +213,7 @@ def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
     which the attention kernel (it writes BSNV) cannot write; split this way the region ends at
     the BSNV tensor and the last transpose stays in TVM. Permutes move values only: exact."""
     var2val = get_var2val(func)
-    uses: dict = {}
-
-    def count(expr):
-        if isinstance(expr, relax.Var):
-            uses[expr] = uses.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, count)
+    uses = use_counts(func)
     consumed = set()  # permutes whose result another permute takes
     for value in var2val.values():
         if _is_call(value, "relax.permute_dims") and isinstance(value.args[0], relax.Var):
