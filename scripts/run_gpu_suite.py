@@ -566,16 +566,16 @@ def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
 
 @functools.cache
 def _torch_models():
-    """relax_cutlass/torch_models.py (torch + numpy only) loaded as a file: importing the package
-    needs the TVM compiler, and putting its folder on sys.path would shadow the standard library's
-    `select` and `profile` with relax_cutlass's modules of those names."""
-    import importlib.util
+    """The PyTorch model builders of relax_cutlass.models (resnet50, bert_encoder_torch), imported
+    from the repository root: the GPU host has the whole TVM (../shared/gpu/make-full-bundle), and
+    the builders now live in a package whose modules import each other."""
+    import types
 
-    path = Path(__file__).resolve().parent.parent / "relax_cutlass" / "torch_models.py"
-    spec = importlib.util.spec_from_file_location("relax_cutlass_torch_models", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from relax_cutlass.models import torch_models, torch_transformers
+
+    builders = {"resnet50": torch_models.resnet50, "bert_encoder_torch": torch_transformers.bert_encoder_torch}
+    return types.SimpleNamespace(**builders)
 
 
 def _end_to_end(case: dict, build: Path, use_compile: bool, details: dict, torch_peer) -> dict:
