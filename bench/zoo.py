@@ -338,8 +338,9 @@ def _load_problem(path: str) -> str:
         return "loading took over 300 s"
     if done.returncode == 0:
         return ""
-    tail = (done.stderr or "").strip().splitlines()[-3:]
-    return f"load_module failed (exit {done.returncode}): {' | '.join(tail)[:400]}"
+    # the whole native backtrace TVM prints on a signal: where in the loader it died
+    frames = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    return f"load_module failed (exit {done.returncode}): {' | '.join(frames)[-4000:]}"
 
 
 def _child(args) -> int:
