@@ -15,7 +15,9 @@ Nothing else is touched.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import numpy as np
 import tvm
@@ -139,13 +141,10 @@ ACCUMULATING_OPS = {
 }
 
 
-def _accumulating_call(expr: relax.Expr) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ACCUMULATING_OPS
-
-
 def _accumulating_pattern():
+    """Any op of `ACCUMULATING_OPS` on two operands."""
     a, b = wildcard(), wildcard()
-    return is_op("relax.matmul")(a, b) | is_op("relax.nn.conv2d")(a, b) | is_op("relax.nn.conv1d")(a, b)
+    return functools.reduce(operator.or_, (is_op(name)(a, b) for name in ACCUMULATING_OPS))
 
 
 def accumulate_in_float32(func: relax.Function) -> relax.Function:
@@ -181,12 +180,7 @@ def fold_float32_accumulation(func: relax.Function) -> relax.Function:
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         out, call = str(orig.ty.dtype), m[inner]
-        if (
-            out not in _HALF_DTYPES
-            or not _accumulating_call(call)
-            or str(call.ty.dtype) != "float32"
-            or _operand_dtypes(call) != [out, out]
-        ):
+        if out not in _HALF_DTYPES or str(call.ty.dtype) != "float32" or _operand_dtypes(call) != [out, out]:
             return orig
         return ACCUMULATING_OPS[call.op.name](call, out)
 
@@ -208,8 +202,8 @@ def _relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.AccumulateInFloat32")
 class AccumulateInFloat32:
-    """16-bit matmuls and convolutions left to TVM sum in float32 (`accumulate_in_float32`); offloaded regions and
-    float32 matmuls are left alone. from_torch applies it; offload_pipeline folds it back before
+    """16-bit matmuls and convolutions left to TVM sum in float32 (`accumulate_in_float32`);
+    offloaded regions and float32 ones are left alone. from_torch applies it; offload_pipeline folds it back before
     partitioning (FoldLinearReshapes) and applies it again to what stays in TVM."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
