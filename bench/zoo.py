@@ -76,8 +76,7 @@ def _randomize_zero_layers(model, torch) -> None:
     then all zeros, and every build matches it exactly, which checks nothing. Such a layer gets
     the default init of its type (nn.Linear's uniform), as a trained model's would be non-zero."""
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Linear) and weight is not None and not weight.detach().any():
+        if isinstance(module, torch.nn.Linear) and not module.weight.detach().any():
             module.reset_parameters()
 
 
@@ -263,11 +262,8 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     inputs_np = [x.numpy() for x in example]
     dev = tvm.cuda(0)
     example_gpu = tuple(x.cuda() for x in example)
+    ref64 = float64_reference(model, example_gpu)
     with torch.no_grad():
-        # float64 on the GPU: a float32 reference there runs cuDNN's convolutions in TF32 (10-bit
-        # mantissas, torch's default), about as coarse as the fp16 builds it is to judge
-        ref64 = copy.deepcopy(model).cuda().double()(*[x.double() if x.is_floating_point() else x for x in example_gpu])
-        ref64 = ref64.cpu().numpy()
         half, half_inputs = _half_model(model, entry, example, torch)
         ref16 = half(*half_inputs).float().cpu().numpy()
     record["error"] = {"torch_fp16_vs_fp64": _rel_error(ref16, ref64)}
@@ -319,6 +315,17 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     record["error_bound"] = error_bound(record["error"]["torch_fp16_vs_fp64"])
     record["ok"] = bool(np.isfinite(ref64).all()) and bool(ours) and max(ours) <= record["error_bound"]
     return record
+
+
+def float64_reference(model, inputs_gpu):
+    """`model`'s output in float64 on the GPU (a copy; the model is left as it is), as numpy. A
+    float32 reference there runs cuDNN's convolutions in TF32 (10-bit mantissas, torch's default),
+    about as coarse as the fp16 builds it is to judge."""
+    import torch
+
+    with torch.no_grad():
+        out = copy.deepcopy(model).cuda().double()(*[x.double() if x.is_floating_point() else x for x in inputs_gpu])
+    return out.cpu().numpy()
 
 
 def error_bound(torch_fp16_error: float) -> float:

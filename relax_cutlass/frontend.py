@@ -14,7 +14,7 @@ from typing import Any
 
 import tvm
 
-__all__ = ["from_torch"]
+__all__ = ["from_torch", "import_float32"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
 
@@ -74,6 +74,45 @@ def _torch_cumsum(node, importer) -> tvm.ir.Expr:
 CONVERTERS = {"cumsum.default": _torch_cumsum}
 
 
+def import_float32(
+    model,
+    example_inputs: Any,
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    caller: str = "import_float32",
+) -> tvm.IRModule:
+    """torch.export of a float32 CPU copy of `model` -> `from_exported_program` -> weights bound as
+    constants -> `FixTvmCudaForms`: the float32 module `from_torch` lowers to 16 bits, also a
+    float32 baseline of its own (scripts/precision_probe.py builds it). Arguments as `from_torch`'s."""
+    try:
+        import torch
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(f"relax_cutlass.{caller} needs PyTorch: pip install 'relax_cutlass[models]'") from err
+    from tvm import relax
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from .rewrites.canonicalize import FixTvmCudaForms
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{caller}: expected a torch.nn.Module, got {type(model).__name__}")
+    args = _float32(_example_tuple(example_inputs), torch)
+    kwargs = _float32(dict(example_kwargs or {}), torch)
+    args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    exportable = _exportable_copy(model, torch)
+    with torch.no_grad():
+        exported = torch.export.export(exportable, args, kwargs, dynamic_shapes=dynamic_shapes)
+    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
+    mod, params = relax.frontend.detach_params(mod)
+    inputs = len(mod["main"].params) - len(params.get("main", []))
+    weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}
+    mod = relax.transform.BindParams("main", weights)(mod)
+    # Forms TVM's own CUDA build gets wrong (values unchanged), so that TVM's build of the module is
+    # right too, not only the offloaded one.
+    return FixTvmCudaForms()(mod)
+
+
 def from_torch(
     model,
     example_inputs: Any,
@@ -97,33 +136,11 @@ def from_torch(
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"from_torch: dtype {dtype!r} is not supported; use one of {SUPPORTED_DTYPES}")
-    try:
-        import torch
-    except ImportError as err:  # pragma: no cover - exercised only without the extra
-        raise ImportError("relax_cutlass.from_torch needs PyTorch: pip install 'relax_cutlass[models]'") from err
-    from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
-
     from .models import to_float16
-    from .rewrites.canonicalize import FixTvmCudaForms
 
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"from_torch: expected a torch.nn.Module, got {type(model).__name__}")
-    args = _float32(_example_tuple(example_inputs), torch)
-    kwargs = _float32(dict(example_kwargs or {}), torch)
-    args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
-    kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    exportable = _exportable_copy(model, torch)
-    with torch.no_grad():
-        exported = torch.export.export(exportable, args, kwargs, dynamic_shapes=dynamic_shapes)
-    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
-    mod, params = relax.frontend.detach_params(mod)
-    inputs = len(mod["main"].params) - len(params.get("main", []))
-    weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}
-    mod = relax.transform.BindParams("main", weights)(mod)
-    # Forms TVM's own CUDA build gets wrong (values unchanged), so that TVM's build of the module is
-    # right too, not only the offloaded one.
-    mod = FixTvmCudaForms()(mod)
-    # Matmuls sum in float32, as torch's do: TVM sums in the out_dtype, and a Llama summed in float16
-    # is 3.8e-2 from float32 where torch's own fp16 is 1e-2.
+    mod = import_float32(
+        model, example_inputs, example_kwargs=example_kwargs, dynamic_shapes=dynamic_shapes, caller="from_torch"
+    )
+    # Matmuls and convolutions sum in float32, as torch's do: TVM sums in the out_dtype, and a Llama
+    # summed in float16 is 3.8e-2 from float32 where torch's own fp16 is 1e-2.
     return to_float16(mod, dtype, convert_layout=convert_layout, accumulate_in_float32=True)

@@ -18,34 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import tvm
 from tvm import relax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from zoo import ZOO, ZooModel  # noqa: E402
+from zoo import ZOO, ZooModel, _rel_error, float64_reference  # noqa: E402
 
 import relax_cutlass  # noqa: E402
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def float32_module(model, example):
-    from tvm.relax.frontend.torch import from_exported_program
-
-    from relax_cutlass.frontend import CONVERTERS, _exportable_copy
-
-    with torch.no_grad():  # the copy from_torch exports (a transformers cache switched off)
-        exported = torch.export.export(_exportable_copy(model, torch), example)
-    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
-    mod, params = relax.frontend.detach_params(mod)
-    n = len(mod["main"].params) - len(params["main"])
-    mod = relax.transform.BindParams("main", dict(zip(mod["main"].params[n:], params["main"], strict=True)))(mod)
-    return relax_cutlass.transform.FixTvmCudaForms()(mod)
+from relax_cutlass.frontend import import_float32  # noqa: E402
 
 
 def run(mod, target, dev, inputs):
@@ -75,26 +56,27 @@ def main() -> None:
 
         transformers.LlamaConfig.__init__ = init
     model, example = entry.build()
+    ref = float64_reference(model, [x.cuda() for x in example])
     with torch.no_grad():
-        ref = copy.deepcopy(model).cuda().double()(*[x.cuda() for x in example]).cpu().numpy()
         half = copy.deepcopy(model).cuda().half()
-        print(f"torch fp16 (GPU): {rel(half(*[x.cuda() for x in example]).double().cpu().numpy(), ref):.2e}")
+        inputs16 = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in example]
+        print(f"torch fp16 (GPU): {_rel_error(half(*inputs16).cpu().numpy(), ref):.2e}")
     model = model.cpu()
     inputs = [x.numpy() for x in example]
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
-    modules = {"float32": float32_module(model, example), "fp16 (from_torch)": relax_cutlass.from_torch(model, example)}
+    modules = {"float32": import_float32(model, example), "fp16 (from_torch)": relax_cutlass.from_torch(model, example)}
     for name, mod in modules.items():
         out, s = run(mod, cuda, tvm.cuda(0), inputs)
-        print(f"TVM CUDA {name}: {rel(out, ref):.2e} ({s:.0f} s)", flush=True)
+        print(f"TVM CUDA {name}: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
         # TVM 0.27 compiles its CUDA kernels with --use_fast_math (__sinf/__cosf/__expf, approximate
         # division, denormals flushed) unless this variable is set when it runs nvcc
         os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
         out, s = run(mod, cuda, tvm.cuda(0), inputs)
         del os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"]
-        print(f"TVM CUDA {name}, no --use_fast_math: {rel(out, ref):.2e} ({s:.0f} s)", flush=True)
+        print(f"TVM CUDA {name}, no --use_fast_math: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
         if args.llvm:
             out, s = run(mod, "llvm", tvm.cpu(), inputs)
-            print(f"TVM llvm {name}: {rel(out, ref):.2e} ({s:.0f} s)", flush=True)
+            print(f"TVM llvm {name}: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
