@@ -32,6 +32,11 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
     rm -f build/session/done
     OUT=build/session setsid nohup bash -c "bash scripts/gpu_session.sh $* > build/session/summary.log 2>&1; \
       touch build/session/done" > /dev/null 2>&1 < /dev/null &
+    echo $! > build/session/pid
+  elif [[ ! -f build/session/done ]] && ! kill -0 "$(cat build/session/pid 2>/dev/null || echo none)" 2>/dev/null; then
+    # a machine that idled out comes back bare: nothing to wait for, so say so instead of waiting
+    echo "no detached run on this machine (a fresh one?): start it again with --detach"
+    exit 3
   fi
   deadline=$((SECONDS + ${GPU_WAIT_S:-540}))
   while [[ ! -f build/session/done && $SECONDS -lt $deadline ]]; do sleep 5; done

@@ -2,8 +2,8 @@
 
 ToMixedPrecision(out_dtype="float16") gives every matmul a float16 out_dtype, and TVM's
 legalization sums in the out_dtype; torch (and the CUTLASS kernels) sum 16-bit products in float32.
-RMSNorm, the rotary embedding and the softmax already stay in float32 after ToMixedPrecision; the
-float16 sums were what separated the module from torch's own fp16.
+RMSNorm and the softmax stay in float32 after ToMixedPrecision; the rotary embedding's angles did
+not (rounded to float16 in every export form: AnglesInFloat32, tests at the end of this file).
 """
 
 from __future__ import annotations
@@ -135,3 +135,81 @@ def test_offload_pipeline_keeps_the_stem_conv_summing_in_float32():
     aligned = relax_cutlass.offload_pipeline("sm_90a", compile=False)(_conv_module("float16", channels=8))
     assert len(relax_cutlass.offload_report(aligned).offloaded) == 1
     assert "R.astype(" not in aligned["main"].script()
+
+
+# How rotary embeddings compute their angles, by source: transformers' Llama until 5.2x
+# (`inv_freq[None, :, None] @ position_ids[:, None, :]`, a K=1 batched matmul, as the lent GPU
+# host's transformers exports it), transformers 5.24 (a broadcast multiply), GPT-NeoX/RoFormer-era
+# code (torch.outer) and einsum-based code.
+ROTARY_ANGLES = {
+    "matmul": lambda inv, pos: (inv[None, :, None] @ pos[None, None, :].to(inv.dtype)).transpose(1, 2)[0],
+    "multiply": lambda inv, pos: pos[:, None].to(inv.dtype) * inv[None, :],
+    "outer": lambda inv, pos: torch_outer(pos.to(inv.dtype), inv),
+    "einsum": lambda inv, pos: torch_einsum("i,j->ij", pos.to(inv.dtype), inv),
+}
+
+
+def torch_outer(a, b):
+    import torch
+
+    return torch.outer(a, b)
+
+
+def torch_einsum(spec, a, b):
+    import torch
+
+    return torch.einsum(spec, a, b)
+
+
+def _rotary_model(torch, form: str):
+    class Rotary(torch.nn.Module):
+        """Rotary embedding over positions 0..S-1 (head dim 64), then a projection."""
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)))
+            self.proj = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            angles = ROTARY_ANGLES[form](self.inv_freq, torch.arange(x.shape[1]))
+            emb = torch.cat((angles, angles), dim=-1)
+            half = x.shape[-1] // 2
+            rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            return self.proj(x * emb.cos() + rotated * emb.sin())
+
+    torch.manual_seed(0)
+    return Rotary().eval()
+
+
+@pytest.mark.parametrize("form", sorted(ROTARY_ANGLES))
+def test_rotary_angles_stay_in_float32_in_every_export_form(form):
+    """ToMixedPrecision rounded the matmul form's angles to float16 (spacing 1.0 at 1024-2047): the
+    zoo's Llama on the GPU host was 1.9e-2 from float64 where torch's fp16 is 1.0e-2 (the angles'
+    rounding alone: 1.6e-2). The other forms kept float32 angles from an inv_freq rounded through
+    float16 (0.33 radians off at 2047; this module 4.7e-2 from float64). Every form now reaches
+    sin/cos in float32 from the float32 inv_freq, as close to float64 as one float16 rounding."""
+    torch = pytest.importorskip("torch")
+    model = _rotary_model(torch, form)
+    x = torch.randn(1, 2048, 64)
+    with torch.no_grad():
+        expected = model.double()(x.double()).numpy()
+        model.float()
+    mod = relax_cutlass.from_torch(model, (x,))
+    periodic = [line for line in mod.script().splitlines() if "R.cos(" in line or "R.sin(" in line]
+    assert len(periodic) == 2 and all('dtype="float32"' in line for line in periodic), periodic
+    err = rel_error(run_vm(build_cpu(mod), [x.numpy()]), expected)
+    assert err < 2e-3, f"{form}: relative error {err:.2e}"
+
+
+def test_angles_in_float32_leaves_angles_computed_in_16_bits_alone():
+    """sin of a float16 input that never was float32 (nothing to recover) is left as it is."""
+    from relax_cutlass.rewrites.angles import angles_in_float32
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 64), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.sin(relax.op.multiply(x, x))))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    tvm.ir.assert_structural_equal(angles_in_float32(func), func)

@@ -270,7 +270,9 @@ def to_float16(
     ToMixedPrecision gives each matmul the 16-bit out_dtype, which TVM's own build sums in;
     `accumulate_in_float32` spells them as float32 matmuls cast to `dtype` (AccumulateInFloat32),
     so that a TVM build of the module sums as torch does (from_torch sets it; offload_pipeline
-    folds the casts back before partitioning)."""
+    folds the casts back before partitioning). Angles that reach sin/cos are computed in float32
+    (AnglesInFloat32): in 16 bits a rotary embedding is off by a quarter radian at position 511."""
+    from ..rewrites.angles import AnglesInFloat32
     from ..rewrites.canonicalize import AccumulateInFloat32
     from ..rewrites.fold import FoldWeightsInNumpy
     from ..rewrites.layout import ConvertToNHWC
@@ -280,6 +282,8 @@ def to_float16(
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
     if accumulate_in_float32:
         mod = AccumulateInFloat32()(mod)
+    # sin/cos of rotary angles in float32, as torch computes them (rewrites/angles.py)
+    mod = AnglesInFloat32()(mod)
     return relax.transform.FoldConstant()(FoldWeightsInNumpy()(mod))
 
 
