@@ -9,6 +9,7 @@ lower to float16 (or bfloat16) on the Relax side. This module is that path as on
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,55 @@ def _exportable_copy(model, torch):
     return model
 
 
+def _import_program(model, args, kwargs, dynamic_shapes, torch, caller: str) -> tvm.IRModule:
+    """torch.export of the exportable copy, then TVM's `from_exported_program` (which runs torch's
+    decompositions on it). Where that fails and the model uses transformers' "sdpa" attention,
+    the copy is switched to its "eager" attention (the same softmax(QK^T + mask)V, decomposed)
+    and imported again: GPT-2's sdpa path with a padding mask fails in torch's decompositions (a
+    view of the attention output that fake tensors lay out transposed); eager attention imports."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    def attempt() -> tuple[tvm.IRModule | None, tuple[str, Exception] | None]:
+        stage = "torch.export"
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+            stage = "TVM's from_exported_program"
+            return from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS), None
+        except Exception as err:  # torch.export and the frontend raise many types; reported below
+            return None, (stage, err)
+
+    mod, failure = attempt()
+    if mod is not None:
+        return mod
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    sdpa = [c for c in configs.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
+    for config in sdpa:
+        config._attn_implementation = "eager"
+    if sdpa and (retried := attempt()[0]) is not None:
+        stage, err = failure
+        warnings.warn(
+            f"{caller}: {stage} of {type(model).__name__} with sdpa attention failed "
+            f"({type(err).__name__}: {_first_line(err)}); imported with transformers' eager "
+            "attention instead (same values; the user's model is unchanged)",
+            stacklevel=3,
+        )
+        return retried
+    stage, err = failure
+    raise RuntimeError(
+        f"{caller}: {stage} of {type(model).__name__} failed ({type(err).__name__}: {_first_line(err)}). "
+        "relax_cutlass imports a float32 CPU copy of the model through torch.export and TVM's "
+        "from_exported_program; make the model exportable (torch.export.export(model, example_inputs) "
+        "reproduces an export error), or import it yourself and lower it with "
+        "relax_cutlass.models.bind_float16(mod, weights)"
+    ) from err
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "no message"
+
+
 def _torch_cumsum(node, importer) -> tvm.ir.Expr:
     """torch.cumsum with torch's type promotion: a bool or integer input sums in int64 unless a
     dtype is given. TVM's converter keeps the input dtype, so a cumsum over a bool mask (as
@@ -90,7 +140,6 @@ def import_float32(
     except ImportError as err:  # pragma: no cover - exercised only without the extra
         raise ImportError(f"relax_cutlass.{caller} needs PyTorch: pip install 'relax_cutlass[models]'") from err
     from tvm import relax
-    from tvm.relax.frontend.torch import from_exported_program
 
     from .rewrites.canonicalize import FixTvmCudaForms
 
@@ -101,9 +150,7 @@ def import_float32(
     args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
     kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     exportable = _exportable_copy(model, torch)
-    with torch.no_grad():
-        exported = torch.export.export(exportable, args, kwargs, dynamic_shapes=dynamic_shapes)
-    mod = from_exported_program(exported, keep_params_as_input=True, custom_convert_map=CONVERTERS)
+    mod = _import_program(exportable, args, kwargs, dynamic_shapes, torch, caller)
     mod, params = relax.frontend.detach_params(mod)
     inputs = len(mod["main"].params) - len(params.get("main", []))
     weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}

@@ -44,6 +44,11 @@ DTYPE_FREE_OPS = frozenset(
         "relax.subtract",
         "relax.divide",
         "relax.negative",
+        "relax.exp",
+        "relax.log",
+        "relax.sqrt",
+        "relax.rsqrt",
+        "relax.power",
     }
 )
 SIXTEEN_BIT = ("float16", "bfloat16")
