@@ -141,7 +141,7 @@ def import_float32(
         raise ImportError(f"relax_cutlass.{caller} needs PyTorch: pip install 'relax_cutlass[models]'") from err
     from tvm import relax
 
-    from .rewrites.canonicalize import FixTvmCudaForms
+    from .rewrites.canonicalize import FixTvmCudaForms, UnbroadcastWeights
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{caller}: expected a torch.nn.Module, got {type(model).__name__}")
@@ -151,6 +151,8 @@ def import_float32(
     kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     exportable = _exportable_copy(model, torch)
     mod = _import_program(exportable, args, kwargs, dynamic_shapes, torch, caller)
+    # before the weights are bound: a broadcast weight must never become a folded constant
+    mod = UnbroadcastWeights()(mod)
     mod, params = relax.frontend.detach_params(mod)
     inputs = len(mod["main"].params) - len(params.get("main", []))
     weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}

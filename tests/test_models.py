@@ -285,3 +285,27 @@ def test_transformers_llama_with_grouped_query_attention_offloads_without_failin
     attention = [r for r in report.offloaded if r["op"] == "attention"]
     left = [r for r in report.left_in_tvm if "attention" in " ".join(r["reasons"]) or r["op"] == "batched matmul"]
     assert attention or left  # fused, or left in TVM with its reason
+
+
+def test_from_torch_never_materializes_a_broadcast_weight():
+    """nn.MultiheadAttention's packed in-projection on (seq, batch, dim) tokens exports as a batched
+    matmul with its weight broadcast over the sequence, and FoldConstant materialized it: ViT-B/16's
+    from_torch held 197 copies of every in-projection weight (over 23 GB: killed for memory here,
+    144 s on the GPU host) and TVM's library of it crashed its loader. The weights now stay 2-D:
+    the module's constants are no larger than the model's parameters."""
+    torch = pytest.importorskip("torch")
+    from relax_cutlass.models.torch_models import vit
+
+    model = vit(image=64, hidden=64, layers=2, heads=4, num_classes=10)
+    parameter_bytes = sum(p.numel() for p in model.parameters()) * 4
+    mod = relax_cutlass.from_torch(model, (torch.randn(2, 3, 64, 64),))
+    constants: list[int] = []
+
+    def visit(expr):
+        if isinstance(expr, tvm.ir.GenericConst):
+            constants.append(expr.value.numpy().nbytes)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    largest = max(p.numel() for p in model.parameters()) * 4
+    assert max(constants) <= largest, max(constants)
+    assert sum(constants) <= parameter_bytes  # float16 copies of float32 parameters

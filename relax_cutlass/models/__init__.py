@@ -273,10 +273,11 @@ def to_float16(
     folds the casts back before partitioning). Angles that reach sin/cos are computed in float32
     (AnglesInFloat32): in 16 bits a rotary embedding is off by a quarter radian at position 511."""
     from ..rewrites.angles import AnglesInFloat32
-    from ..rewrites.canonicalize import AccumulateInFloat32
+    from ..rewrites.canonicalize import AccumulateInFloat32, UnbroadcastWeights
     from ..rewrites.fold import FoldWeightsInNumpy
     from ..rewrites.layout import ConvertToNHWC
 
+    mod = UnbroadcastWeights()(mod)  # before FoldConstant could materialize a broadcast weight
     if convert_layout:
         mod = ConvertToNHWC()(mod)
     mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)

@@ -210,6 +210,20 @@ class AccumulateInFloat32:
         return _relax_functions(mod, accumulate_in_float32)
 
 
+@tvm.transform.module_pass(opt_level=0, name="relax_cutlass.UnbroadcastWeights")
+class UnbroadcastWeights:
+    """matmul(x, broadcast_to(W, (B, K, N))) -> matmul(x, W), before anything folds constants.
+
+    torch.export writes a 3-D linear layer (nn.MultiheadAttention's packed in-projection on
+    (seq, batch, dim) tokens) as a batched matmul with its weight broadcast over the sequence;
+    FoldConstant then materializes the broadcast: a ViT-B/16's 2304 x 768 weight became a
+    197 x 768 x 2304 float32 constant, 24 GB over 12 layers (from_torch ran out of memory, and
+    TVM's library of the model crashed its loader). from_torch and bind_float16 apply it first."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return _relax_functions(mod, unbroadcast_weights)
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")
 class FoldLinearReshapes:
     """reshape(matmul(reshape(x, (B*S, K)), W) [+ b], (B, S, N)) -> matmul(x, W) [+ b], and
