@@ -32,6 +32,7 @@ REGISTERED = [
     "gemm",
     "conv2d",
     "attention",
+    "depthwise_conv2d",
 ]
 
 

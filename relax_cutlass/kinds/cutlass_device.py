@@ -153,9 +153,10 @@ def _residual_block_values(kernel, element_c) -> dict:
     )  # fmt: skip
 
 
-def device_kernel_source(kernel, parts: dict[str, str], args: str, args_type: str) -> Source:
+def device_kernel_source(kernel, parts: dict[str, str], args: str, args_type: str, family: str | None = None) -> Source:
     """The translation unit of a CUTLASS device-level operator (a GEMM, or a convolution's implicit
-    GEMM) from its `parts` (includes, instance, operation_type, arguments[, defines, run])."""
+    GEMM) from its `parts` (includes, instance, operation_type, arguments[, defines, run]);
+    `family` (sass_check's) defaults to the kernel's arch ("sm80", "sm90")."""
     # Custom activation functors (relax_cutlass.extend) are defined before the types that use them.
     parts["instance"] = kernel.epilogue.definitions(kernel.problem.element_out) + parts["instance"]
     parts.setdefault("defines", "")
@@ -163,4 +164,4 @@ def device_kernel_source(kernel, parts: dict[str, str], args: str, args_type: st
     text = KERNEL_TU.substitute(
         name=kernel.name, args=args, args_type=args_type, check_device=check_device(kernel), **parts
     )
-    return Source(kernel.name, text, "cuda", family=f"sm{kernel.arch}")
+    return Source(kernel.name, text, "cuda", family=family or f"sm{kernel.arch}")

@@ -45,12 +45,18 @@ class FusionLog:
         a kind that reports it (`RegionKind.report_refused`: its ops stay in TVM, and the reason
         would otherwise be lost)."""
         specs = spec_by_name()
-        return [
-            e
-            for e in self._roots.values()
-            if e["refused"]
-            and (e["fused_as"] or any(kind_of(specs[r["pattern"]]).report_refused for r in e["refused"]))
-        ]
+        rows = []
+        for e in self._roots.values():
+            if e["fused_as"]:
+                # only larger fusions: an equal-size pattern of another kind (conv2d's at a depthwise
+                # conv's root) is no fusion lost
+                size = specs[e["fused_as"]].size
+                refused = [r for r in e["refused"] if specs[r["pattern"]].size > size]
+                if refused:
+                    rows.append({**e, "refused": refused})
+            elif any(kind_of(specs[r["pattern"]]).report_refused for r in e["refused"]):
+                rows.append(e)
+        return rows
 
 
 def _describe(var: relax.Var, call: relax.Call) -> str:

@@ -109,7 +109,10 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
         for kind in kinds():
             for op_name, row in kind.left_in_tvm.items():
                 for call in _calls(func, op_name):
-                    op, flops, reasons = row(call, var2val, skipped.get(gv.name_hint))
+                    judged = row(call, var2val, skipped.get(gv.name_hint))
+                    if judged is None:  # another kind's op (a kind reports only its own)
+                        continue
+                    op, flops, reasons = judged
                     rows.append(
                         {
                             "function": gv.name_hint,

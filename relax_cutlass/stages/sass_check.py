@@ -42,6 +42,9 @@ FAMILIES = {
     "sm80": ("CUTLASS 2.x SM80 tensor-op (mma.sync)", ("HMMA",)),
     "sm90": ("CUTLASS 3.x SM90 TMA + wgmma", ("HGMMA",)),
     "fmha": ("CUTLASS examples/41 fused multi-head kernel, SM80 (mma.sync)", ("HMMA",)),
+    # depthwise convolutions have no tensor-core form: CUTLASS examples/46's direct convolution
+    # runs on the CUDA cores, and a stub of it would hold no floating-point FMA at all
+    "simt": ("CUTLASS 2.x SIMT direct convolution (CUDA cores)", ("FFMA", "HFMA2")),
 }
 
 CHECK_ENV = "RELAX_CUTLASS_SASS_CHECK"

@@ -20,7 +20,7 @@ from ..epilogue_patterns import (
     dtype_of,
     epilogue_specs,
 )
-from ..ir import accumulator_for, shape_of, static_shape
+from ..ir import accumulator_for, is_depthwise, shape_of, static_shape
 from .records import Conv2dProblem
 
 # conv2d: NHWC activations x OHWI filters (what ConvertToNHWC produces).
@@ -80,8 +80,8 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
         )
     if int(attrs.groups) != 1:
         problems.append(
-            f"groups={int(attrs.groups)}: grouped and depthwise conv2d are not offloaded yet (no CUTLASS "
-            "2.x fprop kernel here), the conv stays in TVM"
+            f"groups={int(attrs.groups)}: grouped conv2d (1 < groups < C) is not offloaded yet, the conv "
+            "stays in TVM (depthwise convs, groups == C == K, are the depthwise kind's)"
         )
     in_dtype = dtype_of(data)
     if in_dtype not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != in_dtype:
@@ -128,12 +128,17 @@ def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProbl
     )  # fmt: skip
 
 
-def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple:
-    """(op, FLOPs, reasons) of a conv2d left in TVM (FLOPs: 2 x output elements x C/groups x R x S,
-    None when a shape is symbolic)."""
+def conv_flops(call: relax.Call) -> int | None:
+    """2 x output elements x C/groups x R x S; None when a shape is symbolic."""
     out, data, weight = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])
-    flops = None
-    if out is not None and data is not None and weight is not None:
-        out_channels = weight[str(call.attrs.kernel_layout).index("O")]
-        flops = 2 * math.prod(out) * math.prod(weight) // out_channels
-    return "conv2d", flops, conv2d_problems(call, layout_skipped)
+    if out is None or data is None or weight is None:
+        return None
+    out_channels = weight[str(call.attrs.kernel_layout).index("O")]
+    return 2 * math.prod(out) * math.prod(weight) // out_channels
+
+
+def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:
+    """(op, FLOPs, reasons) of a conv2d left in TVM; None for a depthwise one (its kind reports it)."""
+    if is_depthwise(call):
+        return None
+    return "conv2d", conv_flops(call), conv2d_problems(call, layout_skipped)

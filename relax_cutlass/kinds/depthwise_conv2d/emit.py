@@ -1,0 +1,86 @@
+"""C++ of the depthwise kind: the direct-convolution kernel's translation unit and a region's glue."""
+
+from __future__ import annotations
+
+from ...cutlass_lib import data_type
+from ...cutlass_lib import load as load_cutlass_library
+from ...stages.compile import Source
+from ...stages.emit import launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ..cutlass_device import device_kernel_source
+from .records import DepthwiseKernel, DepthwiseRegion
+from .templates import ARGS_TYPE, ARGUMENTS, DWCONV2D_ARGS, GLUE_FUNCTION, INCLUDES, INSTANCE
+
+SCALE = "cutlass::epilogue::thread::ScaleType::"
+
+
+def _epilogue(kernel: DepthwiseKernel, element: str, accumulator: str) -> str:
+    """The thread-level epilogue: act(acc + bias) with the bias as an unscaled source
+    (NoBetaScaling), alpha * acc without one; 8 elements (128 bits) per access."""
+    epi = kernel.epilogue
+    scale = SCALE + ("NoBetaScaling" if epi.bias else "OnlyAlphaScaling")
+    if epi.activation == "identity":
+        return f"cutlass::epilogue::thread::LinearCombination<{element}, 8, {accumulator}, {accumulator}, {scale}>"
+    act = epi.functors(kernel.problem.element_out)[0]
+    return (
+        f"cutlass::epilogue::thread::LinearCombinationGeneric<{act.functor}, {element}, 8, {accumulator}, "
+        f"{accumulator}, {scale}, cutlass::FloatRoundStyle::round_to_nearest, {str(act.is_heavy).lower()}>"
+    )
+
+
+def _kernel_parts(kernel: DepthwiseKernel) -> dict[str, str]:
+    load_cutlass_library()
+    from cutlass_library.library import DataTypeTag
+
+    p, t = kernel.problem, kernel.tile
+    element, accumulator = DataTypeTag[data_type(p.element)], DataTypeTag[data_type(p.element_accumulator)]
+    fixed = kernel.fixed_stride
+    instance = INSTANCE.substitute(
+        name=kernel.name,
+        element=element,
+        element_acc=accumulator,
+        tile_p=t.tile_p,
+        tile_q=t.tile_q,
+        tile_pq=t.tile_p * t.tile_q,
+        warp_m=t.tile_p * t.tile_q // t.warps,
+        groups=t.groups_per_cta,
+        r=p.r,
+        s=p.s,
+        rs=p.r * p.s,
+        epilogue=_epilogue(kernel, element, accumulator),
+        stages=t.stages,
+        iterator="cutlass::conv::IteratorAlgorithm::" + ("kFixedStrideDilation" if fixed else "kOptimized"),
+        stride_support="cutlass::conv::StrideSupport::" + ("kFixed" if fixed else "kStrided"),
+        stride_r=p.stride[0] if fixed else -1,
+        stride_s=p.stride[1] if fixed else -1,
+        dilation_r=p.dilation[0] if fixed else -1,
+        dilation_s=p.dilation[1] if fixed else -1,
+    )
+    return {
+        "includes": INCLUDES,
+        "instance": instance,
+        "operation_type": f"cutlass::conv::device::DirectConvolution<{kernel.name}_kernel>",
+        "arguments": ARGUMENTS,
+    }
+
+
+def emit_depthwise_kernel(kernel: DepthwiseKernel) -> Source:
+    # SIMT: its SASS holds FFMA/HFMA2, not tensor-core MMA (relax_cutlass.stages.sass_check)
+    return device_kernel_source(kernel, _kernel_parts(kernel), DWCONV2D_ARGS, ARGS_TYPE, family="simt")
+
+
+def depthwise_glue_function(region: DepthwiseRegion) -> str:
+    p = region.kernel.problem
+    roles = region.roles
+    extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.c}, bias));'] if "bias" in roles else []
+    return GLUE_FUNCTION.substitute(
+        operand_arrays=operand_arrays(region),
+        symbol=region.symbol,
+        unpack=unpack_args(region),
+        checks=role_aliases(region) + tensor_checks(region, ("data", "weight", "bias", "out")),
+        h=p.h, w=p.w, c=p.c, r=p.r, s=p.s, p=p.p, q=p.q,
+        pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
+        dilation_h=p.dilation[0], dilation_w=p.dilation[1], split_k=region.split_k,
+        extra_checks="\n".join(extra),
+        bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
+        launch=launch_call(region.kernel),
+    )  # fmt: skip

@@ -1,0 +1,112 @@
+"""The patterns of the depthwise conv2d kind (NHWC x OHWI conv2d with groups == C == K, + bias,
+activation), its legality rules, how a matched region reads back into a DepthwiseProblem, and the
+report row of a depthwise conv2d left in TVM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from tvm import relax
+from tvm.relax.dpl import DFPattern, is_op, wildcard
+
+from .. import CODEGEN
+from ..conv2d.patterns import CONV2D_LAYOUTS, conv_flops
+from ..epilogue_patterns import _epilogue_pattern, _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_specs
+from ..ir import is_depthwise, shape_of
+from .records import DepthwiseProblem
+
+# Filter sizes compiled (one kernel per size): what depthwise nets use (MobileNet 3x3/5x5,
+# ConvNeXt 7x7). Larger filters exceed the kernel's registers.
+MAX_FILTER = 7
+
+
+@dataclass(frozen=True)
+class DepthwisePatternSpec(_EpilogueSpec):
+    """One depthwise composite: conv2d root, then bias, activation (no residual: the direct
+    convolution's epilogue reads one source tensor, the bias)."""
+
+    bias: bool = False
+    activation: str = "identity"
+    residual: bool = False
+    residual_relu: bool = False
+    cast: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{CODEGEN}." + "_".join(["dwconv2d", *self.epilogue.parts()])
+
+    @property
+    def size(self) -> int:
+        return 1 + self.bias + (self.activation != "identity") * 2
+
+
+def all_depthwise_specs() -> list[DepthwisePatternSpec]:
+    return [s for s in epilogue_specs(DepthwisePatternSpec) if not s.residual]
+
+
+@cache
+def depthwise_pattern(spec: DepthwisePatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
+    data, weight = wildcard(), wildcard()
+    ann: dict[str, DFPattern] = {"data": data, "weight": weight}
+    ann["root"] = root = is_op("relax.nn.conv2d")(data, weight)
+    out = _epilogue_pattern(root, ann, spec)
+    return out, dict(ann)
+
+
+def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
+    """Why this depthwise R.nn.conv2d cannot run as CUTLASS's direct convolution (empty when it can)."""
+    attrs = conv.attrs
+    layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
+    if layouts != CONV2D_LAYOUTS:
+        why = f"ConvertToNHWC skipped this function ({layout_skipped})" if layout_skipped else "run ConvertToNHWC first"
+        return [f"layouts {layouts} are not NHWC/OHWI; {why}"]
+    data, weight = conv.args
+    problems = []
+    if dtype_of(data) != "float16" or dtype_of(weight) != "float16" or dtype_of(conv) != "float16":
+        problems.append(
+            f"data/weight/output dtypes {dtype_of(data)}/{dtype_of(weight)}/{dtype_of(conv)}: the depthwise "
+            "kernel takes float16 only"
+        )
+    static = [_static_int(d) for d in (*_shape(data)[1:], *_shape(weight), *_shape(conv)[1:])]
+    if None in static:
+        return [*problems, "H, W, C and the filter shape must be static; only the batch N may be symbolic"]
+    c, r, s = static[2], static[4], static[5]
+    if c % 8:
+        problems.append(f"C={c} must be a multiple of 8 (the kernel's 128-bit channel accesses)")
+    if r > MAX_FILTER or s > MAX_FILTER:
+        problems.append(f"a {r}x{s} filter is larger than the {MAX_FILTER}x{MAX_FILTER} the kernels are built for")
+    return problems
+
+
+def depthwise_rules(spec, ann, out, _var2val) -> list[str]:
+    from ..epilogue_patterns import epilogue_problems
+
+    root = ann["root"]
+    if not is_depthwise(root):
+        return ["not a depthwise conv2d (groups == C == K)"]
+    return depthwise_problems(root) or epilogue_problems(spec, ann, out)
+
+
+def read_problem(spec, ann, out_expr, _var2val, _accumulator: str) -> DepthwiseProblem:
+    conv = ann["root"]
+    n, h, w, c = shape_of(ann["data"])
+    _, r, s, _ = shape_of(ann["weight"])
+    _, p, q, _ = shape_of(conv)
+    attrs = conv.attrs
+    return DepthwiseProblem(
+        n=n if isinstance(n, int) else None,
+        h=h, w=w, c=c, r=r, s=s, p=p, q=q,
+        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
+        stride=tuple(int(v) for v in attrs.strides),
+        dilation=tuple(int(v) for v in attrs.dilation),
+        element=dtype_of(ann["data"]),
+    )  # fmt: skip
+
+
+def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:
+    """(op, FLOPs, reasons) of a depthwise conv2d left in TVM; None for any other conv2d (the
+    conv2d kind reports those)."""
+    if not is_depthwise(call):
+        return None
+    return "dwconv2d", conv_flops(call), depthwise_problems(call, layout_skipped)
