@@ -81,7 +81,7 @@ run_check() {
     python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
   fi
   tail -5 "$out/main-job.log"
-  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")
