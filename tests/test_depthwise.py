@@ -14,6 +14,26 @@ from relax_cutlass.kinds.depthwise_conv2d.records import DepthwiseProblem
 from relax_cutlass.kinds.depthwise_conv2d.select import choose_depthwise_kernel
 from relax_cutlass.kinds.epilogue import Epilogue
 
+
+@pytest.fixture(autouse=True)
+def depthwise_kind():
+    """The kind is opt-in until its kernels have run on a GPU."""
+    from relax_cutlass import kinds
+
+    yield kinds.enable("depthwise_conv2d")
+    kinds.unregister("depthwise_conv2d")
+
+
+def test_depthwise_kind_is_opt_in_and_the_report_says_how_to_enable_it():
+    from relax_cutlass import kinds
+
+    kinds.unregister("depthwise_conv2d")
+    mod = depthwise_module()
+    _, _, rewritten = compare_on_cpu(mod, [_input(mod)])
+    (row,) = relax_cutlass.offload_report(rewritten).left_in_tvm
+    assert row["op"] == "conv2d" and "kinds.enable('depthwise_conv2d')" in row["reasons"][0]
+
+
 ACTIVATIONS = {"identity": None, "relu": relax.op.nn.relu, "silu": relax.op.nn.silu, "gelu": relax.op.nn.gelu}
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from string import Template
@@ -32,8 +33,12 @@ REGISTERED = [
     "gemm",
     "conv2d",
     "attention",
-    "depthwise_conv2d",
 ]
+# Built-in kinds registered only on request (`enable(name)`, or their names, comma-separated, in
+# RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind; depthwise_conv2d stays opt-in
+# until its kernels have run on a GPU (they are compiled and checked on the CPU only so far).
+OPT_IN = ("bias_act", "depthwise_conv2d")
+ENABLE_ENV = "RELAX_CUTLASS_ENABLE_KINDS"
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,29 @@ def _clear() -> None:
     clear_caches()
 
 
+def enable(name: str) -> RegionKind:
+    """Register the built-in opt-in kind `name` (see OPT_IN); a no-op when it is registered."""
+    if name not in OPT_IN:
+        raise ValueError(f"{name!r} is not an opt-in kind; those are {OPT_IN}")
+    kind = importlib.import_module(f"{__name__}.{name}.kind").KIND
+    if not is_registered(name):
+        register(kind)
+    return kind
+
+
+def is_registered(name: str) -> bool:
+    return any(k.name == name for k in kinds())
+
+
 def kinds() -> tuple[RegionKind, ...]:
-    """Every registered kind, in registration order."""
-    return _builtin(tuple(REGISTERED)) + tuple(_EXTRA)
+    """Every registered kind, in registration order (opt-in kinds named in RELAX_CUTLASS_ENABLE_KINDS
+    after the built-in ones)."""
+    requested = tuple(n.strip() for n in os.environ.get(ENABLE_ENV, "").split(",") if n.strip())
+    unknown = [n for n in requested if n not in OPT_IN]
+    if unknown:
+        raise ValueError(f"{ENABLE_ENV}={os.environ[ENABLE_ENV]!r}: {unknown} are not opt-in kinds ({OPT_IN})")
+    from_env = tuple(n for n in requested if all(k.name != n for k in _EXTRA))
+    return _builtin(tuple(REGISTERED)) + _builtin(from_env) + tuple(_EXTRA)
 
 
 @functools.cache

@@ -139,6 +139,15 @@ def conv_flops(call: relax.Call) -> int | None:
 
 def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:
     """(op, FLOPs, reasons) of a conv2d left in TVM; None for a depthwise one (its kind reports it)."""
+    from .. import is_registered
+
     if is_depthwise(call):
-        return None
+        if is_registered("depthwise_conv2d"):
+            return None
+        reason = (
+            "depthwise conv2d (groups == C == K): its kind is opt-in until its kernels have run on a GPU; "
+            "relax_cutlass.kinds.enable('depthwise_conv2d') (or RELAX_CUTLASS_ENABLE_KINDS=depthwise_conv2d) "
+            "offloads it"
+        )
+        return "conv2d", conv_flops(call), [reason]
     return "conv2d", conv_flops(call), conv2d_problems(call, layout_skipped)
