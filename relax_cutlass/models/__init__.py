@@ -276,15 +276,20 @@ def to_float16(
     from ..rewrites.canonicalize import AccumulateInFloat32, UnbroadcastWeights
     from ..rewrites.fold import FoldWeightsInNumpy
     from ..rewrites.layout import ConvertToNHWC
+    from ..rewrites.retype import RetypeFloat16
 
     mod = UnbroadcastWeights()(mod)  # before FoldConstant could materialize a broadcast weight
     if convert_layout:
         mod = ConvertToNHWC()(mod)
-    mod = relax.transform.ToMixedPrecision(out_dtype=dtype)(mod)
+    # ToMixedPrecision lowers to float16 only (its out_dtype is the accumulator's): bfloat16 is
+    # that graph retyped, before the weights are folded (rewrites/retype.py)
+    mod = relax.transform.ToMixedPrecision(out_dtype="float16")(mod)
     if accumulate_in_float32:
         mod = AccumulateInFloat32()(mod)
     # sin/cos of rotary angles in float32, as torch computes them (rewrites/angles.py)
     mod = AnglesInFloat32()(mod)
+    if dtype != "float16":
+        mod = RetypeFloat16(dtype)(mod)
     return relax.transform.FoldConstant()(FoldWeightsInNumpy()(mod))
 
 
