@@ -188,6 +188,9 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
     t0 = time.time()
     mod = relax_cutlass.from_torch(model, example)
     steps["import_s"] = round(time.time() - t0, 1)
+    # The imported graph as this host's torch exports it (weights omitted), to reproduce on another
+    # machine what this one's torch/torchvision/transformers versions produce
+    (out / "imported.relax.py").write_text(mod.script(show_meta=False))
 
     t0 = time.time()
     offloaded = relax_cutlass.offload_pipeline(arch, profile=profile)(mod)

@@ -42,7 +42,8 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   while [[ ! -f build/session/done && $SECONDS -lt $deadline ]]; do sleep 5; done
   # $OUT brings back at most 8 files: one archive of the logs and records, and the zoo's JSON
   if [[ -n ${OUT:-} && $OUT != build/session ]]; then
-    tar czf "$OUT/session.tgz" build/session $(ls build/zoo/*/record.json build/zoo/*.build.log 2>/dev/null)
+    tar czf "$OUT/session.tgz" build/session \
+      $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
     cp build/session/zoo.json "$OUT"/ 2>/dev/null
   fi
   if [[ -f build/session/done ]]; then cat build/session/summary.log; else
