@@ -101,3 +101,37 @@ def random_inputs(mod: tvm.IRModule, seed: int = 0, **dims: int) -> list[np.ndar
         shape = [int(d) if hasattr(d, "value") else dims[str(d)] for d in p.ty.shape.values]
         arrays.append(rng.uniform(-1, 1, size=shape).astype(str(p.ty.dtype)))
     return arrays
+
+
+def gpu_available() -> bool:
+    """An NVIDIA GPU is visible (nvidia-smi lists one)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def small_transformer(family: str, attn_implementation: str = "sdpa", layers: int = 2):
+    """A random-init transformers model of `family` ("bert", "gpt2", "llama": grouped-query, 4
+    heads over 2 kv heads), hidden 128 and vocabulary 512, eval mode; the token-id models of the
+    CPU tests."""
+    import transformers
+
+    if family == "bert":
+        config = transformers.BertConfig(
+            hidden_size=128, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=256,
+            vocab_size=512, attn_implementation=attn_implementation,
+        )  # fmt: skip
+        return transformers.BertModel(config, add_pooling_layer=False).eval()
+    if family == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=128, n_layer=layers, n_head=4, vocab_size=512, bos_token_id=0, eos_token_id=0,
+            attn_implementation=attn_implementation,
+        )  # fmt: skip
+        return transformers.GPT2Model(config).eval()
+    config = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=layers, vocab_size=512, attn_implementation=attn_implementation,
+    )  # fmt: skip
+    return transformers.LlamaModel(config).eval()

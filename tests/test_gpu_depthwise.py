@@ -6,21 +6,13 @@ Skipped without a GPU or without TVM's compiler."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
+from harness import gpu_available
 
 pytestmark = pytest.mark.gpu
 
-
-def _gpu_available() -> bool:
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
-
-
-if not _gpu_available():
+if not gpu_available():
     pytest.skip("no NVIDIA GPU visible", allow_module_level=True)
 
 tvm = pytest.importorskip("tvm")

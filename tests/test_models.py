@@ -312,28 +312,16 @@ def test_from_torch_never_materializes_a_broadcast_weight():
 
 
 def _bf16_models(torch):
-    import transformers
+    from harness import small_transformer
 
     from relax_cutlass.models.torch_models import mobilenet_v3
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
-    llama = last_hidden_state(
-        transformers.LlamaModel(
-            transformers.LlamaConfig(
-                hidden_size=128,
-                intermediate_size=256,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                num_hidden_layers=1,
-                vocab_size=256,
-            )
-        ).eval()
-    )
     return {
         "mlp": (mlp, (torch.randn(16, 64),)),
         "mobilenet_v3": (mobilenet_v3(width_mult=0.5), (torch.randn(2, 3, 64, 64),)),
-        "llama": (llama, (torch.randint(0, 256, (1, 64)),)),
+        "llama": (last_hidden_state(small_transformer("llama", layers=1)), (torch.randint(0, 512, (1, 64)),)),
     }
 
 

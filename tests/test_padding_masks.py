@@ -13,52 +13,24 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import build_cpu, offload_for_cpu, rel_error, run_vm, serve_regions_on_cpu
+from harness import build_cpu, offload_for_cpu, rel_error, run_vm, serve_regions_on_cpu, small_transformer
 
 import relax_cutlass
 from relax_cutlass.models.torch_transformers import last_hidden_state
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-SMALL = {
-    "bert": lambda impl: transformers.BertModel(
-        transformers.BertConfig(
-            hidden_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=256,
-            vocab_size=512,
-            attn_implementation=impl,
-        ),
-        add_pooling_layer=False,
-    ),
-    "gpt2": lambda impl: transformers.GPT2Model(
-        transformers.GPT2Config(
-            n_embd=128, n_layer=2, n_head=4, vocab_size=512, bos_token_id=0, eos_token_id=0, attn_implementation=impl
-        )
-    ),
-    "llama": lambda impl: transformers.LlamaModel(
-        transformers.LlamaConfig(
-            hidden_size=128,
-            intermediate_size=256,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=2,
-            vocab_size=512,
-            attn_implementation=impl,
-        )
-    ),
-}
+FAMILIES = ("bert", "gpt2", "llama")
 # attention fused today (the transformer issue adds causal + grouped-query attention: Llama)
 FUSED = {"bert", "gpt2"}
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
-@pytest.mark.parametrize("family", sorted(SMALL))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_padded_batch_imports_offloads_and_matches_torch(family, impl):
     torch.manual_seed(0)
-    model = last_hidden_state(SMALL[family](impl).eval())
+    model = last_hidden_state(small_transformer(family, impl))
     ids = torch.randint(0, 512, (2, 64))
     mask = torch.ones(2, 64, dtype=torch.int64)
     mask[1, 44:] = 0  # the second sequence is 44 tokens, padded to 64
@@ -92,7 +64,7 @@ def test_gpt2_with_sdpa_imports_at_any_batch():
     """Not only with a mask: any batch > 1 hits the same decomposition failure (the zoo's GPT-2 ran
     at batch 1, which does not)."""
     torch.manual_seed(0)
-    model = last_hidden_state(SMALL["gpt2"]("sdpa").eval())
+    model = last_hidden_state(small_transformer("gpt2", "sdpa"))
     ids = torch.randint(0, 512, (2, 64))
     with torch.no_grad():
         expected = copy.deepcopy(model).double()(ids).numpy()

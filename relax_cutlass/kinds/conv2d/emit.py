@@ -8,8 +8,9 @@ from string import Template
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.compile import Source
-from ...stages.emit import launch_call, operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
+from ...stages.emit import residual_checks, role_aliases, tensor_checks
 from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
+from ..nhwc import conv_glue_values
 from .records import Conv2dKernel, Conv2dRegion
 from .templates import ARGS_TYPE, CONV2D_ARGS, CONV2D_ARGUMENTS, CONV2D_GLUE_FUNCTION, CONV2D_RESIDUAL_ARGUMENTS
 
@@ -92,20 +93,11 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
 def conv2d_glue_function(region: Conv2dRegion) -> str:
     p = region.kernel.problem
     roles = region.roles
-    extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.k}, bias));'] if "bias" in roles else []
     return CONV2D_GLUE_FUNCTION.substitute(
-        operand_arrays=operand_arrays(region),
-        symbol=region.symbol,
-        unpack=unpack_args(region),
         checks=role_aliases(region) + tensor_checks(region, ("data", "weight", "out", "residual")),
-        h=p.h, w=p.w, c=p.c, k=p.k, r=p.r, s=p.s, p=p.p, q=p.q,
-        pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
-        dilation_h=p.dilation[0], dilation_w=p.dilation[1], split_k=region.split_k,
-        extra_checks="\n".join(extra + residual_checks(roles)),
-        bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
         residual_ptr="Data(residual)" if "residual" in roles else "nullptr",
-        launch=launch_call(region.kernel),
-    )  # fmt: skip
+        **conv_glue_values(region, k=p.k, weight_i=p.c, extra_checks=residual_checks(roles)),
+    )
 
 
 def emit_conv2d_kernel(kernel: Conv2dKernel) -> Source:

@@ -3,7 +3,6 @@ region reads back into a Conv2dProblem, and the report row of a conv2d left in T
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -20,11 +19,9 @@ from ..epilogue_patterns import (
     dtype_of,
     epilogue_specs,
 )
-from ..ir import accumulator_for, is_depthwise, shape_of, static_shape
+from ..ir import accumulator_for, is_depthwise, shape_of
+from ..nhwc import CONV2D_LAYOUTS, conv_flops
 from .records import Conv2dProblem
-
-# conv2d: NHWC activations x OHWI filters (what ConvertToNHWC produces).
-CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
 
 
 @dataclass(frozen=True)
@@ -126,15 +123,6 @@ def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProbl
         element=dtype_of(ann["data"]),
         element_accumulator=accumulator_for(conv, ann["data"], accumulator),
     )  # fmt: skip
-
-
-def conv_flops(call: relax.Call) -> int | None:
-    """2 x output elements x C/groups x R x S; None when a shape is symbolic."""
-    out, data, weight = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])
-    if out is None or data is None or weight is None:
-        return None
-    out_channels = weight[str(call.attrs.kernel_layout).index("O")]
-    return 2 * math.prod(out) * math.prod(weight) // out_channels
 
 
 def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ...stages.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..gemm.records import GemmProblem, TileConfig
+from ..nhwc import conv_geometry
 from ..region import Region
 
 
@@ -101,14 +102,11 @@ class Conv2dRegion(Region):
     def report_row(self) -> dict:
         p = self.kernel.problem
         gemm = p.implicit_gemm()
-        conv = {
-            "kernel_size": [p.r, p.s],
-            "stride": list(p.stride),
-            "padding": list(p.pad),
-            "dilation": list(p.dilation),
-            "split_k": self.split_k,
-        }
-        return self._row("conv2d", [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k], {"conv": conv})
+        return self._row(
+            "conv2d",
+            [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k],
+            {"conv": conv_geometry(p, self.split_k)},
+        )
 
 
 def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:

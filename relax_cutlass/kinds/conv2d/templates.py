@@ -5,6 +5,7 @@ from __future__ import annotations
 from string import Template
 
 from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
+from ..nhwc import NHWC_CONV_CHECKS
 
 ARGS_TYPE = "RelaxCutlassConv2dArgs"
 
@@ -70,28 +71,8 @@ CONV2D_RESIDUAL_ARGUMENTS = (
 
 CONV2D_GLUE_FUNCTION = Template(
     GLUE_FUNCTION_HEAD
+    + NHWC_CONV_CHECKS
     + """\
-  TRY(CheckDim(fn, "data rank (NHWC)", data->ndim, 4, data));
-  TRY(CheckDim(fn, "data H", data->shape[1], $h, data));
-  TRY(CheckDim(fn, "data W", data->shape[2], $w, data));
-  TRY(CheckDim(fn, "data C", data->shape[3], $c, data));
-  TRY(CheckDim(fn, "weight rank (OHWI)", weight->ndim, 4, weight));
-  TRY(CheckDim(fn, "weight O", weight->shape[0], $k, weight));
-  TRY(CheckDim(fn, "weight H", weight->shape[1], $r, weight));
-  TRY(CheckDim(fn, "weight W", weight->shape[2], $s, weight));
-  TRY(CheckDim(fn, "weight I", weight->shape[3], $c, weight));
-  const int64_t n = data->shape[0];
-  TRY(CheckDim(fn, "output rank (NHWC)", out->ndim, 4, out));
-  TRY(CheckDim(fn, "output N", out->shape[0], n, out));
-  TRY(CheckDim(fn, "output H", out->shape[1], $p, out));
-  TRY(CheckDim(fn, "output W", out->shape[2], $q, out));
-  TRY(CheckDim(fn, "output C", out->shape[3], $k, out));
-$extra_checks
-  if (n == 0) return 0;
-  if (n > INT32_MAX / ($h * $w * $c) || n > INT32_MAX / ($p * $q * $k)) {
-    return Raise("ValueError", "%s: batch %lld makes a tensor of more than 2^31 elements, which CUTLASS's 32-bit "
-                 "conv2d indexing cannot address; split the batch", fn, static_cast<long long>(n));
-  }
   RelaxCutlassConv2dArgs args{static_cast<int>(n), $h, $w, $c, $k, $r, $s, $p, $q,
                               $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
                               Data(data), Data(weight), $bias_ptr, $residual_ptr,

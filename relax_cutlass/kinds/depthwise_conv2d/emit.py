@@ -5,8 +5,9 @@ from __future__ import annotations
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.compile import Source
-from ...stages.emit import launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...stages.emit import role_aliases, tensor_checks
 from ..cutlass_device import device_kernel_source
+from ..nhwc import conv_glue_values
 from .records import DepthwiseKernel, DepthwiseRegion
 from .templates import ARGS_TYPE, ARGUMENTS, DWCONV2D_ARGS, GLUE_FUNCTION, INCLUDES, INSTANCE
 
@@ -70,17 +71,7 @@ def emit_depthwise_kernel(kernel: DepthwiseKernel) -> Source:
 
 def depthwise_glue_function(region: DepthwiseRegion) -> str:
     p = region.kernel.problem
-    roles = region.roles
-    extra = [f'  TRY(CheckDim(fn, "bias size", Numel(bias), {p.c}, bias));'] if "bias" in roles else []
     return GLUE_FUNCTION.substitute(
-        operand_arrays=operand_arrays(region),
-        symbol=region.symbol,
-        unpack=unpack_args(region),
         checks=role_aliases(region) + tensor_checks(region, ("data", "weight", "bias", "out")),
-        h=p.h, w=p.w, c=p.c, r=p.r, s=p.s, p=p.p, q=p.q,
-        pad_h=p.pad[0], pad_w=p.pad[1], stride_h=p.stride[0], stride_w=p.stride[1],
-        dilation_h=p.dilation[0], dilation_w=p.dilation[1], split_k=region.split_k,
-        extra_checks="\n".join(extra),
-        bias_ptr="Data(bias)" if "bias" in roles else "nullptr",
-        launch=launch_call(region.kernel),
-    )  # fmt: skip
+        **conv_glue_values(region, k=p.c, weight_i=1, extra_checks=[]),
+    )

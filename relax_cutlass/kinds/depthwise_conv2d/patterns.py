@@ -5,15 +5,14 @@ report row of a depthwise conv2d left in TVM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 from tvm import relax
-from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .. import CODEGEN
-from ..conv2d.patterns import CONV2D_LAYOUTS, conv_flops
-from ..epilogue_patterns import _epilogue_pattern, _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_specs
+from ..conv2d.patterns import conv2d_pattern
+from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_specs
 from ..ir import is_depthwise, shape_of
+from ..nhwc import CONV2D_LAYOUTS, conv_flops
 from .records import DepthwiseProblem
 
 # Filter sizes compiled (one kernel per size): what depthwise nets use (MobileNet 3x3/5x5,
@@ -45,13 +44,8 @@ def all_depthwise_specs() -> list[DepthwisePatternSpec]:
     return [s for s in epilogue_specs(DepthwisePatternSpec) if not s.residual]
 
 
-@cache
-def depthwise_pattern(spec: DepthwisePatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
-    data, weight = wildcard(), wildcard()
-    ann: dict[str, DFPattern] = {"data": data, "weight": weight}
-    ann["root"] = root = is_op("relax.nn.conv2d")(data, weight)
-    out = _epilogue_pattern(root, ann, spec)
-    return out, dict(ann)
+# The conv2d root + epilogue pattern, built from this kind's specs (the rules tell the kinds apart).
+depthwise_pattern = conv2d_pattern
 
 
 def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..epilogue import Epilogue
+from ..nhwc import conv_geometry
 from ..region import Region
 
 
@@ -98,12 +99,5 @@ class DepthwiseRegion(Region):
 
     def report_row(self) -> dict:
         p = self.kernel.problem
-        conv = {
-            "kernel_size": [p.r, p.s],
-            "stride": list(p.stride),
-            "padding": list(p.pad),
-            "dilation": list(p.dilation),
-            "split_k": self.split_k,
-        }
         m = p.n * p.p * p.q if p.n is not None else "dynamic"
-        return self._row("dwconv2d", [m, p.c, p.r * p.s], {"conv": conv})
+        return self._row("dwconv2d", [m, p.c, p.r * p.s], {"conv": conv_geometry(p, self.split_k)})
