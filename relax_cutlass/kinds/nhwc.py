@@ -8,10 +8,40 @@ import math
 from tvm import relax
 
 from ..stages.emit import launch_call, operand_arrays, unpack_args
-from .ir import static_shape
+from .ir import dtype_of, shape_of, static_shape
 
 # NHWC activations x OHWI filters (what ConvertToNHWC produces).
 CONV2D_LAYOUTS = {"data_layout": "NHWC", "kernel_layout": "OHWI", "out_layout": "NHWC"}
+
+
+def layout_problem(conv: relax.Call, layout_skipped: str | None) -> str | None:
+    """Why `conv` is not NHWC/OHWI (None when it is); layout_skipped: why ConvertToNHWC left the
+    conv's function in NCHW, if it did."""
+    layouts = {key: str(getattr(conv.attrs, key)) for key in CONV2D_LAYOUTS}
+    if layouts == CONV2D_LAYOUTS:
+        return None
+    return f"layouts {layouts} are not NHWC/OHWI; " + (
+        f"ConvertToNHWC skipped the layout conversion of this function ({layout_skipped})"
+        if layout_skipped
+        else "run relax_cutlass.transform.ConvertToNHWC() first (offload_pipeline does)"
+    )
+
+
+def conv_geometry_of(ann: dict) -> dict:
+    """The shape and geometry fields of a matched NHWC x OHWI conv (annotations data, weight,
+    root), as both conv kinds' problem records take them (the batch None when symbolic)."""
+    conv, attrs = ann["root"], ann["root"].attrs
+    n, h, w, c = shape_of(ann["data"])
+    _, r, s, _ = shape_of(ann["weight"])
+    _, p, q, _ = shape_of(conv)
+    return dict(
+        n=n if isinstance(n, int) else None,
+        h=h, w=w, c=c, r=r, s=s, p=p, q=q,
+        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
+        stride=tuple(int(v) for v in attrs.strides),
+        dilation=tuple(int(v) for v in attrs.dilation),
+        element=dtype_of(ann["data"]),
+    )  # fmt: skip
 
 
 def conv_flops(call: relax.Call) -> int | None:

@@ -25,7 +25,7 @@ from .canonicalize import _relax_functions
 
 PERIODIC_OPS = ("relax.sin", "relax.cos")
 # Ops whose attributes do not name a dtype, so the same call on float32 arguments computes the
-# same thing in float32; matmul names its out_dtype and is rebuilt by `_widened_call`.
+# same thing in float32; matmul names its out_dtype and is rebuilt with a float32 one.
 DTYPE_FREE_OPS = frozenset(
     {
         "relax.permute_dims",

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kinds.conv2d.patterns import CONV2D_LAYOUTS
+from ..kinds.nhwc import CONV2D_LAYOUTS
 from .fold import FoldWeightsInNumpy
 
 LAYOUT_SKIPPED_ATTR = "relax_cutlass.layout_skipped"

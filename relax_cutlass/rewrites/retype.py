@@ -9,7 +9,6 @@ from float32 straight to bfloat16 (no float16 range limit or double rounding on 
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -38,20 +37,19 @@ class _Retyper(PyExprMutator):
 
     def visit_constant_(self, const: relax.Constant) -> relax.Expr:
         if isinstance(const.ty, relax.TensorType) and str(const.ty.dtype) == SOURCE:
-            return relax.const(np.asarray(const.value.numpy().astype("float32")).astype(self.dtype), self.dtype)
+            return relax.const(const.value.numpy().astype("float32").astype(self.dtype), self.dtype)
         return const
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _DTYPE_ATTR_OPS:
-            if isinstance(call.op, tvm.ir.Op) and _names_dtype(call, SOURCE):
-                raise NotImplementedError(
-                    f"RetypeFloat16: {call.op.name} names dtype {SOURCE} in its attributes and has no rebuild rule"
-                )
+        if not isinstance(call.op, tvm.ir.Op) or not _names_dtype(call, SOURCE):
             return call
-        attrs = call.attrs
-        named = str(getattr(attrs, "dtype", getattr(attrs, "out_dtype", "")))
-        return _DTYPE_ATTR_OPS[call.op.name](call, self.dtype) if named == SOURCE else call
+        rebuild = _DTYPE_ATTR_OPS.get(call.op.name)
+        if rebuild is None:
+            raise NotImplementedError(
+                f"RetypeFloat16: {call.op.name} names dtype {SOURCE} in its attributes and has no rebuild rule"
+            )
+        return rebuild(call, self.dtype)
 
 
 def _names_dtype(call: relax.Call, dtype: str) -> bool:

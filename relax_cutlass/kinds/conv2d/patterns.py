@@ -9,7 +9,7 @@ from functools import cache
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from .. import CODEGEN
+from .. import CODEGEN, is_registered
 from ..epilogue_patterns import (
     SUPPORTED_INPUT_DTYPES,
     _epilogue_pattern,
@@ -20,7 +20,7 @@ from ..epilogue_patterns import (
     epilogue_specs,
 )
 from ..ir import accumulator_for, is_depthwise, shape_of
-from ..nhwc import CONV2D_LAYOUTS, conv_flops
+from ..nhwc import conv_flops, conv_geometry_of, layout_problem
 from .records import Conv2dProblem
 
 
@@ -64,17 +64,7 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
     layout_skipped: why ConvertToNHWC left the conv's function in NCHW, if it did."""
     data, weight = conv.args
     attrs = conv.attrs
-    problems = []
-    layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
-    if layouts != CONV2D_LAYOUTS:
-        problems.append(
-            f"layouts {layouts} are not NHWC/OHWI; "
-            + (
-                f"ConvertToNHWC skipped the layout conversion of this function ({layout_skipped})"
-                if layout_skipped
-                else "run relax_cutlass.transform.ConvertToNHWC() first (offload_pipeline does)"
-            )
-        )
+    problems = [why] if (why := layout_problem(conv, layout_skipped)) else []
     if int(attrs.groups) != 1:
         problems.append(
             f"groups={int(attrs.groups)}: grouped conv2d (1 < groups < C) is not offloaded yet, the conv "
@@ -109,26 +99,15 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
 
 
 def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProblem:
-    conv = ann["root"]
-    n, h, w, c = shape_of(ann["data"])
-    k, r, s, _ = shape_of(ann["weight"])
-    _, p, q, _ = shape_of(conv)
-    attrs = conv.attrs
     return Conv2dProblem(
-        n=n if isinstance(n, int) else None,
-        h=h, w=w, c=c, k=k, r=r, s=s, p=p, q=q,
-        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
-        stride=tuple(int(v) for v in attrs.strides),
-        dilation=tuple(int(v) for v in attrs.dilation),
-        element=dtype_of(ann["data"]),
-        element_accumulator=accumulator_for(conv, ann["data"], accumulator),
-    )  # fmt: skip
+        k=shape_of(ann["weight"])[0],
+        element_accumulator=accumulator_for(ann["root"], ann["data"], accumulator),
+        **conv_geometry_of(ann),
+    )
 
 
 def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:
     """(op, FLOPs, reasons) of a conv2d left in TVM; None for a depthwise one (its kind reports it)."""
-    from .. import is_registered
-
     if is_depthwise(call):
         if is_registered("depthwise_conv2d"):
             return None

@@ -10,9 +10,9 @@ from tvm import relax
 
 from .. import CODEGEN
 from ..conv2d.patterns import conv2d_pattern
-from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_specs
-from ..ir import is_depthwise, shape_of
-from ..nhwc import CONV2D_LAYOUTS, conv_flops
+from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_problems, epilogue_specs
+from ..ir import is_depthwise
+from ..nhwc import conv_flops, conv_geometry_of, layout_problem
 from .records import DepthwiseProblem
 
 # Filter sizes compiled (one kernel per size): what depthwise nets use (MobileNet 3x3/5x5,
@@ -50,11 +50,8 @@ depthwise_pattern = conv2d_pattern
 
 def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
     """Why this depthwise R.nn.conv2d cannot run as CUTLASS's direct convolution (empty when it can)."""
-    attrs = conv.attrs
-    layouts = {key: str(getattr(attrs, key)) for key in CONV2D_LAYOUTS}
-    if layouts != CONV2D_LAYOUTS:
-        why = f"ConvertToNHWC skipped this function ({layout_skipped})" if layout_skipped else "run ConvertToNHWC first"
-        return [f"layouts {layouts} are not NHWC/OHWI; {why}"]
+    if why := layout_problem(conv, layout_skipped):
+        return [why]
     data, weight = conv.args
     problems = []
     if dtype_of(data) != "float16" or dtype_of(weight) != "float16" or dtype_of(conv) != "float16":
@@ -74,8 +71,6 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
 
 
 def depthwise_rules(spec, ann, out, _var2val) -> list[str]:
-    from ..epilogue_patterns import epilogue_problems
-
     root = ann["root"]
     if not is_depthwise(root):
         return ["not a depthwise conv2d (groups == C == K)"]
@@ -83,19 +78,7 @@ def depthwise_rules(spec, ann, out, _var2val) -> list[str]:
 
 
 def read_problem(spec, ann, out_expr, _var2val, _accumulator: str) -> DepthwiseProblem:
-    conv = ann["root"]
-    n, h, w, c = shape_of(ann["data"])
-    _, r, s, _ = shape_of(ann["weight"])
-    _, p, q, _ = shape_of(conv)
-    attrs = conv.attrs
-    return DepthwiseProblem(
-        n=n if isinstance(n, int) else None,
-        h=h, w=w, c=c, r=r, s=s, p=p, q=q,
-        pad=(int(attrs.padding[0]), int(attrs.padding[1])),
-        stride=tuple(int(v) for v in attrs.strides),
-        dilation=tuple(int(v) for v in attrs.dilation),
-        element=dtype_of(ann["data"]),
-    )  # fmt: skip
+    return DepthwiseProblem(**conv_geometry_of(ann))  # sums in float32 whatever is asked
 
 
 def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:

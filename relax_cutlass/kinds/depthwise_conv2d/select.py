@@ -28,14 +28,8 @@ def choose_depthwise_kernel(problem: DepthwiseProblem, epilogue: Epilogue, arch:
     resolve_family(family, arch)  # a wrong option still fails as for the other kinds
     tile = LARGE_FILTER_TILE if max(problem.r, problem.s) > 5 else SMALL_FILTER_TILE
     fixed = (problem.stride, problem.dilation) in FIXED_GEOMETRIES
-    note = "; ".join(
-        filter(
-            None,
-            [
-                "CUTLASS 2.x SIMT direct convolution (depthwise has no tensor-core form)",
-                "" if fixed else "stride/dilation at run time (kOptimized iterator)",
-            ],
-        )
+    note = "CUTLASS 2.x SIMT direct convolution (depthwise has no tensor-core form)" + (
+        "" if fixed else "; stride/dilation at run time (kOptimized iterator)"
     )
     kernel = DepthwiseKernel(problem, epilogue, tile, fixed_stride=fixed, arch=80, target=arch, note=note)
     return kernel, split_for(problem, tile, arch)
