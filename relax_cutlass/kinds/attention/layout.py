@@ -173,7 +173,8 @@ def _softmax_layout(ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
 def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> AttentionLayout:
     tracer = _Tracer(var2val, {}, ann.get("bias"))
     first, second = ann["root"], ann["second"]
-    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide")
+    # q and k^T may be scaled, in float32 between casts where the scale is no power of two
+    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype")
     q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
     k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), scaled)
     v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"))
@@ -322,6 +323,10 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
         return problems
     if len({str(ann[r].ty.dtype) for r in ("query", "key", "value")} | {str(out.ty.dtype)}) != 1:
         return ["query, key, value and output dtypes differ"]
+    matmuls = [ann["root"], ann["second"]] if "second" in ann else []
+    if any(str(arg.ty.dtype) != str(out.ty.dtype) for m in matmuls for arg in m.args):
+        # the operands may pass through float32 only between casts around a scale
+        return ["the matmuls' operands are not of the attention's element type"]
     if "bias" in ann:
         dtype, element = str(ann["bias"].ty.dtype), str(ann["query"].ty.dtype)
         if _known_dims(ann["bias"]) is None:

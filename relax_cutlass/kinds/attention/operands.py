@@ -14,16 +14,19 @@ from .patterns import ATTENTION_DTYPES
 from .trace import _dims, _is_call, use_counts
 
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to")
+_SCALES = ("relax.multiply", "relax.divide")
+
+
+def _scalar(expr) -> bool:
+    """`expr` is a float32 scalar constant."""
+    return isinstance(expr, tvm.ir.GenericConst) and str(expr.ty.dtype) == "float32" and expr.value.numpy().size == 1
 
 
 def _power_of_two(expr) -> bool:
     """`expr` is a float32 scalar constant 2**k, |k| <= 64."""
-    if not isinstance(expr, tvm.ir.GenericConst) or str(expr.ty.dtype) != "float32":
+    if not _scalar(expr):
         return False
-    value = expr.value.numpy()
-    if value.size != 1:
-        return False
-    mantissa, exponent = math.frexp(float(value.reshape(-1)[0]))
+    mantissa, exponent = math.frexp(float(expr.value.numpy().reshape(-1)[0]))
     return mantissa == 0.5 and abs(exponent - 1) <= 64
 
 
@@ -53,9 +56,9 @@ class _OperandCasts:
         return None
 
     def chain(self, x, dtype: str) -> tuple[relax.Expr, list[relax.Call]] | None:
-        """(base, [calls from base to x]) of the views and power-of-two scales (float16 only)
-        leading to float32 `x`, each intermediate used once, base the float32 copy of a `dtype`
-        tensor (through take); None otherwise."""
+        """(base, [calls from base to x]) of the views and scalar scales leading to float32 `x`,
+        each intermediate used once, base the float32 copy of a `dtype` tensor (through take);
+        None otherwise."""
         calls: list[relax.Call] = []
         while isinstance(x, relax.Var) and self.uses.get(x, 0) == 1:
             value = self.value(x)
@@ -65,11 +68,11 @@ class _OperandCasts:
             if op in _OPERAND_CAST_VIEWS:
                 calls.append(value)
                 x = value.args[0]
-            elif op in ("relax.multiply", "relax.divide") and dtype == "float16":
+            elif op in _SCALES:
                 a, b = value.args
-                if _power_of_two(b):
+                if _scalar(b):
                     x = a
-                elif op == "relax.multiply" and _power_of_two(a):
+                elif op == "relax.multiply" and _scalar(a):
                     x = b
                 else:
                     break
@@ -77,10 +80,16 @@ class _OperandCasts:
             else:
                 break
         if not calls or self.narrow_source(x, dtype) is None:
-            # Only float32 copies of `dtype` values: then the views and scales run on the same
-            # values in `dtype`, and a scale's exact product rounds once either way.
+            # Only float32 copies of `dtype` values: then the views run on the same values in
+            # `dtype`, and every scale multiplies the same float32 values as before.
             return None
         return x, calls[::-1]
+
+
+def _in_float16(call: relax.Call, dtype: str) -> bool:
+    """A power-of-two scale of float16 values: exact in float32, so it can run in float16."""
+    a, b = call.args
+    return dtype == "float16" and _power_of_two(b if _scalar(b) else a)
 
 
 @relax.expr_functor.mutator
@@ -106,7 +115,8 @@ class _CastOperands(relax.PyExprMutator):
             return
         base, calls, dtype = self.plan[binding.var]
         low = self.narrow(base, dtype)
-        for call in calls:
+        wide = False  # `low` is float32: from the first scale that cannot run in `dtype` to the last scale
+        for i, call in enumerate(calls):
             op = call.op.name
             if op == "relax.permute_dims":
                 low = relax.op.permute_dims(low, call.attrs.axes)
@@ -114,6 +124,14 @@ class _CastOperands(relax.PyExprMutator):
                 low = relax.op.reshape(low, call.args[1])
             elif op == "relax.broadcast_to":
                 low = relax.op.broadcast_to(low, call.args[1])
+            elif wide or not _in_float16(call, dtype):
+                if not wide:
+                    low, wide = self.builder_.emit(relax.op.astype(low, "float32")), True
+                a, b = call.args
+                if op == "relax.divide":
+                    low = relax.op.divide(low, b)
+                else:
+                    low = relax.op.multiply(low, b) if _scalar(b) else relax.op.multiply(a, low)
             else:
                 a, b = call.args
                 const = b if _power_of_two(b) else a
@@ -123,6 +141,10 @@ class _CastOperands(relax.PyExprMutator):
                 else:
                     low = relax.op.multiply(low, half) if const is b else relax.op.multiply(half, low)
             low = self.builder_.emit(low)
+            if wide and not any(c.op.name in _SCALES for c in calls[i + 1 :]):
+                # Round once, right after the last scale, as the original cast did: the views
+                # after it move values only, so rounding before them is the same.
+                low, wide = self.builder_.emit(relax.op.astype(low, dtype)), False
         self.set_var_remap(binding.var, low)
 
 
@@ -131,13 +153,16 @@ def cast_attention_operands(func: relax.Function) -> relax.Function:
     done in float16: torch.export of nn.MultiheadAttention after ToMixedPrecision splits heads,
     scales and transposes q, k and v in float32 and casts each just before its batched matmul,
     which hides the attention from its pattern (its operand views are those of the kernel's
-    element type). The views (reshape, permute_dims, broadcast_to) change no value, so the move is
-    bit-identical. Multiplies or divides by a scalar 2**k (|k| <= 64) move too, for float16 only
-    and only where x is the float32 copy of float16 values (through take): the float32 product is
-    then exact and rounds once either way, so those stay bit-identical as well; any other scale,
-    or float32 values not known to be float16 ones, ends the move (a subnormal float16 result
-    could round differently). A cast whose input is astype(y, f16) to float32, possibly through
-    take (the packed q/k/v projection split by index), becomes y (take of y): no cast at all."""
+    element type). Only where x is the float32 copy of 16-bit values (through take), and every
+    step is bit-identical: the views (reshape, permute_dims, broadcast_to) change no value, so
+    they run in the 16-bit type; a multiply or divide by a scalar 2**k (|k| <= 64) of float16
+    values is exact in float32 and rounds once either way, so it runs in float16 too; any other
+    scalar scale (ViT-B/16's 1/sqrt(8) on q and on k^T at head dim 64) runs in float32 on the
+    same float32 values as before and is rounded right after it, as the original cast rounded
+    (`astype(scale(astype(x16, f32)), f16)`, a form the operand pattern reads through; the
+    kernel then applies the scales' product to the scores in float32). A cast whose input is
+    astype(y, f16) to float32, possibly through take (the packed q/k/v projection split by
+    index), becomes y (take of y): no cast at all."""
     known = _OperandCasts(func)
     plan: dict = {}
     for value in known.var2val.values():

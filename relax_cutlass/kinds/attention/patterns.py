@@ -40,12 +40,25 @@ class AttentionPatternSpec:
 ATTENTION_SPECS = (AttentionPatternSpec("softmax"), AttentionPatternSpec("op"))
 
 
-def _scaled(x: DFPattern) -> DFPattern:
-    """x, optionally multiplied (or divided) by a scalar constant, possibly cast."""
+def _scale_of(x: DFPattern) -> DFPattern:
+    """x multiplied (or divided) by a scalar constant, possibly cast."""
     const = is_const()
     c = is_op("relax.astype")(const) | const
     multiply, divide = is_op("relax.multiply"), is_op("relax.divide")
-    return multiply(x, c) | multiply(c, x) | divide(x, c) | x
+    return multiply(x, c) | multiply(c, x) | divide(x, c)
+
+
+def _scaled(x: DFPattern) -> DFPattern:
+    """x, optionally scaled (`_scale_of`)."""
+    return _scale_of(x) | x
+
+
+def _operand_scaled(x: DFPattern) -> DFPattern:
+    """x, optionally scaled in its own type or in float32 between two casts: the form
+    `cast_attention_operands` gives a scale that is no power of two (the kernel applies it to the
+    scores in float32)."""
+    cast = is_op("relax.astype")
+    return cast(_scale_of(cast(x))) | _scaled(x)
 
 
 def _views(x: DFPattern, ops: tuple[str, ...]) -> DFPattern:
@@ -53,7 +66,7 @@ def _views(x: DFPattern, ops: tuple[str, ...]) -> DFPattern:
     scalar multiply or divide."""
     for op in ops:
         if op == "scale":
-            x = _scaled(x)
+            x = _operand_scaled(x)
         else:
             x = (is_op(op)(x) if op == "relax.permute_dims" else is_op(op)(x, wildcard())) | x
     return x
