@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import compare_on_cpu
+import tvm
+from harness import compare_on_cpu, offload_for_cpu
 from tvm import relax
 
 import relax_cutlass
@@ -138,6 +139,69 @@ def test_kernel_choice_by_filter_size_and_geometry():
     kernel, split = choose_depthwise_kernel(dilated, Epilogue(), 90)
     assert not kernel.fixed_stride and "run time" in kernel.note
     assert split <= 4  # never more CTAs per channel group than output tiles (N=1: 2x2 tiles of 8x8)
+
+
+@pytest.mark.parametrize(
+    "r, stride, dilation, one_tile",
+    [
+        (3, 1, 1, True),  # 10x10 fp16 activations (12.8 KB) < 8x8 float32 sums (16 KB)
+        (3, 2, 1, False),  # 17x17 activations
+        (5, 1, 1, False),  # 12x12: 18.4 KB
+        (3, 1, 2, False),  # the run-time-stride kernel's 12x12
+        (7, 1, 1, False),  # the 4x4 tile: 10x10 activations, 4 KB of sums
+    ],
+)
+def test_one_output_tile_per_cta_where_the_sums_outgrow_an_activation_stage(r, stride, dilation, one_tile):
+    """Regression (MobileNetV3-Large at batch 32 on the H200: inf): CUTLASS's direct convolution
+    stages its float32 sums in the activation stage it has read, overrunning the next stage where
+    the sums are larger; a CTA that then computes a second tile reads corrupted activations. Those
+    kernels get one tile per CTA: every tile of the batch, counted by the glue at run time."""
+    hw = 112
+    pad = dilation * (r // 2)
+    p = (hw + 2 * pad - dilation * (r - 1) - 1) // stride + 1
+    problem = DepthwiseProblem(32, hw, hw, 16, r, r, p, p, (pad, pad), (stride, stride), (dilation, dilation))
+    kernel, split = choose_depthwise_kernel(problem, Epilogue(bias=True), 90)
+    tiles = kernel.tile.tiles(problem, 32)
+    assert kernel.tile.one_tile_per_cta(problem) == one_tile
+    assert (split == tiles) if one_tile else (split < tiles)  # otherwise CTAs share tiles to fill the GPU
+
+
+def _depthwise_glue(mod) -> str:
+    from relax_cutlass.stages.constants import offloaded_functions
+    from relax_cutlass.stages.emit import emit_glue
+    from relax_cutlass.stages.regions import analyze, make_region
+
+    partitioned, _ = offload_for_cpu(mod)
+    ((_, func),) = offloaded_functions(partitioned)
+    symbol = str(func.attrs["global_symbol"])
+    spec, roles, problem, composite, aliases = analyze(func, symbol)
+    kernel, split = choose_depthwise_kernel(problem, spec.epilogue, 90)
+    return emit_glue([make_region(func, symbol, kernel, roles, composite, aliases, split_k=split)], "m").text
+
+
+@pytest.mark.parametrize("n", [32, "n"])
+def test_one_tile_per_cta_glue_launches_every_tile_of_the_batch(n):
+    """A symbolic batch too: the glue counts the tiles (7 x 7 of 8x8 per image at 56x56) at run
+    time and refuses a batch whose tiles exceed the grid with a clear error."""
+    if n == "n":
+        n = tvm.tirx.Var("n", "int64")
+        # regression: a symbolic batch made the conv "grouped" in the report and it stayed in TVM
+        mod = depthwise_module(c=16, hw=56, n=n)
+        x = np.random.default_rng(1).uniform(-1, 1, (3, 56, 56, 16)).astype("float16")
+        _, _, rewritten = compare_on_cpu(mod, [x])
+        assert [row["op"] for row in relax_cutlass.offload_report(rewritten).offloaded] == ["dwconv2d"]
+    glue = _depthwise_glue(depthwise_module(c=16, hw=56, n=n))
+    assert "const int64_t tiles = n * 49;" in glue and "static_cast<int>(tiles)," in glue
+    assert "split the batch" in glue
+    other = _depthwise_glue(depthwise_module(c=16, hw=56, n=n, stride=2))
+    assert "const int64_t tiles" not in other
+
+
+def test_a_batch_with_more_tiles_than_one_launch_holds_stays_in_tvm():
+    mod = depthwise_module(c=16, hw=112, n=400)  # 400 x 14 x 14 = 78400 tiles of 8x8
+    partitioned, _ = offload_for_cpu(mod)
+    (row,) = relax_cutlass.offload_report(partitioned).left_in_tvm
+    assert "78400 output tiles per channel group" in row["reasons"][0], row
 
 
 @pytest.mark.nvcc

@@ -60,9 +60,9 @@ def is_depthwise(conv: relax.Call) -> bool:
     """A conv2d with groups == C == K > 1 (each output channel filters its own input channel): the
     depthwise kind's, where the conv2d kind takes groups == 1."""
     groups = int(conv.attrs.groups)
-    data, weight = static_shape(conv.args[0]), static_shape(conv.args[1])
-    if groups == 1 or data is None or weight is None or len(data) != 4 or len(weight) != 4:
+    data, weight = _shape(conv.args[0]), _shape(conv.args[1])  # the batch may be symbolic
+    if groups == 1 or len(data) != 4 or len(weight) != 4:
         return False
-    c = data[str(conv.attrs.data_layout).index("C")]
-    k = weight[str(conv.attrs.kernel_layout).index("O")]
+    c = _static_int(data[str(conv.attrs.data_layout).index("C")])
+    k = _static_int(weight[str(conv.attrs.kernel_layout).index("O")])
     return c == groups == k

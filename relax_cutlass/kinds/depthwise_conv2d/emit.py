@@ -8,7 +8,7 @@ from ...stages.compile import Source
 from ...stages.emit import role_aliases, tensor_checks
 from ..cutlass_device import device_kernel_source
 from ..nhwc import conv_glue_values
-from .records import DepthwiseKernel, DepthwiseRegion
+from .records import MAX_GRID_Z, DepthwiseKernel, DepthwiseRegion
 from .templates import ARGS_TYPE, ARGUMENTS, DWCONV2D_ARGS, GLUE_FUNCTION, INCLUDES, INSTANCE
 
 SCALE = "cutlass::epilogue::thread::ScaleType::"
@@ -69,9 +69,24 @@ def emit_depthwise_kernel(kernel: DepthwiseKernel) -> Source:
     return device_kernel_source(kernel, _kernel_parts(kernel), DWCONV2D_ARGS, ARGS_TYPE, family="simt")
 
 
+# A kernel that computes one output tile per CTA gets every tile of the batch as its CTAs.
+_ONE_TILE_PER_CTA = """\
+  const int64_t tiles = n * {tiles_per_image};
+  if (tiles > {max_grid}) {{
+    return Raise("ValueError", "%s: batch %lld gives %lld output tiles per channel group; this depthwise kernel "
+                 "computes one per threadblock, at most {max_grid}: split the batch", fn,
+                 static_cast<long long>(n), static_cast<long long>(tiles));
+  }}"""
+
+
 def depthwise_glue_function(region: DepthwiseRegion) -> str:
-    p = region.kernel.problem
+    p, tile = region.kernel.problem, region.kernel.tile
+    extra_checks = []
+    values = {}
+    if tile.one_tile_per_cta(p):
+        extra_checks.append(_ONE_TILE_PER_CTA.format(tiles_per_image=tile.tiles(p, 1), max_grid=MAX_GRID_Z))
+        values["split_k"] = "static_cast<int>(tiles)"
     return GLUE_FUNCTION.substitute(
         checks=role_aliases(region) + tensor_checks(region, ("data", "weight", "bias", "out")),
-        **conv_glue_values(region, k=p.c, weight_i=1, extra_checks=[]),
+        **(conv_glue_values(region, k=p.c, weight_i=1, extra_checks=extra_checks) | values),
     )

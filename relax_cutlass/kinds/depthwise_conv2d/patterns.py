@@ -13,7 +13,8 @@ from ..conv2d.patterns import conv2d_pattern
 from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_problems, epilogue_specs
 from ..ir import is_depthwise
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
-from .records import DepthwiseProblem
+from .records import MAX_GRID_Z, DepthwiseProblem
+from .select import tile_for
 
 # Filter sizes compiled (one kernel per size): what depthwise nets use (MobileNet 3x3/5x5,
 # ConvNeXt 7x7). Larger filters exceed the kernel's registers.
@@ -67,6 +68,15 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
         problems.append(f"C={c} must be a multiple of 8 (the kernel's 128-bit channel accesses)")
     if r > MAX_FILTER or s > MAX_FILTER:
         problems.append(f"a {r}x{s} filter is larger than the {MAX_FILTER}x{MAX_FILTER} the kernels are built for")
+    n = _static_int(_shape(data)[0])
+    if not problems and n is not None:
+        problem = DepthwiseProblem(**conv_geometry_of({"data": data, "weight": weight, "root": conv}))
+        tile = tile_for(problem)
+        if tile.one_tile_per_cta(problem) and tile.tiles(problem, n) > MAX_GRID_Z:
+            problems.append(
+                f"batch {n} gives {tile.tiles(problem, n)} output tiles per channel group, more than the "
+                f"{MAX_GRID_Z} threadblocks this filter's kernel (one tile each) can launch; split the batch"
+            )
     return problems
 
 

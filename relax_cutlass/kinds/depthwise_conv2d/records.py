@@ -9,6 +9,11 @@ from ..epilogue import Epilogue
 from ..nhwc import conv_geometry
 from ..region import Region
 
+_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+# A launch's grid holds at most this many CTAs per channel group (CUDA's grid z limit).
+MAX_GRID_Z = 65535
+
 
 @dataclass(frozen=True)
 class DepthwiseProblem:
@@ -62,6 +67,25 @@ class DirectConvTile:
     def describe(self) -> str:
         return f"p{self.tile_p}q{self.tile_q}g{self.groups_per_cta}w{self.warps}s{self.stages}"
 
+    def tiles(self, problem: DepthwiseProblem, n: int) -> int:
+        """Output tiles of one channel group at batch n."""
+        return n * -(-problem.p // self.tile_p) * -(-problem.q // self.tile_q)
+
+    def one_tile_per_cta(self, problem: DepthwiseProblem) -> bool:
+        """Whether each threadblock must compute a single output tile. CUTLASS's direct-convolution
+        mainloop stages its epilogue's accumulator tile (tile_p x tile_q x groups accumulators) in
+        the shared memory of the activation stage it has just read, the stages spaced by the
+        activation tile's size. Where the accumulator tile is larger (a 3x3 stride-1 filter on an
+        8x8 tile: 12.8 KB of fp16 activations, 16 KB of float32 sums), it overwrites the start of
+        the next stage, already loaded with the CTA's next tile: a CTA that computes a second tile
+        reads it corrupted (MobileNetV3 at batch 32 on the H200: inf). CUTLASS sizes each
+        activation stage at least as large as computed here, so False is safe."""
+        rows = (self.tile_p - 1) * problem.stride[0] + (problem.r - 1) * problem.dilation[0] + 1
+        cols = (self.tile_q - 1) * problem.stride[1] + (problem.s - 1) * problem.dilation[1] + 1
+        activation = rows * cols * self.groups_per_cta * _BYTES[problem.element]
+        accumulators = self.tile_p * self.tile_q * self.groups_per_cta * _BYTES[problem.element_accumulator]
+        return accumulators > activation
+
 
 @dataclass(frozen=True)
 class DepthwiseKernel:
@@ -91,7 +115,10 @@ class DepthwiseKernel:
 @dataclass(frozen=True)
 class DepthwiseRegion(Region):
     kernel: DepthwiseKernel
-    split_k: int = 1  # CTAs along the output-tile loop per channel group (no reduction: a grid size)
+    # CTAs along the output-tile loop per channel group (no reduction: a grid size); where the
+    # kernel computes one tile per CTA (DirectConvTile.one_tile_per_cta), the glue sets it to the
+    # number of tiles of the batch at run time
+    split_k: int = 1
 
     @property
     def kernels(self) -> tuple[DepthwiseKernel, ...]:

@@ -7,7 +7,7 @@ import math
 
 from ...arch import SM_COUNT, resolve_family
 from ..epilogue import Epilogue
-from .records import DepthwiseKernel, DepthwiseProblem, DirectConvTile
+from .records import MAX_GRID_Z, DepthwiseKernel, DepthwiseProblem, DirectConvTile
 
 # Stride/dilation pairs compiled in (CUTLASS's kFixedStrideDilation, the faster iterator); any
 # other runs the kOptimized iterator, which takes them at run time.
@@ -26,7 +26,7 @@ def choose_depthwise_kernel(problem: DepthwiseProblem, epilogue: Epilogue, arch:
     """-> (kernel, split_k): the tile for its filter size, fixed stride where compiled in, and
     enough CTAs per channel group (split_k, a grid dimension: no reduction) to fill the GPU."""
     resolve_family(family, arch)  # a wrong option still fails as for the other kinds
-    tile = LARGE_FILTER_TILE if max(problem.r, problem.s) > 5 else SMALL_FILTER_TILE
+    tile = tile_for(problem)
     fixed = (problem.stride, problem.dilation) in FIXED_GEOMETRIES
     note = "CUTLASS 2.x SIMT direct convolution (depthwise has no tensor-core form)" + (
         "" if fixed else "; stride/dilation at run time (kOptimized iterator)"
@@ -37,8 +37,16 @@ def choose_depthwise_kernel(problem: DepthwiseProblem, epilogue: Epilogue, arch:
 
 def split_for(problem: DepthwiseProblem, tile: DirectConvTile, arch: int) -> int:
     """CTAs per channel group: enough for CTAS_PER_SM on every SM, never more than there are output
-    tiles (a symbolic batch counts as 1), at most 65535 (the grid's z limit)."""
+    tiles (a symbolic batch counts as 1), at most MAX_GRID_Z; every tile where the kernel must
+    compute one tile per CTA (the glue then counts them at run time)."""
+    tiles = tile.tiles(problem, problem.n or 1)
+    if tile.one_tile_per_cta(problem):
+        return min(tiles, MAX_GRID_Z)
     groups = math.ceil(problem.c / tile.groups_per_cta)
-    tiles = (problem.n or 1) * math.ceil(problem.p / tile.tile_p) * math.ceil(problem.q / tile.tile_q)
     wanted = math.ceil(CTAS_PER_SM * SM_COUNT.get(arch, 108) / groups)
-    return max(1, min(tiles, wanted, 65535))
+    return max(1, min(tiles, wanted, MAX_GRID_Z))
+
+
+def tile_for(problem: DepthwiseProblem) -> DirectConvTile:
+    """The output tile of `problem`'s filter size."""
+    return LARGE_FILTER_TILE if max(problem.r, problem.s) > 5 else SMALL_FILTER_TILE
