@@ -51,8 +51,6 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   exit 0
 fi
 source .gpufull/rest/enter.sh || exit $?
-# opt-in kinds whose kernels these sessions verify (the zoo and the GPU tests run them)
-export RELAX_CUTLASS_ENABLE_KINDS=${RELAX_CUTLASS_ENABLE_KINDS-depthwise_conv2d}
 out=${OUT:-build/session}
 mkdir -p "$out" build
 models=${ZOO_MODELS:-resnet50,bert_base,gpt2,llama_gqa,vit_b_16,mobilenet_v3_large,convnext_tiny}

@@ -115,7 +115,7 @@ def _conv_module(groups=1, dtype="float16", out_dtype="", layout="NHWC"):
     "kwargs,reason",
     [
         (dict(groups=2), "groups=2"),
-        (dict(groups=16), "depthwise"),
+        (dict(groups=8), "groups=8"),
         (dict(dtype="float32"), "data/weight dtypes float32"),
         (dict(out_dtype="float32"), "out_dtype float32"),
     ],

@@ -20,16 +20,7 @@ relax = pytest.importorskip("tvm.relax")
 torch = pytest.importorskip("torch")
 
 import relax_cutlass  # noqa: E402
-from relax_cutlass import kinds  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def depthwise_kind():
-    """Opt-in until this test has passed on a GPU."""
-    yield kinds.enable("depthwise_conv2d")
-    kinds.unregister("depthwise_conv2d")
-
 
 # (N, H=W, C, R, stride, dilation, bias, activation): MobileNetV3's 3x3/5x5 (s1, s2) with relu or
 # hardswish, ConvNeXt's 7x7 + bias, a dilated one (run-time stride kernel), odd sizes, C = 8

@@ -78,13 +78,14 @@ def test_tvm_baseline_builds_and_computes_the_model(mobilenet):
 
 def test_offloaded_module_builds(mobilenet):
     """The pipeline offloads every squeeze-excitation conv, so the failing form never reaches TVM
-    here; what it leaves to TVM (the RGB stem and depthwise convs, hardswish, pooling, the
+    here; what it leaves to TVM (the RGB stem, hardswish, pooling, the
     squeeze-excitation multiply) builds for sm_90a."""
     offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mobilenet[0])
     report = relax_cutlass.offload_report(offloaded)
     assert sum(r["op"] == "conv2d" and r["mnk"][0] == 2 for r in report.offloaded) == 4  # M = batch
-    # the RGB stem (C=3) and the depthwise convs (their kind is opt-in until GPU-verified)
-    assert all("depthwise conv2d" in r["reasons"][0] or "C=3" in r["reasons"][0] for r in report.left_in_tvm)
+    # only the RGB stem (C=3); the depthwise convs are offloaded
+    assert [r["op"] for r in report.left_in_tvm] == ["conv2d"] and "C=3" in report.left_in_tvm[0]["reasons"][0]
+    assert any(r["op"] == "dwconv2d" for r in report.offloaded)
     assert "relax.broadcast_to" not in _op_names(offloaded)
     tvm.compile(offloaded, CUDA)
 

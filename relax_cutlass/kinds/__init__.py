@@ -33,11 +33,12 @@ REGISTERED = [
     "gemm",
     "conv2d",
     "attention",
+    "depthwise_conv2d",
 ]
 # Built-in kinds registered only on request (`enable(name)`, or their names, comma-separated, in
-# RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind; depthwise_conv2d stays opt-in
-# until its kernels have run on a GPU (they are compiled and checked on the CPU only so far).
-OPT_IN = ("bias_act", "depthwise_conv2d")
+# RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind. A kind that is opt-in while it
+# is unverified on a GPU (depthwise_conv2d was) stays accepted there once registered by default.
+OPT_IN = ("bias_act",)
 ENABLE_ENV = "RELAX_CUTLASS_ENABLE_KINDS"
 
 
@@ -128,7 +129,7 @@ def _clear() -> None:
 
 def enable(name: str) -> RegionKind:
     """Register the built-in opt-in kind `name` (see OPT_IN); a no-op when it is registered."""
-    if name not in OPT_IN:
+    if name not in OPT_IN and name not in REGISTERED:
         raise ValueError(f"{name!r} is not an opt-in kind; those are {OPT_IN}")
     kind = importlib.import_module(f"{__name__}.{name}.kind").KIND
     if not is_registered(name):
@@ -144,10 +145,10 @@ def kinds() -> tuple[RegionKind, ...]:
     """Every registered kind, in registration order (opt-in kinds named in RELAX_CUTLASS_ENABLE_KINDS
     after the built-in ones)."""
     requested = tuple(n.strip() for n in os.environ.get(ENABLE_ENV, "").split(",") if n.strip())
-    unknown = [n for n in requested if n not in OPT_IN]
+    unknown = [n for n in requested if n not in OPT_IN and n not in REGISTERED]
     if unknown:
         raise ValueError(f"{ENABLE_ENV}={os.environ[ENABLE_ENV]!r}: {unknown} are not opt-in kinds ({OPT_IN})")
-    from_env = tuple(n for n in requested if all(k.name != n for k in _EXTRA))
+    from_env = tuple(n for n in requested if n in OPT_IN and all(k.name != n for k in _EXTRA))
     return _builtin(tuple(REGISTERED)) + _builtin(from_env) + tuple(_EXTRA)
 
 

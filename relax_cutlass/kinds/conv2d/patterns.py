@@ -9,7 +9,7 @@ from functools import cache
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from .. import CODEGEN, is_registered
+from .. import CODEGEN
 from ..epilogue_patterns import (
     SUPPORTED_INPUT_DTYPES,
     _epilogue_pattern,
@@ -109,12 +109,5 @@ def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProbl
 def left_in_tvm_row(call: relax.Call, _var2val, layout_skipped: str | None) -> tuple | None:
     """(op, FLOPs, reasons) of a conv2d left in TVM; None for a depthwise one (its kind reports it)."""
     if is_depthwise(call):
-        if is_registered("depthwise_conv2d"):
-            return None
-        reason = (
-            "depthwise conv2d (groups == C == K): its kind is opt-in until its kernels have run on a GPU; "
-            "relax_cutlass.kinds.enable('depthwise_conv2d') (or RELAX_CUTLASS_ENABLE_KINDS=depthwise_conv2d) "
-            "offloads it"
-        )
-        return "conv2d", conv_flops(call), [reason]
+        return None
     return "conv2d", conv_flops(call), conv2d_problems(call, layout_skipped)
