@@ -626,9 +626,9 @@ def test_torchvision_vit_attention_with_head_dim_64_is_fused():
     from relax_cutlass.models import bind_float16
     from relax_cutlass.models.torch_models import vit_module
 
-    mod = bind_float16(*vit_module(batch=2, hidden=128, heads=2, mlp=256))
+    mod = bind_float16(*vit_module(batch=2, hidden=64, heads=1, mlp=128, layers=1))
     (row,) = _offloaded_attention(mod)
-    assert row["calls"] == 2  # one per layer
+    assert row["calls"] == 1
     assert row["attention"]["scale"] == pytest.approx(0.125)  # q and k^T each scaled by 1/sqrt(8)
     compare_on_cpu(mod, random_inputs(mod))
 

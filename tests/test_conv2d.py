@@ -81,15 +81,29 @@ def test_channel_counts_pick_the_widest_legal_vector(c, k, alignment):
     assert f"_a{alignment}_" in row["kernel"]
 
 
-def test_odd_channels_stay_in_tvm_with_the_reason():
-    """An RGB stem (C=3): no tensor-op kernel can read 3-channel pixels; it stays in TVM, computed
-    the same, and the report says why and what to do."""
-    mod = _bound(conv2d_epilogue_model(1, 8, 8, 3, 16, kernel=7, stride=2, padding=3))
+@pytest.mark.parametrize("c", [3, 1, 5])
+def test_odd_input_channels_are_padded_and_offloaded(c):
+    """An RGB stem (C=3), a grey one (C=1): no tensor-op kernel reads an odd channel count, so
+    the bound filter is zero-padded to 8 channels once and the input by a pad op; the values are
+    the original conv's, and the conv runs on the aligned kernels (regression: every torchvision
+    model's stem stayed in TVM)."""
+    mod = _bound(conv2d_epilogue_model(2, 16, 16, c, 16, kernel=7, stride=2, padding=3, activation="relu"))
+    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
+    report = relax_cutlass.offload_report(rewritten)
+    assert not report.left_in_tvm
+    (row,) = report.offloaded
+    assert row["op"] == "conv2d" and row["shapes"]["data"][-1] == 8 and "_a8_" in row["kernel"], row
+
+
+def test_odd_channels_with_a_filter_given_at_run_time_stay_in_tvm_with_the_reason():
+    """Padding a filter that arrives at run time would cost a pad per inference: the conv stays in
+    TVM, and the report says how to get it offloaded."""
+    mod = conv2d_epilogue_model(1, 8, 8, 3, 16, kernel=7, stride=2, padding=3)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)
     assert not report.offloaded
     (row,) = report.left_in_tvm
-    assert row["op"] == "conv2d" and "C=3" in row["reasons"][0] and "pad the channels" in row["reasons"][0]
+    assert row["op"] == "conv2d" and "C=3" in row["reasons"][0] and "bind the weights" in row["reasons"][0]
 
 
 def _conv_module(groups=1, dtype="float16", out_dtype="", layout="NHWC"):
@@ -232,8 +246,9 @@ CONV = st.fixed_dictionaries(
     bind=st.booleans(),
 )
 def test_random_conv_epilogues(conv, n, hw, c, k, bind):
-    """Any geometry, channel count (aligned or not), batch (static or symbolic) and epilogue: the
-    rewrite computes what the original does, and offloads exactly the legal convs."""
+    """Any geometry, channel count (aligned, odd and padded, or not), batch (static or symbolic)
+    and epilogue: the rewrite computes what the original does, and offloads exactly the legal
+    convs."""
     conv = dict(conv)
     conv["residual_relu"] &= conv["residual"]
     kernel = conv["kernel"]
@@ -244,7 +259,7 @@ def test_random_conv_epilogues(conv, n, hw, c, k, bind):
         mod = _bound(mod)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod, n=2))
     report = relax_cutlass.offload_report(rewritten)
-    legal = c % 2 == 0 and k % 2 == 0
+    legal = (c % 2 == 0 or bind) and k % 2 == 0  # an odd C is padded where the filter is bound
     assert bool(report.offloaded) == legal
     if not legal:
         assert any("even" in reason for row in report.left_in_tvm for reason in row["reasons"])

@@ -9,6 +9,7 @@ from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input
 from ..gemm.profile import candidate_label
 from ..region import mnk_report_line
+from .channels import pad_odd_input_channels
 from .emit import conv2d_glue_function, emit_conv2d_kernel
 from .patterns import (
     Conv2dPatternSpec,
@@ -102,4 +103,6 @@ KIND = RegionKind(
     report_line=_report_line,
     flops_name="conv2d",
     left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
+    # after the shared canonicalizations, so that the conv is the 16-bit one its patterns match
+    finish=(pad_odd_input_channels,),
 )

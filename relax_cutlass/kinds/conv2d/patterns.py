@@ -93,7 +93,8 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
     if c % 2 or k % 2:
         problems.append(
             f"C={c} and K={k} must both be even (fp16 tensor-op kernels need at least 2-element aligned "
-            "channels); pad the channels to offload (e.g. an RGB stem conv with C=3 stays in TVM)"
+            "channels); an odd C (an RGB stem) is padded to 8 channels when the filter is a constant: bind the "
+            "weights (from_torch, or BindParams then FoldConstant) to offload it"
         )
     return problems
 

@@ -1,0 +1,76 @@
+"""Convolutions with an odd number of input channels (an RGB stem's C=3), which no CUTLASS
+tensor-op kernel reads, padded with zero channels to a multiple of 8: the filter once, at build
+time, and the input by a pad that TVM fuses with the ops that produce it (the model input's
+layout transpose and cast)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..epilogue_patterns import _shape, _static_int, dtype_of
+from ..ir import is_depthwise
+
+# Input channels are padded to a multiple of this: the 128-bit (8 x 16-bit) accesses of the
+# fastest conv kernels.
+CHANNEL_ALIGNMENT = 8
+_ELEMENTS = ("float16", "bfloat16")
+
+
+def _paddable(call: relax.Call) -> bool:
+    """An NHWC x OHWI conv2d (groups 1, 16-bit, output in the input's type) with a constant filter,
+    C odd and static, K even and static."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        return False
+    attrs, (data, weight) = call.attrs, call.args
+    if int(attrs.groups) != 1 or is_depthwise(call):
+        return False
+    if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI":
+        return False
+    if not isinstance(weight, tvm.ir.GenericConst) or len(_shape(data)) != 4:
+        return False
+    if dtype_of(data) not in _ELEMENTS or dtype_of(weight) != dtype_of(data) or dtype_of(call) != dtype_of(data):
+        return False
+    c, k = _static_int(_shape(data)[3]), _static_int(_shape(weight)[0])
+    return c is not None and k is not None and c % 2 == 1 and k % 2 == 0
+
+
+@relax.expr_functor.mutator
+class _PadChannels(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not _paddable(call):
+            return call
+        data, weight = call.args
+        c = _static_int(_shape(data)[3])
+        extra = -c % CHANNEL_ALIGNMENT
+        filters = weight.value.numpy()
+        padded_filters = relax.const(np.pad(filters, ((0, 0), (0, 0), (0, 0), (0, extra))), str(filters.dtype))
+        padded_data = self.builder_.emit(relax.op.nn.pad(data, [0, 0, 0, 0, 0, 0, 0, extra]))
+        a = call.attrs
+        return relax.op.nn.conv2d(
+            padded_data,
+            padded_filters,
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=1,
+            data_layout="NHWC",
+            kernel_layout="OHWI",
+            out_layout=str(a.out_layout),
+            out_dtype=dtype_of(call),
+        )
+
+
+def pad_odd_input_channels(func: relax.Function) -> relax.Function:
+    """conv2d(x, w) with C odd -> conv2d(pad(x), pad(w)), both zero-padded along C to a multiple
+    of 8: the zero channels add exact zeros to every sum, so the values are those of the original
+    conv, and the conv2d kind's aligned kernels take it. Only constant filters (bound weights: the
+    pad happens once, here); a filter passed at run time keeps the conv as it is (the report then
+    says the channels are odd)."""
+    if not any(
+        isinstance(b.value, relax.Call) and _paddable(b.value) for block in func.body.blocks for b in block.bindings
+    ):
+        return func
+    return _PadChannels().visit_expr(func)
