@@ -114,6 +114,10 @@ BUILDERS = {
     "vit_b_16": _vision("vit_b_16"),
     "mobilenet_v3_large": _vision("mobilenet_v3_large"),
     "convnext_tiny": _vision("convnext_tiny"),
+    # grouped 3x3 convs (32 groups), the ResNeXt/RegNet form (issue 19)
+    "resnext50_32x4d": _vision("resnext50_32x4d"),
+    # depthwise convs, squeeze-excitation, SiLU (issue 19)
+    "efficientnet_b0": _vision("efficientnet_b0"),
     "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
     "gpt2": _transformer("GPT2Config", "GPT2Model", 50000),
     "llama_gqa": _transformer(
@@ -137,6 +141,8 @@ ZOO = (
     ZooModel("vit_b_16", "vision", 8),
     ZooModel("mobilenet_v3_large", "vision", 32),
     ZooModel("convnext_tiny", "vision", 32),
+    ZooModel("resnext50_32x4d", "vision", 32),
+    ZooModel("efficientnet_b0", "vision", 32),
 )
 
 BUILDS = ("relax_cutlass", "relax_cutlass_graph", "tvm_default", "tvm_default_graph")

@@ -53,7 +53,7 @@ fi
 source .gpufull/rest/enter.sh || exit $?
 out=${OUT:-build/session}
 mkdir -p "$out" build
-models=${ZOO_MODELS:-resnet50,bert_base,gpt2,llama_gqa,vit_b_16,mobilenet_v3_large,convnext_tiny}
+models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}
 jobs=${ZOO_JOBS:-4}
 summary=()
 

@@ -610,9 +610,9 @@ def test_torchvision_vit_attention_is_fused():
     from relax_cutlass.models import bind_float16
     from relax_cutlass.models.torch_models import vit_module
 
-    mod = bind_float16(*vit_module(batch=2))
+    mod = bind_float16(*vit_module(batch=2, layers=1))  # two layers took 4.5 min on 2 cores
     (row,) = _offloaded_attention(mod)
-    assert row["calls"] == 2  # one per layer
+    assert row["calls"] == 1
     assert row["attention"]["scale"] == pytest.approx(0.25)  # q and k^T each scaled by 0.5
     compare_on_cpu(mod, random_inputs(mod))
 
