@@ -87,7 +87,8 @@ class _OperandCasts:
 
 
 def _in_float16(call: relax.Call, dtype: str) -> bool:
-    """A power-of-two scale of float16 values: exact in float32, so it can run in float16."""
+    """A power-of-two scale of float16 values: exact in float32, so it can run in float16 (bfloat16
+    ones, and other scales, run in float32 between casts)."""
     a, b = call.args
     return dtype == "float16" and _power_of_two(b if _scalar(b) else a)
 

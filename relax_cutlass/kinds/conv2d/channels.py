@@ -10,7 +10,6 @@ import tvm
 from tvm import relax
 
 from ..epilogue_patterns import _shape, _static_int, dtype_of
-from ..ir import is_depthwise
 
 # Input channels are padded to a multiple of this: the 128-bit (8 x 16-bit) accesses of the
 # fastest conv kernels.
@@ -24,7 +23,7 @@ def _paddable(call: relax.Call) -> bool:
     if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
         return False
     attrs, (data, weight) = call.attrs, call.args
-    if int(attrs.groups) != 1 or is_depthwise(call):
+    if int(attrs.groups) != 1:
         return False
     if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI":
         return False
