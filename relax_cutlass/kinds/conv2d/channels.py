@@ -9,12 +9,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..epilogue_patterns import _shape, _static_int, dtype_of
+from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, _shape, _static_int, dtype_of
 
 # Input channels are padded to a multiple of this: the 128-bit (8 x 16-bit) accesses of the
 # fastest conv kernels.
 CHANNEL_ALIGNMENT = 8
-_ELEMENTS = ("float16", "bfloat16")
 
 
 def _paddable(call: relax.Call) -> bool:
@@ -29,7 +28,8 @@ def _paddable(call: relax.Call) -> bool:
         return False
     if not isinstance(weight, tvm.ir.GenericConst) or len(_shape(data)) != 4:
         return False
-    if dtype_of(data) not in _ELEMENTS or dtype_of(weight) != dtype_of(data) or dtype_of(call) != dtype_of(data):
+    element = dtype_of(data)
+    if element not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != element or dtype_of(call) != element:
         return False
     c, k = _static_int(_shape(data)[3]), _static_int(_shape(weight)[0])
     return c is not None and k is not None and c % 2 == 1 and k % 2 == 0

@@ -72,9 +72,10 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
     if not problems and n is not None:
         problem = DepthwiseProblem(**conv_geometry_of({"data": data, "weight": weight, "root": conv}))
         tile = tile_for(problem)
-        if tile.one_tile_per_cta(problem) and tile.tiles(problem, n) > MAX_GRID_Z:
+        tiles = tile.tiles(problem, n)
+        if tile.one_tile_per_cta(problem) and tiles > MAX_GRID_Z:
             problems.append(
-                f"batch {n} gives {tile.tiles(problem, n)} output tiles per channel group, more than the "
+                f"batch {n} gives {tiles} output tiles per channel group, more than the "
                 f"{MAX_GRID_Z} threadblocks this filter's kernel (one tile each) can launch; split the batch"
             )
     return problems
