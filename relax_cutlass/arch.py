@@ -93,26 +93,44 @@ def local_gpu_arch() -> int | None:
 
 
 def native_family(arch: int) -> int:
-    """The kernel family a target runs natively: 90 (CUTLASS 3.x TMA + wgmma) on sm_90a only;
-    80 (CUTLASS 2.x mma.sync, also the fused attention kernel) everywhere else. wgmma exists on
-    SM90 alone: CUTLASS compiles its SM90 kernels for any other target into stubs that do nothing
-    (see relax_cutlass.stages.sass_check), and relax_cutlass has no native Blackwell (tcgen05) kernels yet."""
-    return 90 if arch == 90 else 80
+    """The GEMM kernel family a target runs natively: 90 (CUTLASS 3.x TMA + wgmma) on sm_90a only;
+    100 (CUTLASS 3.x TMA + tcgen05 UMMA, tensor memory, 1-SM / 2-SM MMAs) on the datacenter
+    Blackwell SMs that have tcgen05 (sm_100a, sm_103a, sm_110a); 80 (CUTLASS 2.x mma.sync, also the
+    fused attention kernel) everywhere else, GeForce / DGX Spark Blackwell (sm_120, sm_121) included.
+    wgmma exists on SM90 alone and tcgen05 on those SM10x: CUTLASS compiles either family for any
+    other target into stubs that do nothing (see relax_cutlass.stages.sass_check)."""
+    if arch == 90:
+        return 90
+    return 100 if arch in TCGEN05_ARCHES else 80
 
 
-def family_note(arch: int) -> str:
-    """Why `arch` gets the SM80 family, for the offload report ("" where that needs no word)."""
+# SMs with tcgen05 (UMMA + tensor memory), where CUTLASS's SM100 kernels run (arch/config.h enables
+# them for sm_100a, sm_103a and sm_110a). Compile-verified only: no Blackwell GPU has run them here.
+TCGEN05_ARCHES = (100, 103, 110)
+
+
+def family_note(arch: int, kind_family: int | None = None) -> str:
+    """Why `arch` gets the kernels it gets, for the offload report ("" where that needs no word).
+    `kind_family`: the family a kind without native kernels for `arch` uses instead (80)."""
+    if arch in TCGEN05_ARCHES:
+        if kind_family == 80:
+            return (
+                f"SM80 family (CUTLASS 2.x mma.sync) for sm_{arch}: this kind has no native tcgen05 kernel yet; "
+                "Blackwell runs mma.sync"
+            )
+        return f"SM100 family (CUTLASS 3.x tcgen05) for sm_{arch}a: compile-verified, not yet run on Blackwell hardware"
     if arch in BLACKWELL:
         return (
-            f"SM80 family (CUTLASS 2.x mma.sync) for sm_{arch}: Blackwell runs it; SM90 wgmma kernels do not "
-            "run on Blackwell and relax_cutlass has no native tcgen05 kernels yet"
+            f"SM80 family (CUTLASS 2.x mma.sync) for sm_{arch}: Blackwell runs it; sm_{arch} has no tcgen05 "
+            "(CUTLASS's SM100 kernels) and SM90 wgmma kernels do not run on Blackwell"
         )
     return ""
 
 
-# Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg), which run on that SM only. The
-# SM80 family uses no arch-specific feature, so Blackwell targets get plain SASS + PTX.
-ARCH_SPECIFIC = (90,)
+# Targets compiled arch-specifically (sm_90a: wgmma, setmaxnreg; sm_100a / sm_103a / sm_110a:
+# tcgen05), which run on that SM only. The SM80 family uses no arch-specific feature, so the other
+# targets (sm_80 ... sm_89, sm_120, sm_121) get plain SASS + PTX.
+ARCH_SPECIFIC = (90, *TCGEN05_ARCHES)
 
 
 def arch_name(arch: int) -> str:
@@ -129,20 +147,26 @@ def nvcc_gencode(arch: int) -> list[str]:
     return [f"-gencode=arch=compute_{arch},code=[sm_{arch},compute_{arch}]"]
 
 
-FAMILIES = ("auto", "sm80", "sm90")
+FAMILIES = ("auto", "sm80", "sm90", "sm100")
 
 
 def resolve_family(family: str, arch: int) -> str:
     """Check a `family=` option against the target: "auto" (the target's native family), "sm80"
-    (CUTLASS 2.x kernels on any target) or "sm90" (sm_90a only, where it is what "auto" picks).
-    -> "auto" or "sm80"."""
+    (CUTLASS 2.x kernels on any target), "sm90" (sm_90a only) or "sm100" (sm_100a / sm_103a /
+    sm_110a), each of the last two what "auto" picks on its targets. -> "auto" or "sm80"."""
     if family not in FAMILIES:
-        raise ValueError(f"family={family!r}: use 'auto' (the target's native kernels), 'sm80' or 'sm90' (sm_90a)")
-    if family == "sm90":
-        if arch != 90:
+        raise ValueError(
+            f"family={family!r}: use 'auto' (the target's native kernels), 'sm80', 'sm90' (sm_90a) or "
+            "'sm100' (sm_100a, sm_103a, sm_110a)"
+        )
+    native = {"sm90": 90, "sm100": 100}.get(family)
+    if native is not None:
+        if native_family(arch) != native:
+            targets = "arch='sm_90a'" if native == 90 else "arch='sm_100a', 'sm_103a' or 'sm_110a'"
+            what = "wgmma kernels run on Hopper only" if native == 90 else "tcgen05 kernels run on SM10x only"
             raise ValueError(
-                f"family='sm90' needs arch='sm_90a': CUTLASS's SM90 wgmma kernels run on Hopper only, and "
-                f"compiled for sm_{arch} they are stubs that do nothing; use family='auto' or 'sm80'"
+                f"family={family!r} needs {targets}: CUTLASS's SM{native} {what}, and compiled for sm_{arch} "
+                "they are stubs that do nothing; use family='auto' or 'sm80'"
             )
         return "auto"
     return family

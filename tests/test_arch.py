@@ -55,8 +55,12 @@ def test_arch_spellings_and_the_family_each_gets(spelling, sm):
     assert kernel.target == sm
     if sm == 90:
         assert kernel.arch == 90 and kernel.name.startswith("sm90_") and kernel.note == ""
+    elif sm in (100, 103, 110):
+        # tcgen05 SMs get CUTLASS 3.x SM100 kernels, marked as not yet run on hardware
+        assert kernel.arch == 100 and kernel.name.startswith("sm100_")
+        assert "not yet run on Blackwell hardware" in kernel.note
     else:
-        # everything but Hopper runs the CUTLASS 2.x mma.sync kernels; Blackwell is told why
+        # everything else runs the CUTLASS 2.x mma.sync kernels; GeForce Blackwell is told why
         assert kernel.arch == 80 and kernel.name.startswith("sm80_")
         assert ("Blackwell" in kernel.note) == (sm >= 100)
 
@@ -96,8 +100,13 @@ def test_family_option_per_arch():
             relax_cutlass.offload_pipeline(arch, family="sm90")
         with pytest.raises(ValueError, match="family='sm90' needs"):
             choose_kernel(GEMM, Epilogue(), parse_arch(arch), family="sm90")
+    for arch in ("sm_90a", "sm_120", "sm_80", "sm_121"):
+        with pytest.raises(ValueError, match="family='sm100' needs arch='sm_100a'"):
+            choose_kernel(GEMM, Epilogue(), parse_arch(arch), family="sm100")
     with pytest.raises(ValueError, match="family='sm70'"):
         relax_cutlass.offload_pipeline("sm_90a", family="sm70")
+    for sm in (100, 103, 110):
+        assert choose_kernel(GEMM, Epilogue(), sm, family="sm100") == choose_kernel(GEMM, Epilogue(), sm)
     # sm90 on sm_90a is what auto picks; sm80 keeps forcing the 2.x kernels, on Blackwell too
     assert choose_kernel(GEMM, Epilogue(), 90, family="sm90") == choose_kernel(GEMM, Epilogue(), 90)
     assert choose_kernel(GEMM, Epilogue(), 90, family="sm80").arch == 80
@@ -110,9 +119,14 @@ def test_family_option_per_arch():
 def test_report_names_target_family_and_why():
     report = relax_cutlass.offload_report(dense_epilogue_model(512, 256, 128), "sm_100a")
     (row,) = report.offloaded
-    assert row["family"] == "sm80" and row["target"] == "sm_100" and row["kernel"].startswith("sm80_")
+    assert row["family"] == "sm100" and row["target"] == "sm_100a" and row["kernel"].startswith("sm100_")
+    assert "compile-verified, not yet run on Blackwell hardware" in row["note"]
+    assert str(report).startswith("relax_cutlass offload report for sm_100a:")
+    report = relax_cutlass.offload_report(dense_epilogue_model(512, 256, 128), "sm_120")
+    (row,) = report.offloaded
+    assert row["family"] == "sm80" and row["target"] == "sm_120" and row["kernel"].startswith("sm80_")
     assert "SM90 wgmma kernels do not run on Blackwell" in row["note"]
-    assert str(report).startswith("relax_cutlass offload report for sm_100:")
+    assert str(report).startswith("relax_cutlass offload report for sm_120:")
 
 
 def test_blackwell_tiles_fit_its_shared_memory():
@@ -127,15 +141,20 @@ def test_blackwell_tiles_fit_its_shared_memory():
 def test_gencode_per_target():
     assert nvcc_gencode(90) == ["-gencode=arch=compute_90a,code=sm_90a"]
     assert nvcc_gencode(80) == ["-gencode=arch=compute_80,code=[sm_80,compute_80]"]
-    # Blackwell's SM80-family objects use no arch-specific feature: plain SASS (sm_100's also runs on
-    # sm_103, sm_120's on sm_121) plus PTX for newer GPUs
-    assert nvcc_gencode(100) == ["-gencode=arch=compute_100,code=[sm_100,compute_100]"]
+    # tcgen05 targets build arch-specific objects (their SM100 kernels need sm_100a / sm_103a / sm_110a)
+    assert nvcc_gencode(100) == ["-gencode=arch=compute_100a,code=sm_100a"]
+    assert nvcc_gencode(103) == ["-gencode=arch=compute_103a,code=sm_103a"]
+    assert nvcc_gencode(110) == ["-gencode=arch=compute_110a,code=sm_110a"]
+    # GeForce Blackwell's SM80-family objects use no arch-specific feature: plain SASS (sm_120's also
+    # runs on sm_121) plus PTX for newer GPUs
     assert nvcc_gencode(120) == ["-gencode=arch=compute_120,code=[sm_120,compute_120]"]
 
 
 def test_run_time_device_check_per_target():
+    text = emit_kernel(choose_kernel(GEMM, Epilogue(), 120)).text
+    assert "cc >= 120" in text and "built for sm_120," in text  # sm_120 SASS + PTX: sm_120 and newer
     text = emit_kernel(choose_kernel(GEMM, Epilogue(), 100)).text
-    assert "cc >= 100" in text and "built for sm_100," in text  # sm_100 SASS + PTX: sm_100 and newer
+    assert "cc == 100" in text and "built for sm_100a" in text
     text = emit_kernel(choose_kernel(GEMM, Epilogue(), 90)).text
     assert "cc == 90" in text and "built for sm_90a" in text  # arch-specific: that SM only
 
@@ -143,6 +162,7 @@ def test_run_time_device_check_per_target():
 def test_sources_carry_their_family():
     assert emit_kernel(choose_kernel(GEMM, Epilogue(), 90)).family == "sm90"
     assert emit_kernel(choose_kernel(GEMM, Epilogue(), 120)).family == "sm80"
+    assert emit_kernel(choose_kernel(GEMM, Epilogue(), 100)).family == "sm100"
     attention = AttentionProblem(batch=1, heads=2, seq_q=64, seq_kv=64, head_dim=64, head_dim_value=64, scale=0.125)
     assert emit_kernel(choose_attention_kernel(attention, 100)).family == "fmha"
 

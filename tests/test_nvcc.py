@@ -20,27 +20,82 @@ from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 pytestmark = pytest.mark.nvcc
 
 
+MMA_OPCODES = ("HMMA", "HGMMA", "UTCHMMA")
+
+
 @pytest.mark.parametrize(
     "family,arch,opcode",
-    [("sm80", 80, "HMMA"), ("sm90", 90, "HGMMA"), ("sm80", 100, "HMMA"), ("sm80", 120, "HMMA")],
+    [
+        ("sm80", 80, "HMMA"),
+        ("sm90", 90, "HGMMA"),
+        ("sm100", 100, "UTCHMMA"),
+        ("sm100", 103, "UTCHMMA"),
+        ("sm100", 110, "UTCHMMA"),
+        ("sm80", 100, "HMMA"),
+        ("sm80", 120, "HMMA"),
+    ],
 )
 def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
     """One small GEMM per (family, target) as offload_pipeline builds it: its SASS is for the
-    target and holds the family's tensor-core instructions (wgmma's HGMMA on sm_90a, mma.sync's HMMA
-    elsewhere, Blackwell included), which compile_all's guard checked."""
+    target and holds the family's tensor-core instructions and no other family's (wgmma's HGMMA on
+    sm_90a, tcgen05's UTCHMMA on sm_100a / sm_103a / sm_110a, mma.sync's HMMA elsewhere and where
+    family='sm80' asks for it), which compile_all's guard checked."""
     from relax_cutlass.arch import arch_name
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
     from relax_cutlass.stages.sass_check import mma_counts
 
-    kernel = choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), arch, family="auto" if arch == 90 else family)
+    kernel = choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), arch, family=family)
     assert f"sm{kernel.arch}" == family and kernel.target == arch
     ((obj, _),) = compile_all([emit_kernel(kernel)], arch).values()
-    counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))
+    counts, sass, _ = mma_counts(obj, MMA_OPCODES)
     print(f"{kernel.name} for {arch_name(arch)}: {counts}")
     assert sass == [arch_name(arch)] and counts[opcode] > 0
-    assert counts["HGMMA" if opcode == "HMMA" else "HMMA"] == 0
+    assert all(n == 0 for op, n in counts.items() if op != opcode)
+
+
+def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
+    """The SM100 forms beyond the plain GEMM: a 2-SM MMA with the bias + gelu EVT (row broadcast
+    tiled by the CTA's half of the MMA tile) and a 1-SM stream-K kernel with a residual add + relu
+    (the source fetch), compiled for sm_100a and checked by the guard (tcgen05's UTCHMMA)."""
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.kinds.gemm.select import choose_kernel
+    from relax_cutlass.stages.sass_check import mma_counts
+
+    problem = GemmProblem(1024, 4096, 1024, True)
+    kernels = [
+        choose_kernel(problem, Epilogue(bias=True, activation="gelu"), 100),
+        choose_kernel(
+            problem, Epilogue(bias=True, residual=True, residual_activation="relu"), 100,
+            tile="tb128x256x64_c1x1x1_1sm_streamk",
+        ),
+    ]  # fmt: skip
+    assert [k.tile.schedule for k in kernels] == ["2sm", "1sm"]
+    objects = compile_all([emit_kernel(k) for k in kernels], 100)
+    for kernel in kernels:
+        counts, _, _ = mma_counts(objects[kernel.name][0], MMA_OPCODES)
+        print(f"{kernel.name}: {counts}")
+        assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
+
+
+def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
+    """The other direction of issue 21's bug: a tcgen05 kernel compiled for Hopper is a stub too."""
+    import dataclasses
+
+    import relax_cutlass.stages.compile
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.kinds.gemm.select import choose_kernel
+    from relax_cutlass.stages.sass_check import StubKernelError
+
+    kernel = dataclasses.replace(choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), 100), target=90)
+    monkeypatch.setattr(
+        relax_cutlass.stages.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_90a,code=sm_90a"]
+    )
+    with pytest.raises(StubKernelError, match=r"sm100_gemm_\S+ is a CUTLASS 3.x SM100 .* \(sm_90a\) has UTCHMMA x0"):
+        compile_all([emit_kernel(kernel)], 90)
 
 
 def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):

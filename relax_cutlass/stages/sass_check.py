@@ -7,6 +7,7 @@ untouched. So after nvcc (and for cached objects) the object's SASS is disassemb
 `cuobjdump -sass` and its MMA instructions are counted:
 
   * SM90 (CUTLASS 3.x TMA + wgmma) kernels must contain HGMMA;
+  * SM100 (CUTLASS 3.x TMA + tcgen05) kernels must contain UTCHMMA (tcgen05.mma, 16-bit inputs);
   * SM80 (CUTLASS 2.x mma.sync) kernels and CUTLASS examples/41's ("fmha") must contain HMMA, on
     every target they are built for.
 
@@ -41,6 +42,8 @@ __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_obj
 FAMILIES = {
     "sm80": ("CUTLASS 2.x SM80 tensor-op (mma.sync)", ("HMMA",)),
     "sm90": ("CUTLASS 3.x SM90 TMA + wgmma", ("HGMMA",)),
+    # tcgen05.mma kind::f16 (16-bit inputs, fp16 and bf16 alike) into tensor memory
+    "sm100": ("CUTLASS 3.x SM100 TMA + tcgen05 (UMMA)", ("UTCHMMA",)),
     "fmha": ("CUTLASS examples/41 fused multi-head kernel, SM80 (mma.sync)", ("HMMA",)),
     # depthwise convolutions have no tensor-core form: CUTLASS examples/46's direct convolution
     # runs on the CUDA cores, and a stub of it would hold no floating-point FMA at all
@@ -66,7 +69,8 @@ class StubKernelError(CompileError):
             f"stub kernel: {kernel} is a {what} kernel, which must contain {' or '.join(wanted)} "
             f"instructions, but built for {arch_name(arch)} its machine code ({sass}) has {found}. CUTLASS "
             "compiled its main loop out for this target: the kernel would launch and compute nothing. Build "
-            "the target's own family instead (family='auto'; family='sm90' is for sm_90a only), and report "
+            "the target's own family instead (family='auto'; family='sm90' is for sm_90a only, 'sm100' for "
+            "sm_100a / sm_103a / sm_110a), and report "
             "it if family='auto' chose this."
         )
         super().__init__(obj, record["command"], log)

@@ -37,7 +37,7 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> At
     ):
         queries, keys = 32, 128
     aligned = problem.alignment == 8
-    note = "SM80 fused attention kernel (no SM90 one yet)" if arch == 90 else family_note(arch)
+    note = "SM80 fused attention kernel (no SM90 one yet)" if arch == 90 else family_note(arch, 80)
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
     if db is None or len(attention_tiles(problem)) < 2:
         return kernel

@@ -85,7 +85,7 @@ def choose_conv2d_kernel(
     not instantiate CUTLASS 3.x convolutions yet.
     """
     resolve_family(family, arch)  # conv2d has one kernel family so far; a wrong option still fails
-    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch == 90 else family_note(arch)
+    note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch == 90 else family_note(arch, 80)
     gemm = problem.implicit_gemm(n_hint)
     legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
     if db is not None and not tile:

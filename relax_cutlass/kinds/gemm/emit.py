@@ -1,6 +1,6 @@
 """C++ of the GEMM kind: CUTLASS 2.x kernels from cutlass_library's `EmitGemmUniversalInstance` (or
 `GemmUniversalWithBroadcast` + `LinearCombinationResidualBlock` for residual blocks, which
-cutlass_library does not emit), SM90 kernels from emit_sm90, and a region's glue function."""
+cutlass_library does not emit), SM90 kernels from emit_sm90, SM100 ones from sm100, and a region's glue function."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ...stages.emit import launch_call, operand_arrays, residual_checks, role_al
 from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
 from .emit_sm90 import sm90_kernel_parts
 from .records import GemmKernel, GemmRegion
+from .sm100 import sm100_kernel_parts
 from .templates import ARGS_TYPE, GEMM_ARGS, GLUE_FUNCTION
 
 INCLUDES = """\
@@ -161,5 +162,5 @@ def _launch(region: GemmRegion) -> str:
 
 
 def emit_gemm_kernel(kernel: GemmKernel) -> Source:
-    parts = sm90_kernel_parts(kernel) if kernel.arch == 90 else _sm80_kernel_parts(kernel)
+    parts = {90: sm90_kernel_parts, 100: sm100_kernel_parts}.get(kernel.arch, _sm80_kernel_parts)(kernel)
     return device_kernel_source(kernel, parts, GEMM_ARGS, ARGS_TYPE)

@@ -1,5 +1,5 @@
 """The GEMM kind: dense / matmul (+ bias, activation, residual add(+relu), cast), CUTLASS 2.x
-kernels on SM80+ and 3.x (TMA, wgmma, clusters) on SM90."""
+kernels on SM80+, 3.x (TMA, wgmma, clusters) on SM90 and 3.x (TMA, tcgen05) on SM100."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .emit import emit_gemm_kernel, gemm_glue_function
 from .patterns import GemmPatternSpec, all_gemm_specs, gemm_pattern, left_in_tvm_row, matmul_problems, read_problem
 from .profile import PROFILE_GEMM, candidate_label, family_for, gemm_candidates
 from .records import GemmKernel, GemmProblem, GemmRegion, gemm_key
-from .select import candidate_tiles, candidate_tiles_sm90, choose_kernel
+from .select import choose_kernel, tiles_of_family
 from .templates import ARGS_TYPE, GEMM_ARGS
 
 
@@ -64,9 +64,8 @@ def _jobs(problem: GemmProblem, arch: int, family: str, limit: int) -> list[Prof
 
 
 def _stage2_candidates(p: GemmProblem, epilogue: Epilogue, arch: int, key, record) -> tuple:
-    heuristic = choose_kernel(p, epilogue, arch, family="auto" if key.family == 90 else "sm80")
-    tiles_of = candidate_tiles_sm90 if key.family == 90 else candidate_tiles
-    return heuristic, 1, by_label(tiles_of(p.element_accumulator, p.element_a), record)
+    heuristic = choose_kernel(p, epilogue, arch, family="sm80" if key.family == 80 else "auto")
+    return heuristic, 1, by_label(tiles_of_family(key.family)(p.element_accumulator, p.element_a), record)
 
 
 def _job_fields(job: ProfileJob) -> dict:

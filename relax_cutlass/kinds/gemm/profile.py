@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from string import Template
 
-from ...arch import native_family, resolve_family
 from ..epilogue import Epilogue
 from .records import SPLIT_K_MIN_ITERATIONS, GemmProblem, TileConfig
 from .select import (
@@ -16,10 +15,11 @@ from .select import (
     candidate_tiles_sm90,
     choose_kernel,
     estimate_cost,
-    sm90_fallback_reason,
+    native_3x,
     smem_limit,
     under_fills,
 )
+from .sm100 import candidate_tiles_sm100, rank_sm100
 
 SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the SM90 split-K candidate's CTA tile and cluster
 
@@ -30,9 +30,14 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
     Profiling thereby corrects the model's ranking among plausible kernels (and can only improve on
     the heuristic, whose kernel is always timed) instead of timing hopeless ones. SM90: the CTA
     tiles of the measured sweep (docs/kernel-selection.md; 256x256 spills) with both schedules,
-    both cluster shapes and stream-K; SM80: every tile that fits shared memory.
+    both cluster shapes and stream-K; SM100: every static-cluster configuration, data-parallel
+    first, ranked by its wave model; SM80: every tile that fits shared memory.
     """
-    if family == 90:
+    if family == 100:
+        pool = list(candidate_tiles_sm100(problem.element_accumulator, problem.element_a))
+        chosen = choose_kernel(problem, Epilogue(), arch).tile
+        rank = lambda t: (t.scheduler != "default", rank_sm100(problem, t, arch, problem.m or 1024))  # noqa: E731
+    elif family == 90:
         pool = [
             t
             for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
@@ -67,8 +72,7 @@ def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
 
 
 def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
-    family = resolve_family(family, arch)
-    return 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    return native_3x(problem, arch, family)
 
 
 def candidate_label(tile: TileConfig, split_k: int = 1) -> str:

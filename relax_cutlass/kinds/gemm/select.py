@@ -30,6 +30,7 @@ from ...stages.codegen import DEFAULT_M_HINT
 from ...stages.tuning import epilogue_key, m_bucket, parse_label
 from ..epilogue import DTYPE_BITS, Epilogue
 from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
+from .sm100 import candidate_tiles_sm100, choose_sm100
 
 # Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
 # capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
@@ -183,13 +184,30 @@ def estimate_cost(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int
     return tiles_on_busiest_sm * bm * bn / efficiency
 
 
-def sm90_fallback_reason(problem: GemmProblem) -> str | None:
-    """Why an SM90 target cannot use an SM90 (TMA + wgmma) kernel for `problem`, if it cannot."""
+def sm90_fallback_reason(problem: GemmProblem, family: int = 90) -> str | None:
+    """Why a target of CUTLASS 3.x `family` (90: wgmma, 100: tcgen05) cannot use a kernel of it
+    for `problem` (TMA loads), if it cannot."""
     if problem.alignment < 8:
         return f"K={problem.k} / N={problem.n} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
-    if not candidate_tiles_sm90(problem.element_accumulator, problem.element_a):
-        return f"no SM90 {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
+    if not tiles_of_family(family)(problem.element_accumulator, problem.element_a):
+        return (
+            f"no SM{family} {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
+        )
     return None
+
+
+def native_3x(problem: GemmProblem, arch: int, family: str) -> int:
+    """The kernel family `problem` gets on `arch`: the target's CUTLASS 3.x family (90, 100) when
+    `family` allows it and the problem fits it, else 80."""
+    native = native_family(arch)
+    if native == 80 or resolve_family(family, arch) != "auto" or sm90_fallback_reason(problem, native):
+        return 80
+    return native
+
+
+def tiles_of_family(family: int):
+    """The candidate function of a kernel family."""
+    return {90: candidate_tiles_sm90, 100: candidate_tiles_sm100}.get(family, candidate_tiles)
 
 
 def choose_kernel(
@@ -204,10 +222,11 @@ def choose_kernel(
     """Pick the configuration for `problem`, instantiated with `epilogue`: the tuning database's
     measured choice when `db` has a record for it, else the heuristic.
 
-    SM90 targets get CUTLASS 3.x kernels unless `family="sm80"` or the problem rules them out
-    (the reason is kept in the kernel's note, and shown by the offload report); every other
-    target (Ampere, Ada, Blackwell) gets CUTLASS 2.x kernels (`arch.native_family`). `tile` pins a
-    configuration by its `TileConfig.describe()` name (for sweeps and profiling).
+    sm_90a targets get CUTLASS 3.x wgmma kernels and sm_100a / sm_103a / sm_110a CUTLASS 3.x
+    tcgen05 kernels, unless `family="sm80"` or the problem rules them out (the reason is kept in the
+    kernel's note, and shown by the offload report); every other target (Ampere, Ada, GeForce
+    Blackwell) gets CUTLASS 2.x kernels (`arch.native_family`). `tile` pins a configuration by its
+    `TileConfig.describe()` name (for sweeps and profiling).
     """
     family = resolve_family(family, arch)
     if db is not None and not tile:
@@ -216,21 +235,19 @@ def choose_kernel(
             return tuned
         kernel = choose_kernel(problem, epilogue, arch, m_hint, family)
         return dataclasses.replace(kernel, note="; ".join(filter(None, [kernel.note, tuned])))
-    note = family_note(arch)
-    if native_family(arch) == 90 and family == "auto":
-        note = sm90_fallback_reason(problem) or ""
+    native = native_family(arch)
+    note = family_note(arch) if native == 80 else ""
+    if native != 80 and family == "auto":
+        note = sm90_fallback_reason(problem, native) or ""
         if not note:
+            why = family_note(arch)  # "" on sm_90a; SM100: not yet run on hardware
             if tile:
-                return _pinned(
-                    problem,
-                    epilogue,
-                    arch,
-                    90,
-                    candidate_tiles_sm90(problem.element_accumulator, problem.element_a),
-                    tile,
-                )
+                candidates = tiles_of_family(native)(problem.element_accumulator, problem.element_a)
+                return _pinned(problem, epilogue, arch, native, candidates, tile, why)
+            if native == 100:
+                return choose_sm100(problem, epilogue, arch, m_hint, why)
             return _choose_sm90(problem, epilogue, arch, m_hint)
-    elif native_family(arch) == 90:
+    elif native != 80:
         note = "SM80 kernel requested (family='sm80')"
     legal = _fitting(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
     if tile:
@@ -294,8 +311,7 @@ def _stage_record(db, key):
 
 def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, family: str, db) -> GemmKernel | str:
     """The database's kernel for `problem`, or why there is none (a note for the report)."""
-    family = resolve_family(family, arch)
-    native = 90 if native_family(arch) == 90 and family == "auto" and not sm90_fallback_reason(problem) else 80
+    native = native_3x(problem, arch, family)
     m = problem.m if problem.m is not None else m_bucket(m_hint)
     key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue, problem.element_out))
     record, choice, note = _stage_record(db, key)
@@ -306,12 +322,7 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     heuristic = choose_kernel(dataclasses.replace(problem, m=m), epilogue, arch, m_hint, family).tile.describe()
     if record.candidates and heuristic not in record.candidates:
         return f"tuning record for M={m} N={problem.n} K={problem.k} never timed {heuristic}: heuristic (re-tune)"
-    candidates = (
-        candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
-        if native == 90
-        else candidate_tiles(problem.element_accumulator, problem.element_a)
-    )
-    for candidate in candidates:
+    for candidate in tiles_of_family(native)(problem.element_accumulator, problem.element_a):
         if candidate.describe() == choice[0]:
             note = "; ".join(filter(None, [family_note(arch), note]))
             return GemmKernel(problem, epilogue, candidate, arch=native, target=arch, selected_by="tuned", note=note)
