@@ -1,5 +1,6 @@
-"""SM90 (Hopper) kernels: CUTLASS 3.x TMA + wgmma warp-specialized GEMMs with the epilogue as an
-epilogue visitor tree (EVT), emitted from the same `Epilogue` record as the SM80 kernels.
+"""CUTLASS 3.x kernels: SM90 (Hopper) TMA + wgmma warp-specialized GEMMs with the epilogue as an
+epilogue visitor tree (EVT), emitted from the same `Epilogue` record as the SM80 kernels; the SM100
+family (sm100.py) is the same source with its own `CollectiveFamily`.
 
     D = post(act(acc + bias) + C)        (each step present only if the epilogue has it)
 
@@ -56,24 +57,24 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
     return _compute(post_activation.functor, out, [node])
 
 
+# The instance of a CUTLASS 3.x kernel (SM90 wgmma, SM100 tcgen05: `CollectiveFamily`).
 SM90_INSTANCE = Template("""\
-using TileShape = cute::Shape<cute::_${tm}, cute::_${tn}, cute::_${tk}>;
-using ClusterShape = cute::Shape<cute::_${cm}, cute::_${cn}, cute::_1>;
+${tile_shapes}using ClusterShape = cute::Shape<cute::_${cm}, cute::_${cn}, cute::_1>;
 using ElementC = ${element_c};
 using EpilogueTree = ${tree_type};
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::arch::${arch}, cutlass::arch::OpClassTensorOp, ${mma_tile}, ClusterShape,
     ${epilogue_tile}, ${element_acc}, float,
     ElementC, cutlass::layout::RowMajor, ${align_c},
     ${element_d}, cutlass::layout::RowMajor, ${align_d},
     ${epilogue_schedule}, EpilogueTree>::CollectiveOp;
 
 using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    cutlass::arch::${arch}, cutlass::arch::OpClassTensorOp,
     ${element_a}, cutlass::layout::RowMajor, ${align},
     ${element_b}, ${layout_b}, ${align},
-    ${element_acc}, TileShape, ClusterShape,
+    ${element_acc}, ${mma_tile}, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     ${kernel_schedule}>::CollectiveOp;
@@ -129,8 +130,8 @@ bool LaunchWithPdl() {
 }  // namespace
 """
 SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl())"
-# The switch and the launch go together: a kernel without the waits must never be launched early.
-PDL_PARTS = {"defines": SM90_DEFINES, "run": SM90_RUN}
+# The switch (CollectiveFamily.pdl_define) and the launch go together: a kernel without the waits
+# must never be launched early.
 # CUTLASS 4.2's stream-K scheduler does not compile with the switch (its const `is_last_tile`
 # passes a member to a non-const reference; fixed upstream after 4.2 by NVIDIA/cutlass PR 2686), so
 # stream-K and split-K kernels launch plainly.
@@ -177,15 +178,36 @@ SPLIT_K_ARGUMENTS = Template("""
   }""")
 
 
-def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
+@dataclass(frozen=True)
+class CollectiveFamily:
+    """What sets one CUTLASS 3.x kernel family's source apart: its arch tag, its schedules
+    (name -> kernel schedule, epilogue schedule), its programmatic-dependent-launch switch, and the
+    tile-shape declarations (the shape the collective builders take and, as `TileShape`, the one
+    CTA's tile the EVT's broadcasts are tiled by)."""
+
+    arch: str
+    schedules: dict[str, tuple[str, str]]
+    pdl_define: str
+    tile_shapes: object  # TileConfig -> (declarations, name of the builders' tile shape)
+
+
+def _sm90_tile_shapes(tile) -> tuple[str, str]:
+    return "using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n".format(*tile.threadblock), "TileShape"
+
+
+SM90 = CollectiveFamily("Sm90", SCHEDULES, SM90_DEFINES, _sm90_tile_shapes)
+
+
+def sm90_kernel_parts(kernel: GemmKernel, family: CollectiveFamily = SM90) -> dict[str, str]:
     """includes / instance / operation_type / arguments for templates.KERNEL_TU."""
     p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
     tree = epilogue_tree(kernel)
     out = CUTLASS_ELEMENT[p.element_out]
-    kernel_schedule, epilogue_schedule = SCHEDULES[t.schedule]
+    kernel_schedule, epilogue_schedule = family.schedules[t.schedule]
     out_alignment = 128 // DTYPE_BITS[p.element_out]
+    tile_shapes, mma_tile = family.tile_shapes(t)
     instance = SM90_INSTANCE.substitute(
-        tm=t.threadblock[0], tn=t.threadblock[1], tk=t.threadblock[2],
+        tile_shapes=tile_shapes, arch=family.arch, mma_tile=mma_tile,
         cm=t.cluster[0], cn=t.cluster[1],
         element_c=out if epi.residual else "void",
         tree_type=tree.type,
@@ -218,5 +240,5 @@ def sm90_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
         "instance": instance,
         "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
         "arguments": arguments,
-        **(PDL_PARTS if t.scheduler in PDL_SCHEDULERS else {}),
+        **({"defines": family.pdl_define, "run": SM90_RUN} if t.scheduler in PDL_SCHEDULERS else {}),
     }

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import functools
 import math
-from string import Template
 
 from ...arch import SM_COUNT
-from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS, Epilogue
-from .emit_sm90 import SM90_ARGUMENTS, SM90_INCLUDES, SM90_RUN, TILE_SCHEDULERS, epilogue_tree
+from ..epilogue import Epilogue
+from .emit_sm90 import CollectiveFamily, sm90_kernel_parts
 from .records import GemmKernel, GemmProblem, TileConfig
 
 SM100_SCHEDULES = {"TmaWarpSpecialized1SmSm100": "1sm", "TmaWarpSpecialized2SmSm100": "2sm"}
@@ -117,75 +116,26 @@ def choose_sm100(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     return GemmKernel(problem, epilogue, best, arch=100, target=arch, selected_by="heuristic", note=note)
 
 
-SM100_INSTANCE = Template("""\
-using MmaTileShape = cute::Shape<cute::_${mm}, cute::_${mn}, cute::_${mk}>;
-// One CTA's share of the MMA tile (half its M for a 2-SM MMA): what the EVT's broadcasts tile by.
-using TileShape = cute::Shape<cute::_${tm}, cute::_${tn}, cute::_${tk}>;
-using ClusterShape = cute::Shape<cute::_${cm}, cute::_${cn}, cute::_1>;
-using ElementC = ${element_c};
-using EpilogueTree = ${tree_type};
+def _sm100_tile_shapes(tile: TileConfig) -> tuple[str, str]:
+    mma, cta = tile.threadblock, cta_tile(tile)
+    return (
+        "using MmaTileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n".format(*mma)
+        + "// One CTA's share of the MMA tile (half its M for a 2-SM MMA): what the EVT's broadcasts tile by.\n"
+        + "using TileShape = cute::Shape<cute::_{}, cute::_{}, cute::_{}>;\n".format(*cta),
+        "MmaTileShape",
+    )
 
-using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, MmaTileShape, ClusterShape,
-    cutlass::epilogue::collective::EpilogueTileAuto, ${element_acc}, float,
-    ElementC, cutlass::layout::RowMajor, ${align_c},
-    ${element_d}, cutlass::layout::RowMajor, ${align_d},
-    ${epilogue_schedule}, EpilogueTree>::CollectiveOp;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-    cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp,
-    ${element_a}, cutlass::layout::RowMajor, ${align},
-    ${element_b}, ${layout_b}, ${align},
-    ${element_acc}, MmaTileShape, ClusterShape,
-    cutlass::gemm::collective::StageCountAutoCarveout<
-        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    ${kernel_schedule}>::CollectiveOp;
-
-// A struct local to this translation unit (see emit.py: CUTLASS keeps per-kernel state in
-// template statics).
-struct ${name}_kernel : cutlass::gemm::kernel::GemmUniversal<
-    cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, ${tile_scheduler}> {};
-""")
-
-# Programmatic dependent launch, as for SM90 (emit_sm90.py), under SM100's switch.
-SM100_DEFINES = "#define CUTLASS_ENABLE_GDC_FOR_SM100 1  // before any CUTLASS header: see emit_sm90.py\n"
+# Programmatic dependent launch as for SM90 (emit_sm90.py), under SM100's switch; stream-K kernels
+# launch plainly there too (emit_sm90.PDL_SCHEDULERS).
+SM100 = CollectiveFamily(
+    arch="Sm100",
+    schedules=SCHEDULES,
+    pdl_define="#define CUTLASS_ENABLE_GDC_FOR_SM100 1  // before any CUTLASS header: see emit_sm90.py\n",
+    tile_shapes=_sm100_tile_shapes,
+)
 
 
 def sm100_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
     """includes / instance / operation_type / arguments for templates.KERNEL_TU."""
-    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
-    tree = epilogue_tree(kernel)
-    out = CUTLASS_ELEMENT[p.element_out]
-    kernel_schedule, epilogue_schedule = SCHEDULES[t.schedule]
-    out_alignment = 128 // DTYPE_BITS[p.element_out]
-    cta = cta_tile(t)
-    instance = SM100_INSTANCE.substitute(
-        mm=t.threadblock[0], mn=t.threadblock[1], mk=t.threadblock[2],
-        tm=cta[0], tn=cta[1], tk=cta[2],
-        cm=t.cluster[0], cn=t.cluster[1],
-        element_c=out if epi.residual else "void",
-        tree_type=tree.type,
-        element_acc=CUTLASS_ELEMENT[p.element_accumulator],
-        align_c=out_alignment, element_d=out, align_d=out_alignment,
-        epilogue_schedule=epilogue_schedule,
-        element_a=CUTLASS_ELEMENT[p.element_a], element_b=CUTLASS_ELEMENT[p.element_b],
-        layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
-        align=p.alignment, kernel_schedule=kernel_schedule, name=kernel.name,
-        tile_scheduler=TILE_SCHEDULERS[t.scheduler],
-    )  # fmt: skip
-    arguments = SM90_ARGUMENTS.substitute(
-        element_a=CUTLASS_ELEMENT[p.element_a],
-        element_b=CUTLASS_ELEMENT[p.element_b],
-        element_d=out,
-        tree_args=tree.args,
-        c_ptr="p->residual" if epi.residual else "nullptr",
-    )
-    parts = {
-        "includes": SM90_INCLUDES,
-        "instance": instance,
-        "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
-        "arguments": arguments,
-    }
-    if t.scheduler == "default":  # stream-K launches plainly, as on SM90 (emit_sm90.PDL_SCHEDULERS)
-        parts |= {"defines": SM100_DEFINES, "run": SM90_RUN}
-    return parts
+    return sm90_kernel_parts(kernel, SM100)
