@@ -129,6 +129,7 @@ def conv2d_epilogue_model(
     stride: int = 1,
     padding: int | tuple[int, ...] = 1,
     dilation: int = 1,
+    groups: int = 1,
     bias: bool = True,
     activation: str | ActivationBuilder = "identity",
     residual: bool = False,
@@ -137,7 +138,8 @@ def conv2d_epilogue_model(
     dtype: str = "float16",
 ) -> tvm.IRModule:
     """main(x[, residual], w[, b]) = post(act(conv2d(x, w) + b) + residual), the way the PyTorch
-    frontend writes it: NCHW/OIHW by default, bias as a (1, K, 1, 1) broadcast add."""
+    frontend writes it: NCHW/OIHW by default (filters of C/groups channels), bias as a (1, K, 1, 1)
+    broadcast add."""
     r, s = (kernel, kernel) if isinstance(kernel, int) else kernel
     n_dim = tvm.tirx.Var(n, "int64") if isinstance(n, str) else n
     pads = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
@@ -145,7 +147,7 @@ def conv2d_epilogue_model(
     q = (w + pads[1 if len(pads) == 4 else 0] + pads[-1] - dilation * (s - 1) - 1) // stride + 1
     nchw = layout == "NCHW"
     x = relax.Var("x", relax.TensorType([n_dim, c, h, w] if nchw else [n_dim, h, w, c], dtype))
-    weight = relax.Var("w", relax.TensorType([k, c, r, s] if nchw else [k, r, s, c], dtype))
+    weight = relax.Var("w", relax.TensorType([k, c // groups, r, s] if nchw else [k, r, s, c // groups], dtype))
     params = [x]
     res = None
     if residual:
@@ -159,7 +161,7 @@ def conv2d_epilogue_model(
         with bb.dataflow():
             y = bb.emit(
                 nn.conv2d(
-                    x, weight, strides=stride, padding=padding, dilation=dilation,
+                    x, weight, strides=stride, padding=padding, dilation=dilation, groups=groups,
                     data_layout=layout, kernel_layout="OIHW" if nchw else "OHWI",
                 )
             )  # fmt: skip

@@ -23,8 +23,17 @@ def _torch():
     return torch
 
 
-def resnet50(num_classes: int = 1000, width: int = 64, blocks=(3, 4, 6, 3), seed: int = 0):
-    """A torchvision-style ResNet-50 (eval mode, random init with non-trivial batch-norm stats)."""
+def resnet50(
+    num_classes: int = 1000,
+    width: int = 64,
+    blocks=(3, 4, 6, 3),
+    seed: int = 0,
+    groups: int = 1,
+    width_per_group: int = 64,
+):
+    """A torchvision-style ResNet-50 (eval mode, random init with non-trivial batch-norm stats).
+    `groups` and `width_per_group` as torchvision's: groups=32, width_per_group=4 is ResNeXt-50
+    32x4d (each bottleneck's 3x3 conv grouped)."""
     torch = _torch()
     nn = torch.nn
 
@@ -34,11 +43,12 @@ def resnet50(num_classes: int = 1000, width: int = 64, blocks=(3, 4, 6, 3), seed
         def __init__(self, inplanes: int, planes: int, stride: int, downsample: bool):
             super().__init__()
             out = planes * self.expansion
-            self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(planes)
-            self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
-            self.bn2 = nn.BatchNorm2d(planes)
-            self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+            inner = planes * width_per_group // 64 * groups
+            self.conv1 = nn.Conv2d(inplanes, inner, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(inner)
+            self.conv2 = nn.Conv2d(inner, inner, 3, stride=stride, padding=1, groups=groups, bias=False)
+            self.bn2 = nn.BatchNorm2d(inner)
+            self.conv3 = nn.Conv2d(inner, out, 1, bias=False)
             self.bn3 = nn.BatchNorm2d(out)
             self.relu = nn.ReLU(inplace=True)
             self.downsample = (

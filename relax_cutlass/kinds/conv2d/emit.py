@@ -1,4 +1,5 @@
-"""C++ of the conv2d kind: cutlass_library's `EmitConv2dInstance` (`ImplicitGemmConvolution`), or
+"""C++ of the conv2d kind: cutlass_library's `EmitConv2dInstance` (`ImplicitGemmConvolution` over
+`DefaultConv2dFprop`, or `DefaultConv2dGroupFprop` for grouped convs), or
 `DefaultConv2dFpropWithBroadcast` for residual blocks, and a region's glue function."""
 
 from __future__ import annotations
@@ -25,13 +26,24 @@ CONV2D_INCLUDES = """\
 #include "cutlass/epilogue/thread/linear_combination_generic.h"
 #include "cutlass/epilogue/thread/linear_combination_residual_block.h"
 """
+GROUP_FPROP_INCLUDE = '#include "cutlass/conv/kernel/default_conv2d_group_fprop.h"\n'
+
+# cutlass_library's GroupMode member of each Conv2dKernel.group_mode
+_GROUP_MODES = {"none": "NoneGroup", "single": "SingleGroup", "multiple": "MultipleGroup"}
 
 
 def _conv2d_operation(kernel: Conv2dKernel):
     """The cutlass_library Conv2dOperation (fprop, NHWC) for `kernel`."""
     load_cutlass_library()
     from cutlass_library.conv2d_operation import Conv2dOperation
-    from cutlass_library.library import ConvKind, IteratorAlgorithm, LayoutType, StrideSupport, TensorDescription
+    from cutlass_library.library import (
+        ConvKind,
+        GroupMode,
+        IteratorAlgorithm,
+        LayoutType,
+        StrideSupport,
+        TensorDescription,
+    )  # fmt: skip
 
     p = kernel.problem
     tile, functor, swizzle = _sm80_description(kernel, p.element, p.element)
@@ -40,7 +52,7 @@ def _conv2d_operation(kernel: Conv2dKernel):
     return Conv2dOperation(
         ConvKind.Fprop, iterator, 80, tile, tensor, tensor, tensor, data_type("float32"),
         StrideSupport.Unity,  # fprop iterators support any stride; the flag only matters for dgrad
-        functor, swizzle,
+        functor, swizzle, group_mode=getattr(GroupMode, _GROUP_MODES[kernel.group_mode]),
     )  # fmt: skip
 
 
@@ -83,7 +95,7 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
     # A TU-local kernel type, for the reason given at RESIDUAL_INSTANCE.
     local = f"struct {kernel.name}_kernel : {base_name} {{}};\n"
     return {
-        "includes": CONV2D_INCLUDES,
+        "includes": CONV2D_INCLUDES + (GROUP_FPROP_INCLUDE if kernel.group_mode != "none" else ""),
         "instance": base + local,
         "operation_type": f"cutlass::conv::device::ImplicitGemmConvolution<{kernel.name}_kernel>",
         "arguments": arguments,
@@ -96,7 +108,8 @@ def conv2d_glue_function(region: Conv2dRegion) -> str:
     return CONV2D_GLUE_FUNCTION.substitute(
         checks=role_aliases(region) + tensor_checks(region, ("data", "weight", "out", "residual")),
         residual_ptr="Data(residual)" if "residual" in roles else "nullptr",
-        **conv_glue_values(region, k=p.k, weight_i=p.c, extra_checks=residual_checks(roles)),
+        groups=p.groups,
+        **conv_glue_values(region, k=p.k, weight_i=p.channels_per_group, extra_checks=residual_checks(roles)),
     )
 
 

@@ -1,5 +1,6 @@
 """The conv2d kind: NHWC x OHWI forward convolution (+ bias, activation, residual add(+relu)) as a
-CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU."""
+CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU; grouped convs
+(1 < groups, not depthwise: + bias, activation) as its grouped kernels (groups.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ..gemm.profile import candidate_label
 from ..region import mnk_report_line
 from .channels import pad_odd_input_channels
 from .emit import conv2d_glue_function, emit_conv2d_kernel
+from .groups import grouped_epilogue_problems
 from .patterns import (
     Conv2dPatternSpec,
     all_conv2d_specs,
@@ -21,12 +23,17 @@ from .patterns import (
 )
 from .profile import PROFILE_CONV2D, conv2d_candidates
 from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
-from .select import candidate_conv2d_tiles, choose_conv2d_kernel
+from .select import choose_conv2d_kernel, conv2d_tiles, splits_k
 from .templates import ARGS_TYPE, CONV2D_ARGS
 
 
 def _rules(spec, ann, out, _var2val) -> list[str]:
-    return conv2d_problems(ann["root"]) or epilogue_problems(spec, ann, out)
+    root = ann["root"]
+    return (
+        conv2d_problems(root)
+        or grouped_epilogue_problems(int(root.attrs.groups), spec.residual)
+        or epilogue_problems(spec, ann, out)
+    )
 
 
 def plan(problem: Conv2dProblem, spec, options, db) -> tuple[Conv2dKernel, dict]:
@@ -56,21 +63,22 @@ def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[Pr
 
 def _stage2_candidates(p: Conv2dProblem, epilogue: Epilogue, arch: int, _key, record) -> tuple:
     heuristic, split = choose_conv2d_kernel(p, epilogue, arch)
-    pool = candidate_conv2d_tiles(p.element_accumulator, p.element)
-    # Serial split-K keeps partial sums where the residual block epilogue reads its second
-    # operand: with a residual, a split tile is timed unsplit (choose_split_k).
-    return heuristic, split, [(t, 1 if epilogue.residual else s) for t, s in by_label(pool, record)]
+    # A split tile is timed unsplit where the epilogue (a residual) rules split-K out (splits_k).
+    ranked = by_label(conv2d_tiles(p, arch), record)
+    return heuristic, split, [(t, s if splits_k(p, epilogue) else 1) for t, s in ranked]
 
 
 def _job_fields(job: ProfileJob) -> dict:
     p = job.problem
-    return {"conv": [p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q, *p.pad, *p.stride, *p.dilation]}
+    return {"conv": [p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q, *p.pad, *p.stride, *p.dilation, p.groups]}
 
 
 def _report_line(r: dict) -> str:
     conv = r["conv"]
-    detail = f" {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} pad {conv['padding']}" + (
-        f" split-K {conv['split_k']}" if conv["split_k"] > 1 else ""
+    detail = (
+        f" {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} pad {conv['padding']}"
+        + (f" groups {conv['groups']}" if conv["groups"] > 1 else "")
+        + (f" split-K {conv['split_k']}" if conv["split_k"] > 1 else "")
     )
     return mnk_report_line(r, detail)
 

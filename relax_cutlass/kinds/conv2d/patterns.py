@@ -21,7 +21,9 @@ from ..epilogue_patterns import (
 )
 from ..ir import accumulator_for, is_depthwise, shape_of
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
+from .groups import grouped_conv_problems
 from .records import Conv2dProblem
+from .select import grouped_tile_widths
 
 
 @dataclass(frozen=True)
@@ -59,17 +61,12 @@ def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPatt
 
 
 def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
-    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel (empty when it can).
+    """Why this R.nn.conv2d cannot become a CUTLASS implicit-GEMM fprop kernel, ungrouped or grouped
+    (groups.py); empty when it can. Depthwise convs (groups == C == K) are the depthwise kind's.
 
     layout_skipped: why ConvertToNHWC left the conv's function in NCHW, if it did."""
     data, weight = conv.args
-    attrs = conv.attrs
     problems = [why] if (why := layout_problem(conv, layout_skipped)) else []
-    if int(attrs.groups) != 1:
-        problems.append(
-            f"groups={int(attrs.groups)}: grouped conv2d (1 < groups < C) is not offloaded yet, the conv "
-            "stays in TVM (depthwise convs, groups == C == K, are the depthwise kind's)"
-        )
     in_dtype = dtype_of(data)
     if in_dtype not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != in_dtype:
         problems.append(
@@ -87,10 +84,12 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
         return problems
     if problems:
         return problems
-    c, k = _static_int(dshape[3]), _static_int(wshape[0])
-    if _static_int(wshape[3]) != c:
-        problems.append(f"filter channels {wshape[3]} do not match the input's C={c}")
-    if c % 2 or k % 2:
+    c, k, groups = _static_int(dshape[3]), _static_int(wshape[0]), int(conv.attrs.groups)
+    if _static_int(wshape[3]) * groups != c:
+        problems.append(f"filter channels {wshape[3]} x groups {groups} do not match the input's C={c}")
+    if groups > 1:
+        problems += grouped_conv_problems(c, k, groups, grouped_tile_widths(in_dtype))
+    elif c % 2 or k % 2:
         problems.append(
             f"C={c} and K={k} must both be even (fp16 tensor-op kernels need at least 2-element aligned "
             "channels); an odd C (an RGB stem) is padded to 8 channels when the filter is a constant: bind the "
@@ -102,6 +101,7 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
 def read_problem(spec, ann, out_expr, _var2val, accumulator: str) -> Conv2dProblem:
     return Conv2dProblem(
         k=shape_of(ann["weight"])[0],
+        groups=int(ann["root"].attrs.groups),
         element_accumulator=accumulator_for(ann["root"], ann["data"], accumulator),
         **conv_geometry_of(ann),
     )

@@ -7,23 +7,24 @@ from string import Template
 
 from ..epilogue import Epilogue
 from ..gemm.records import TileConfig
-from ..gemm.select import _fitting, _rank_sm80, under_fills
+from ..gemm.select import under_fills
 from .records import Conv2dProblem
-from .select import candidate_conv2d_tiles, choose_conv2d_kernel, choose_split_k
+from .select import choose_conv2d_kernel, choose_split_k, ranked_conv2d_tiles, splits_k
 
 
 def conv2d_candidates(problem: Conv2dProblem, arch: int, limit: int) -> list[tuple[TileConfig, int]]:
     """The heuristic's (tile, split-K), other split-K counts for it when its tiles under-fill the
-    GPU, then the next-ranked tiles with their own split-K, up to `limit`."""
+    GPU (where the kernel may split: not grouped), then the next-ranked tiles with their own
+    split-K, up to `limit`."""
     gemm = problem.implicit_gemm()
     chosen, split = choose_conv2d_kernel(problem, Epilogue(), arch)
     candidates = [(chosen.tile, split)]
-    if under_fills(gemm.m, gemm.n, chosen.tile.threadblock, arch):
+    may_split = splits_k(problem, Epilogue())
+    if may_split and under_fills(gemm.m, gemm.n, chosen.tile.threadblock, arch):
         iterations = -(-gemm.k // chosen.tile.threadblock[2])
         candidates += [(chosen.tile, s) for s in (1, 2, 4, 8, 16) if s != split and iterations >= 4 * s]
-    tiles = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
-    for tile in sorted(tiles, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)):
-        candidates.append((tile, choose_split_k(gemm, tile, arch, Epilogue())))
+    for tile in ranked_conv2d_tiles(problem, arch):
+        candidates.append((tile, choose_split_k(gemm, tile, arch, Epilogue()) if may_split else 1))
     return list(dict.fromkeys(candidates))[:limit]
 
 
@@ -40,14 +41,14 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
   TRY(TensorArg(fn, ffi_args, 2, "bias", &bias));
   TRY(TensorArg(fn, ffi_args, 3, "residual", &residual));
   TRY(TensorArg(fn, ffi_args, 4, "d", &d));
-  // shape: n, h, w, c, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w
-  TRY(ShapeArg(fn, ffi_args, 5, "shape", 15, &shape));
+  // shape: n, h, w, c, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w, groups
+  TRY(ShapeArg(fn, ffi_args, 5, "shape", 16, &shape));
   TRY(IntArg(fn, ffi_args, 6, "split_k", &split_k));
   TRY(IntArg(fn, ffi_args, 7, "iterations", &iterations));
-  int v[15];
-  for (int i = 0; i < 15; ++i) v[i] = static_cast<int>(shape[i]);
+  int v[16];
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<int>(shape[i]);
   RelaxCutlassConv2dArgs args{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10],
-                              v[11], v[12], v[13], v[14], static_cast<int>(split_k),
+                              v[11], v[12], v[13], v[14], v[15], static_cast<int>(split_k),
                               Data(x), Data(w), ${bias}, ${residual}, const_cast<void*>(Data(d))};
   return TimeLaunches(d, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }

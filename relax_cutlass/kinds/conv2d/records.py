@@ -10,15 +10,18 @@ from ..epilogue import Epilogue, widest_vector
 from ..gemm.records import GemmProblem, TileConfig
 from ..nhwc import conv_geometry
 from ..region import Region
+from .groups import group_mode, grouped_kernel_problems, iterator_for
 
 
 @dataclass(frozen=True)
 class Conv2dProblem:
-    """An NHWC x OHWI -> NHWC forward convolution (groups == 1); the batch N may be unknown.
+    """An NHWC x OHWI -> NHWC forward convolution; the batch N may be unknown. With groups > 1 the
+    filter is (K, R, S, C/groups): output channel k reads only the C/groups input channels of its
+    group, k // (K/groups).
 
-    CUTLASS runs it as an implicit GEMM of M = N*P*Q, N = K, K = C*R*S. Padding is the top/left
-    padding: with the output size P, Q given explicitly, reads past the bottom/right edge are
-    zero-filled, so asymmetric padding needs no extra state.
+    CUTLASS runs it as an implicit GEMM of M = N*P*Q, N = K, K = (C/groups)*R*S. Padding is the
+    top/left padding: with the output size P, Q given explicitly, reads past the bottom/right edge
+    are zero-filled, so asymmetric padding needs no extra state.
     """
 
     n: int | None
@@ -35,15 +38,25 @@ class Conv2dProblem:
     dilation: tuple[int, int] = (1, 1)
     element: str = "float16"  # activations, filters and output
     element_accumulator: str = "float32"
+    groups: int = 1  # 1: every output channel reads every input channel
 
     @property
     def element_out(self) -> str:
         return self.element
 
     @property
+    def channels_per_group(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def k_per_group(self) -> int:
+        return self.k // self.groups
+
+    @property
     def alignment(self) -> int:
-        """Widest vector access (in elements) legal for activations (C) and output (K)."""
-        return widest_vector(self.c, self.k)
+        """Widest vector access (in elements) legal for activations and filters (read group by
+        group: C/groups) and output (K)."""
+        return widest_vector(self.channels_per_group, self.k)
 
     def implicit_gemm(self, n_hint: int = 1) -> GemmProblem:
         """The GEMM this convolution runs as (row-major activations x (K, CRS) filter)."""
@@ -51,7 +64,7 @@ class Conv2dProblem:
         return GemmProblem(
             m=batch * self.p * self.q,
             n=self.k,
-            k=self.c * self.r * self.s,
+            k=self.channels_per_group * self.r * self.s,
             b_transposed=True,
             element_a=self.element,
             element_b=self.element,
@@ -66,17 +79,35 @@ class Conv2dProblem:
 @dataclass(frozen=True)
 class Conv2dKernel:
     """One conv2d fprop kernel to instantiate. Like a GEMM kernel, it is shape-agnostic: only the
-    dtypes, alignment, epilogue, tile and iterator are compiled in; the problem size (and the
-    split-K slice count) arrive at run time."""
+    dtypes, alignment, epilogue, tile, group mode and iterator are compiled in; the problem size
+    (groups included, and the split-K slice count) arrives at run time.
+
+    The group mode and the iterator follow from the problem and the tile (groups.group_mode,
+    groups.iterator_for), so that a kernel record given another tile (the profiler's stage 2)
+    never compiles a mode its tile cannot run; a tile that fits no mode is refused here."""
 
     problem: Conv2dProblem
     epilogue: Epilogue
     tile: TileConfig
-    iterator: str = "optimized"  # cutlass::conv::IteratorAlgorithm: "optimized" | "analytic"
     arch: int = 80
     target: int = 80
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        p = self.problem
+        if reasons := grouped_kernel_problems(p.groups, p.k, self.tile.threadblock[1], self.epilogue.residual):
+            raise ValueError(f"no grouped conv2d kernel for {p} with tile {self.tile.describe()}: {'; '.join(reasons)}")
+
+    @property
+    def group_mode(self) -> str:
+        """cutlass::conv::GroupMode: "none" (groups == 1), "single" or "multiple"."""
+        return group_mode(self.problem.groups, self.problem.k, self.tile.threadblock[1])
+
+    @property
+    def iterator(self) -> str:
+        """cutlass::conv::IteratorAlgorithm: "optimized" | "analytic"."""
+        return iterator_for(self.group_mode, self.problem.r, self.problem.s)
 
     @property
     def name(self) -> str:
@@ -84,8 +115,9 @@ class Conv2dKernel:
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
         element = {"float16": "f16", "bfloat16": "bf16"}[p.element]
         epi = self.epilogue.describe().replace("+", "_")
+        groups = "" if self.group_mode == "none" else f"{self.group_mode}group_"
         return (
-            f"sm{self.arch}_conv2d_fprop_nhwc_{element}_{acc}_a{p.alignment}_{self.iterator}_"
+            f"sm{self.arch}_conv2d_fprop_nhwc_{element}_{acc}_a{p.alignment}_{self.iterator}_{groups}"
             f"{self.tile.describe()}_{epi}"
         )
 
@@ -105,18 +137,19 @@ class Conv2dRegion(Region):
         return self._row(
             "conv2d",
             [gemm.m if p.n is not None else "dynamic", gemm.n, gemm.k],
-            {"conv": conv_geometry(p, self.split_k)},
+            {"conv": conv_geometry(p, self.split_k) | {"groups": p.groups}},
         )
 
 
 def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
-    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family)."""
+    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family). The group
+    count ends the geometry of grouped convs only, so ungrouped ones keep their records' keys."""
     p = problem
     return TuningKey(
         arch=arch,
         op="conv2d",
         shape=(p.n, p.h, p.w, p.c, p.k, p.r, p.s, p.p, p.q),
-        geometry=(*p.pad, *p.stride, *p.dilation),
+        geometry=(*p.pad, *p.stride, *p.dilation, *((p.groups,) if p.groups > 1 else ())),
         layout="nhwc",
         element=p.element,
         element_out=p.element,

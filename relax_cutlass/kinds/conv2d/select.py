@@ -1,5 +1,6 @@
-"""conv2d kernel choice: SM80 implicit-GEMM candidates, the wave-model heuristic of the implicit GEMM,
-serial split-K for outputs that cannot fill the GPU, tuned choices."""
+"""conv2d kernel choice: SM80 implicit-GEMM candidates (grouped convs: those of the group mode each
+tile width puts them in), the wave-model heuristic of the implicit GEMM, serial split-K for outputs
+that cannot fill the GPU, tuned choices."""
 
 from __future__ import annotations
 
@@ -20,29 +21,100 @@ from ..gemm.select import (
     _sm80_tile,
     _stable,
     _stage_record,
+    estimate_cost,
     output_tiles,
     under_fills,
 )
+from .groups import group_mode
 from .records import Conv2dKernel, Conv2dProblem, conv2d_key
+
+# cutlass_library's (GroupMode, IteratorAlgorithm) member names of each group mode's generated kernels:
+# kMultipleGroup has only analytic iterators.
+_GENERATED_MODES = {
+    "none": ("NoneGroup", "Optimized"),
+    "single": ("SingleGroup", "Optimized"),
+    "multiple": ("MultipleGroup", "Analytic"),
+}
 
 
 @functools.cache
-def candidate_conv2d_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
-    """Distinct tiles of the SM80 conv2d fprop kernels (optimized iterators, no groups) that
-    `GenerateSM80_TensorOp_16816` emits for these input/accumulator types."""
+def candidate_conv2d_tiles(accumulator: str, element: str = "float16", mode: str = "none") -> tuple[TileConfig, ...]:
+    """Distinct tiles of the SM80 conv2d fprop kernels of group mode `mode` ("none": ungrouped,
+    "single", "multiple") that `GenerateSM80_TensorOp_16816` emits for these input/accumulator types."""
     from cutlass_library.library import ConvKind, GroupMode, IteratorAlgorithm, OperationKind
 
+    generated_mode, iterator = _GENERATED_MODES[mode]
     tiles = {
         _sm80_tile(op, swizzle=4): None  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
         for op in _generated("GenerateSM80_TensorOp_16816")
         if op.operation_kind == OperationKind.Conv2d
         and op.conv_kind == ConvKind.Fprop
-        and op.iterator_algorithm == IteratorAlgorithm.Optimized
-        and op.group_mode == GroupMode.NoneGroup
+        and op.iterator_algorithm == getattr(IteratorAlgorithm, iterator)
+        and op.group_mode == getattr(GroupMode, generated_mode)
         and op.A.element == data_type(element)
         and op.accumulator_type() == data_type(accumulator)
     }
     return _stable(tiles)
+
+
+def grouped_tile_widths(element: str) -> set[int]:
+    """The CTA tile widths (N) of the grouped kernels cutlass_library generates for `element`."""
+    modes = ("single", "multiple")
+    return {t.threadblock[1] for mode in modes for t in candidate_conv2d_tiles("float32", element, mode)}
+
+
+def conv2d_tiles(problem: Conv2dProblem, arch: int) -> list[TileConfig]:
+    """The candidate tiles that can run `problem` and fit `arch`'s shared memory: the ungrouped
+    kernels' tiles, or for a grouped conv those of each group mode whose width puts it in that mode
+    (groups.group_mode)."""
+    acc, element = problem.element_accumulator, problem.element
+    if problem.groups == 1:
+        tiles = candidate_conv2d_tiles(acc, element)
+    else:
+        tiles = _stable(
+            t
+            for mode in ("single", "multiple")
+            for t in candidate_conv2d_tiles(acc, element, mode)
+            if group_mode(problem.groups, problem.k, t.threadblock[1]) == mode
+        )
+    return _fitting(tiles, arch, problem)
+
+
+def grouped_main_loop(problem: Conv2dProblem, tile: TileConfig) -> int:
+    """Reduction elements one CTA of a grouped conv runs through: R*S filter positions of C/groups
+    channels rounded up to the K tile, once per group the CTA spans (K/groups of its N columns hold
+    each group's outputs: the rest of the MMA is spent on zeros)."""
+    _, bn, bk = tile.threadblock
+    groups_per_cta = max(1, bn // problem.k_per_group)
+    return problem.r * problem.s * math.ceil(problem.channels_per_group / bk) * bk * groups_per_cta
+
+
+def rank_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, n_hint: int = 1):
+    """The heuristic's sort key of `tile` for `problem` (lower is better).
+
+    Ungrouped: the SM80 wave model of the implicit GEMM (gemm.select), whose per-CTA main loop is
+    the same for every tile. Grouped: that model times the main loop one CTA runs
+    (`grouped_main_loop`), which depends on the tile: a kMultipleGroup CTA repeats its loop for every
+    group it spans and a K tile wider than C/groups reads zeros, so narrow and shallow tiles win
+    there (ResNeXt's 4 channels per group: a 64-wide tile spans 16 groups, a 128-wide one 32); ties
+    go to more stages, then the taller tile."""
+    gemm = problem.implicit_gemm(n_hint)
+    if problem.groups == 1:
+        return _rank_sm80(gemm, tile, arch, gemm.m)
+    cost = estimate_cost(gemm, tile, arch, gemm.m) * grouped_main_loop(problem, tile)
+    return (cost, -tile.stages, -tile.threadblock[0], tile.describe())
+
+
+def ranked_conv2d_tiles(problem: Conv2dProblem, arch: int, n_hint: int = 1) -> list[TileConfig]:
+    """`conv2d_tiles`, best first by `rank_conv2d_tile`."""
+    return sorted(conv2d_tiles(problem, arch), key=lambda t: rank_conv2d_tile(problem, t, arch, n_hint))
+
+
+def splits_k(problem: Conv2dProblem, epilogue: Epilogue) -> bool:
+    """Whether the kernel may take serial split-K: not with a residual (the residual block epilogue
+    reads its second operand where split-K keeps the partial sums) and not grouped (CUTLASS's grouped
+    kernels refuse split-K)."""
+    return not epilogue.residual and problem.groups == 1
 
 
 MAX_SPLIT_K = 16
@@ -79,7 +151,8 @@ def choose_conv2d_kernel(
     db=None,
 ) -> tuple[Conv2dKernel, int]:
     """-> (kernel, split-K slices): the tuning database's measured choice when it has one for this
-    (static-batch) problem, else the SM80 implicit-GEMM fprop kernel the wave model ranks best.
+    (static-batch) problem, else the SM80 implicit-GEMM fprop kernel `rank_conv2d_tile` ranks best
+    (for a grouped conv, the group mode follows from that tile: groups.group_mode).
 
     SM90 targets run these CUTLASS 2.x kernels too (the kernel's note says so): relax_cutlass does
     not instantiate CUTLASS 3.x convolutions yet.
@@ -87,7 +160,7 @@ def choose_conv2d_kernel(
     resolve_family(family, arch)  # conv2d has one kernel family so far; a wrong option still fails
     note = "SM80 implicit-GEMM conv kernel (no CUTLASS 3.x conv yet)" if arch == 90 else family_note(arch, 80)
     gemm = problem.implicit_gemm(n_hint)
-    legal = _fitting(candidate_conv2d_tiles(problem.element_accumulator, problem.element), arch, problem)
+    legal = ranked_conv2d_tiles(problem, arch, n_hint)
     if db is not None and not tile:
         record, choice, tuned_note = (
             _stage_record(
@@ -97,7 +170,7 @@ def choose_conv2d_kernel(
             else (None, None, "")
         )
         match = next((t for t in legal if choice is not None and t.describe() == choice[0]), None)
-        if match is not None and not (epilogue.residual and choice[1] > 1):
+        if match is not None and (choice[1] == 1 or splits_k(problem, epilogue)):
             note = "; ".join(filter(None, [note, tuned_note]))
             kernel = Conv2dKernel(problem, epilogue, match, arch=80, target=arch, selected_by="tuned", note=note)
             return kernel, choice[1]
@@ -107,6 +180,6 @@ def choose_conv2d_kernel(
         pinned = _pinned(gemm, epilogue, arch, 80, legal, tile, note)
         chosen, selected_by = pinned.tile, "pinned"
     else:
-        chosen, selected_by = min(legal, key=lambda t: _rank_sm80(gemm, t, arch, gemm.m)), "heuristic"
+        chosen, selected_by = legal[0], "heuristic"
     kernel = Conv2dKernel(problem, epilogue, chosen, arch=80, target=arch, selected_by=selected_by, note=note)
-    return kernel, choose_split_k(gemm, chosen, arch, epilogue)
+    return kernel, choose_split_k(gemm, chosen, arch, epilogue) if splits_k(problem, epilogue) else 1

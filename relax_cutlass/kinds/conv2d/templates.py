@@ -9,14 +9,15 @@ from ..nhwc import NHWC_CONV_CHECKS
 
 ARGS_TYPE = "RelaxCutlassConv2dArgs"
 
-# The same ABI for conv2d fprop kernels: NHWC activations, OHWI (KRSC) filters, NHWC output.
+# The same ABI for conv2d fprop kernels: NHWC activations, OHWI (K, R, S, C/groups) filters, NHWC output.
 CONV2D_ARGS = """\
 struct RelaxCutlassConv2dArgs {
   int n, h, w, c, k, r, s, p, q;
   int pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w;
+  int groups;                            // 1: ungrouped; else C/groups and K/groups channels per group
   int split_k;                           // serial split-K slices (1: none)
   const void* data;
-  const void* weight;
+  const void* weight;                    // (K, R, S, C/groups)
   const void* bias;                      // per-channel vector of K elements, or nullptr
   const void* residual;                  // (N, P, Q, K) tensor, or nullptr
   void* out;
@@ -29,7 +30,8 @@ _CONV2D_SETUP = """\
 using Layout = cutlass::layout::TensorNHWC;
   cutlass::conv::Conv2dProblemSize problem(
       p->n, p->h, p->w, p->c, p->k, p->r, p->s, p->p, p->q, p->pad_h, p->pad_w, p->stride_h,
-      p->stride_w, p->dilation_h, p->dilation_w, cutlass::conv::Mode::kCrossCorrelation, p->split_k);
+      p->stride_w, p->dilation_h, p->dilation_w, cutlass::conv::Mode::kCrossCorrelation, p->split_k,
+      p->groups);
   using ElementA = typename Gemm::ElementA;
   using ElementB = typename Gemm::ElementB;
   using ElementC = typename Gemm::ElementC;
@@ -39,7 +41,7 @@ using Layout = cutlass::layout::TensorNHWC;
       {static_cast<ElementA*>(const_cast<void*>(p->data)),
        Layout::packed(cutlass::make_Coord(p->n, p->h, p->w, p->c))},
       {static_cast<ElementB*>(const_cast<void*>(p->weight)),
-       Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c))},
+       Layout::packed(cutlass::make_Coord(p->k, p->r, p->s, p->c / p->groups))},
 """
 
 
@@ -74,7 +76,7 @@ CONV2D_GLUE_FUNCTION = Template(
     + NHWC_CONV_CHECKS
     + """\
   RelaxCutlassConv2dArgs args{static_cast<int>(n), $h, $w, $c, $k, $r, $s, $p, $q,
-                              $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $split_k,
+                              $pad_h, $pad_w, $stride_h, $stride_w, $dilation_h, $dilation_w, $groups, $split_k,
                               Data(data), Data(weight), $bias_ptr, $residual_ptr,
                               const_cast<void*>(Data(out))};
 """
