@@ -15,7 +15,7 @@
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite build),
 # MAIN_JOB=0, GPU_TESTS (pytest paths), PROBE (arguments of scripts/precision_probe.py, run beside
-# the build).
+# the build), SASS_TABLE=0 (no scripts/sass_table.py beside the build).
 # Logs and JSON go to $OUT (default build/session); a short table is printed last.
 #
 # A call ends after 10 minutes and kills what it started, so long stages can run detached:
@@ -67,12 +67,15 @@ run_build() {
     suite=$!
   fi
   [[ -n ${PROBE:-} ]] && { python3 scripts/precision_probe.py $PROBE > "$out/probe.log" 2>&1 & }
+  # every arch spelling's kernels built and their SASS read (no GPU needed; nvcc on this host's cores)
+  [[ ${SASS_TABLE:-1} == 1 ]] && { python3 scripts/sass_table.py --json "$out/sass.json" > "$out/sass.log" 2>&1 & }
   python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
     --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
   if [[ -n $suite ]]; then wait $suite && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
   wait
   cat build/zoo/*.build.log > "$out/zoo-build-models.log" 2>/dev/null
   grep "^=== build" "$out/zoo-build.log"
+  [[ -f $out/sass.log ]] && { tail -n 25 "$out/sass.log"; summary+=("sass table: $(tail -1 "$out/sass.log")"); }
   summary+=("build stage: $((SECONDS - t0)) s")
 }
 
@@ -82,7 +85,7 @@ run_check() {
     python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
   fi
   tail -5 "$out/main-job.log"
-  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py tests/test_gpu_grouped.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")
