@@ -40,15 +40,17 @@ def cuda_target() -> tvm.target.Target:
     return tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}{'a' if sm == 90 else ''}"}, host="llvm")
 
 
-def emit_conv(bb, x, case, rng):
+def emit_conv(bb, x, case, rng, filter_param=None):
     """Emit `case`'s conv (NHWC/OHWI, "same" padding) [+ bias] [-> activation] on `x`, with random
-    fp16 weights; -> (output, filter, bias)."""
+    fp16 weights (the filter bound, or `filter_param` where given: a filter passed at run time);
+    -> (output, filter, bias)."""
     _, _, c, k, groups, r, stride, dilation, bias, activation = case
     w = (rng.uniform(-1, 1, (k, r, r, c // groups)) / np.sqrt(r * r * c // groups)).astype("float16")
     b = rng.uniform(-1, 1, (k,)).astype("float16")
     y = bb.emit(
         relax.op.nn.conv2d(
-            x, relax.const(w), strides=stride, padding=dilation * (r // 2), dilation=dilation, groups=groups,
+            x, relax.const(w) if filter_param is None else filter_param, strides=stride,
+            padding=dilation * (r // 2), dilation=dilation, groups=groups,
             data_layout="NHWC", kernel_layout="OHWI", out_dtype="float16",
         )
     )  # fmt: skip
@@ -70,24 +72,30 @@ def torch_reference(data: np.ndarray, w: np.ndarray, b: np.ndarray, case) -> np.
     return ACTIVATIONS[activation][1](t).permute(0, 2, 3, 1).numpy()
 
 
-def module_and_references(cases, seed: int = 0):
-    """One module computing every case on its own input: (module, inputs, torch float64 outputs)."""
+def module_and_references(cases, seed: int = 0, runtime_filters: bool = False):
+    """One module computing every case on its own input: (module, inputs, torch float64 outputs).
+    With `runtime_filters` the filters are parameters too (after the inputs), as an unbound model's."""
     rng = np.random.default_rng(seed)
     bb = relax.BlockBuilder()
-    params, inputs, expected = [], [], []
+    params, inputs, expected, filters = [], [], [], []
     for i, (n, hw, c, *_) in enumerate(cases):
         params.append(relax.Var(f"x{i}", relax.TensorType((n, hw, hw, c), "float16")))
         inputs.append(rng.uniform(-1, 1, (n, hw, hw, c)).astype("float16"))
-    with bb.function("main", params):
+    filter_params = [
+        relax.Var(f"w{i}", relax.TensorType((k, r, r, c // groups), "float16"))
+        for i, (_, _, c, k, groups, r, *_) in enumerate(cases)
+    ]
+    with bb.function("main", params + (filter_params if runtime_filters else [])):
         with bb.dataflow():
             outs = []
-            for x, case, data in zip(params, cases, inputs, strict=True):
-                y, w, b = emit_conv(bb, x, case, rng)
+            for i, (x, case, data) in enumerate(zip(params, cases, inputs, strict=True)):
+                y, w, b = emit_conv(bb, x, case, rng, filter_params[i] if runtime_filters else None)
                 outs.append(y)
+                filters.append(w)
                 expected.append(torch_reference(data, w, b, case))
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
-    return bb.get(), inputs, expected
+    return bb.get(), inputs + (filters if runtime_filters else []), expected
 
 
 def relative_error(got, want: np.ndarray) -> float:

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.gpu
 import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 
 import relax_cutlass  # noqa: E402
+from relax_cutlass.kinds.conv2d.supergroups import super_group_size  # noqa: E402
 
 # (N, H=W, C, K, groups, R, stride, dilation, bias, activation)
 CASES = [
@@ -49,21 +50,34 @@ def test_grouped_kernels_match_torch_float64():
     offloaded = relax_cutlass.offload_pipeline("auto")(mod)
     report = relax_cutlass.offload_report(offloaded)
     assert len(report.offloaded) == len(CASES) and not report.left_in_tvm, str(report)
-    # Fewer than 64 output channels per group (every CTA tile is 64, 128 or 256 wide): several
-    # groups per CTA; both modes run.
+    # Bound filters with fewer than 64 output channels per group are merged into super-groups of
+    # 64 (block-diagonal filters, supergroups.py), which run on the single-group kernels.
     rows = {(*r["shapes"]["data"], r["shapes"]["weight"][0]): r for r in report.offloaded}
     for n, hw, c, k, groups, *_ in CASES:
         row = rows[(n, hw, hw, c, k)]
-        assert row["conv"]["groups"] == groups and (k // groups >= 64 or "_multiplegroup_" in row["kernel"]), row
+        merged = groups // super_group_size(groups, k)
+        assert row["conv"]["groups"] == merged and "_multiplegroup_" not in row["kernel"], row
     assert any("_singlegroup_" in r["kernel"] for r in report.offloaded), str(report)
     gpu_convs.assert_outputs_match(offloaded, CASES, inputs, expected)
 
 
+def test_multiple_group_kernels_with_filters_given_at_run_time():
+    """Filters passed at run time keep their groups: narrow ones run on the kMultipleGroup kernels
+    (ResNeXt's 4 and 32 per group, 2 per group, 48 input channels per group)."""
+    cases = [case for case in CASES if case[3] // case[4] < 64]
+    mod, inputs, expected = gpu_convs.module_and_references(cases, runtime_filters=True)
+    offloaded = relax_cutlass.offload_pipeline("auto")(mod)
+    report = relax_cutlass.offload_report(offloaded)
+    assert len(report.offloaded) == len(cases) and not report.left_in_tvm, str(report)
+    assert all("_multiplegroup_" in r["kernel"] for r in report.offloaded), str(report)
+    gpu_convs.assert_outputs_match(offloaded, cases, inputs, expected)
+
+
 def test_symbolic_batch_grouped_conv():
-    """ResNeXt's stage-1 conv (4 channels per group) with a symbolic batch: one library at batch 3
-    and at batch 32."""
+    """ResNeXt's stage-1 conv (4 channels per group: two super-groups of 64) with a symbolic batch:
+    one library at batch 3 and at batch 32."""
     mod, sample = gpu_convs.symbolic_batch_module((None, 56, 128, 128, 32, 3, 1, 1, True, "relu"))
     offloaded = relax_cutlass.offload_pipeline("auto")(mod)
     (row,) = relax_cutlass.offload_report(offloaded).offloaded
-    assert row["mnk"][0] == "dynamic" and "_multiplegroup_" in row["kernel"]
+    assert row["mnk"][0] == "dynamic" and row["conv"]["groups"] == 2 and "_singlegroup_" in row["kernel"]
     gpu_convs.assert_symbolic_batch_runs(offloaded, sample)

@@ -1,5 +1,6 @@
 """Grouped conv2d (1 < groups, not depthwise) in the conv2d kind: CUTLASS's grouped fprop kernels
-(kSingleGroup / kMultipleGroup). Legality and the reasons of what stays in TVM, the kernel choice
+(kSingleGroup / kMultipleGroup), and narrow groups with bound filters merged into 64-channel
+super-groups (supergroups.py). Legality and the reasons of what stays in TVM, the kernel choice
 for ResNeXt-50's convs, semantics on the CPU (regions served by their llvm-built composites), the
 numpy reference, the C++ and the profiler's plan; and real nvcc builds of one kernel per mode."""
 
@@ -13,6 +14,7 @@ import relax_cutlass
 from relax_cutlass.kinds.conv2d.groups import group_mode, grouped_conv_problems, iterator_for
 from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv2d_key
 from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel, conv2d_tiles, grouped_tile_widths
+from relax_cutlass.kinds.conv2d.supergroups import block_diagonal, super_group_size
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
 
@@ -93,22 +95,29 @@ def test_a_kernel_record_refuses_what_its_tile_cannot_run():
 
 
 @pytest.mark.parametrize(
-    "c,k,groups,reason",
+    "c,k,groups,reason,merged_groups",
     [
-        (32, 48, 2, "K/groups=24 output channels per group"),  # 24 neither divides nor is a multiple of 64
-        (24, 24, 8, "C/groups=3 input channels per group"),
-        (32, 64, 32, "C/groups=1 input channels per group"),  # a depthwise multiplier of 2
-        (16, 18, 2, "K/groups=9 output channels per group"),
-        (18, 9, 3, "K=9 must both be even"),  # 3 per group fit no tile either
+        (32, 48, 2, "K/groups=24 output channels per group", 1),  # 24 neither divides nor is a multiple of 64
+        (24, 24, 8, "C/groups=3 input channels per group", 1),
+        (32, 64, 32, "C/groups=1 input channels per group", 1),  # a depthwise multiplier of 2
+        (16, 18, 2, "K/groups=9 output channels per group", 1),
+        (18, 9, 3, "K=9 must both be even", None),  # 3 per group fit no tile either
     ],
 )
-def test_grouped_convs_the_kernels_cannot_run_stay_in_tvm_with_the_reason(c, k, groups, reason):
+def test_grouped_convs_the_kernels_cannot_run_stay_in_tvm_with_the_reason(c, k, groups, reason, merged_groups):
+    """With the filter given at run time, the grouped kernels' rules decide; a bound filter is
+    merged into super-groups first (here all groups: a dense block-diagonal conv, which takes even
+    channel counts of any width), so only an odd K keeps the conv in TVM then."""
     mod = conv2d_epilogue_model(2, 8, 8, c, k, groups=groups, activation="relu")
-    partitioned, _ = offload_for_cpu(_bound(mod))
+    partitioned, _ = offload_for_cpu(mod)
     report = relax_cutlass.offload_report(partitioned)
     assert not report.offloaded
     (row,) = report.left_in_tvm
     assert row["op"] == "conv2d" and any(reason in r for r in row["reasons"]), row
+    bound = _bound(mod)
+    _, _, rewritten = compare_on_cpu(bound, random_inputs(bound))
+    report = relax_cutlass.offload_report(rewritten)
+    assert [r["conv"]["groups"] for r in report.offloaded] == ([] if merged_groups is None else [merged_groups])
 
 
 def test_rules_relax_enforces_before_them_still_hold():
@@ -130,42 +139,75 @@ def test_rules_relax_enforces_before_them_still_hold():
     ],
     ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()),
 )
-def test_grouped_convs_match_the_original(case):
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "runtime_filter"])
+def test_grouped_convs_match_the_original(case, bound):
+    """Bound filters of narrow groups are merged into 64-channel super-groups (block-diagonal);
+    filters given at run time keep their groups (kMultipleGroup kernels where groups are narrow)."""
     case = dict(case)
     hw = case.pop("hw", 9)
-    mod = _bound(conv2d_epilogue_model(2, hw, hw + 1, case.pop("c"), case.pop("k"), **case))
+    c, k = case.pop("c"), case.pop("k")
+    mod = conv2d_epilogue_model(2, hw, hw + 1, c, k, **case)
+    mod = _bound(mod) if bound else mod
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     report = relax_cutlass.offload_report(rewritten)
     (row,) = report.offloaded
-    assert row["op"] == "conv2d" and row["conv"]["groups"] == case["groups"] and not report.left_in_tvm
-    assert row["conv"]["split_k"] == 1 and "group_" in row["kernel"]
-    assert f"groups {case['groups']}" in str(report)
+    groups = case["groups"] // super_group_size(case["groups"], k) if bound else case["groups"]
+    assert row["op"] == "conv2d" and row["conv"]["groups"] == groups and not report.left_in_tvm
+    assert ("group_" in row["kernel"]) == (groups > 1)
+    if bound:
+        assert "multiplegroup" not in row["kernel"]  # a super-group fills whole 64-wide tiles
+    if groups > 1:
+        assert row["conv"]["split_k"] == 1 and f"groups {groups}" in str(report)
+
+
+def test_super_groups():
+    # (groups, K) -> groups merged: 64 channels at least, whole tiles, or all of them
+    assert [super_group_size(32, k) for k in (128, 256, 512, 1024, 2048)] == [16, 8, 4, 2, 1]
+    assert super_group_size(2, 96) == 2  # 48 per group: 4 groups would make 192, not a divisor of 2
+    assert super_group_size(8, 192) == 8 and super_group_size(16, 384) == 8  # 24 per group: 8 -> 192
+    rng = np.random.default_rng(0)
+    filters = rng.uniform(-1, 1, (16, 3, 3, 2)).astype("float16")  # 8 groups of 2 -> 2 groups of 4
+    merged = block_diagonal(filters, 8, 4)
+    assert merged.shape == (16, 3, 3, 8)
+    for out in range(16):
+        group = out // 2
+        place = group % 4
+        assert (merged[out, :, :, 2 * place : 2 * place + 2] == filters[out]).all()
+        assert np.count_nonzero(np.delete(merged[out], np.s_[2 * place : 2 * place + 2], axis=-1)) == 0
 
 
 def test_symbolic_batch_grouped_conv_matches_for_several_batches():
-    mod = _bound(conv2d_epilogue_model("n", 8, 8, 64, 64, groups=16, activation="relu"))
+    """A run-time filter keeps the groups: ResNeXt's 4 per group on the kMultipleGroup kernels."""
+    mod = conv2d_epilogue_model("n", 8, 8, 64, 64, groups=16, activation="relu")
     for n in (1, 3):
         _, _, rewritten = compare_on_cpu(mod, random_inputs(mod, n=n))
     (row,) = relax_cutlass.offload_report(rewritten).offloaded
     assert row["mnk"] == ["dynamic", 64, 4 * 9] and "multiplegroup" in row["kernel"]
+    bound = _bound(mod)
+    _, _, rewritten = compare_on_cpu(bound, random_inputs(bound, n=2))
+    (row,) = relax_cutlass.offload_report(rewritten).offloaded
+    assert row["mnk"] == ["dynamic", 64, 64 * 9] and row["conv"]["groups"] == 1  # 16 groups of 4: one dense conv
 
 
 def test_a_residual_after_a_grouped_conv_stays_in_tvm_and_the_conv_is_offloaded():
     """No grouped kernel fuses a residual: the conv + bias + relu is offloaded, the add stays."""
-    mod = _bound(conv2d_epilogue_model(2, 8, 8, 64, 64, groups=8, activation="relu", residual=True))
-    _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
-    report = relax_cutlass.offload_report(rewritten)
-    (row,) = report.offloaded
-    assert row["epilogue"] == "bias+relu" and not report.left_in_tvm
-    (refused,) = report.not_fused
-    assert "no grouped fprop kernel with the residual-block epilogue" in refused["refused"][0]["reasons"][0]
+    mod = conv2d_epilogue_model(2, 8, 8, 128, 128, groups=8, activation="relu", residual=True)
+    for bound in (False, True):  # 16 per group; bound: 2 super-groups of 64, still grouped
+        case = _bound(mod) if bound else mod
+        _, _, rewritten = compare_on_cpu(case, random_inputs(case))
+        report = relax_cutlass.offload_report(rewritten)
+        (row,) = report.offloaded
+        assert row["epilogue"] == "bias+relu" and not report.left_in_tvm
+        assert row["conv"]["groups"] == (2 if bound else 8)
+        (refused,) = report.not_fused
+        assert "no grouped fprop kernel with the residual-block epilogue" in refused["refused"][0]["reasons"][0]
 
 
 def test_resnext_from_torch_offloads_every_conv():
     """ResNeXt-50 32x4d with one bottleneck per stage, written in PyTorch (the builder is
     torchvision's resnext50_32x4d: same parameter count) through torch.export: batch norm folded,
     NHWC, and all 4 grouped convs (4, 8, 16, 32 channels per group; strides 1, 2, 2, 2) offloaded with
-    their bias + relu, next to the 13 ungrouped convs and the classifier."""
+    their bias + relu, as 64-channel super-groups, next to the 13 ungrouped convs and the classifier."""
     torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
     from relax_cutlass.models import bind_float16
 
@@ -181,7 +223,9 @@ def test_resnext_from_torch_offloads_every_conv():
     grouped = [r for r in report.offloaded if r["op"] == "conv2d" and r["conv"]["groups"] > 1]
     assert [r["shapes"]["data"][-1] for r in grouped] == [128, 256, 512, 1024]
     assert [r["conv"]["stride"] for r in grouped] == [[1, 1], [2, 2], [2, 2], [2, 2]]
-    assert all(r["epilogue"] == "bias+relu" and "multiplegroup" in r["kernel"] for r in grouped)
+    # 4, 8, 16, 32 per group: super-groups of 64 channels, on the single-group kernels
+    assert [r["conv"]["groups"] for r in grouped] == [2, 4, 8, 16]
+    assert all(r["epilogue"] == "bias+relu" and "singlegroup" in r["kernel"] for r in grouped)
     assert sum(r["op"] == "conv2d" for r in report.offloaded) == 17
     assert not report.left_in_tvm and report.offloaded_flop_fraction == 1
 
@@ -230,7 +274,8 @@ def test_grouped_kernel_and_glue_sources():
     C/groups channels and passes the group count, never a split-K."""
     from relax_cutlass.stages.emit import emit_glue, emit_kernel
 
-    region = _region(_bound(conv2d_epilogue_model(2, 8, 8, 64, 64, groups=16, activation="relu", layout="NHWC")))
+    # the filter given at run time: a bound one would be merged into one dense conv (supergroups.py)
+    region = _region(conv2d_epilogue_model(2, 8, 8, 64, 64, groups=16, activation="relu", layout="NHWC"))
     source = emit_kernel(region.kernel)
     assert source.family == "sm80"  # the SASS guard expects HMMA
     text = source.text

@@ -24,6 +24,7 @@ from .patterns import (
 from .profile import PROFILE_CONV2D, conv2d_candidates
 from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
 from .select import choose_conv2d_kernel, conv2d_tiles, splits_k
+from .supergroups import merge_narrow_groups
 from .templates import ARGS_TYPE, CONV2D_ARGS
 
 
@@ -112,5 +113,5 @@ KIND = RegionKind(
     flops_name="conv2d",
     left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
     # after the shared canonicalizations, so that the conv is the 16-bit one its patterns match
-    finish=(pad_odd_input_channels,),
+    finish=(pad_odd_input_channels, merge_narrow_groups),
 )
