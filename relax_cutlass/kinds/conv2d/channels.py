@@ -47,19 +47,24 @@ class _PadChannels(relax.PyExprMutator):
         filters = weight.value.numpy()
         padded_filters = relax.const(np.pad(filters, ((0, 0), (0, 0), (0, 0), (0, extra))), str(filters.dtype))
         padded_data = self.builder_.emit(relax.op.nn.pad(data, [0, 0, 0, 0, 0, 0, 0, extra]))
-        a = call.attrs
-        return relax.op.nn.conv2d(
-            padded_data,
-            padded_filters,
-            strides=a.strides,
-            padding=a.padding,
-            dilation=a.dilation,
-            groups=1,
-            data_layout="NHWC",
-            kernel_layout="OHWI",
-            out_layout=str(a.out_layout),
-            out_dtype=dtype_of(call),
-        )
+        return conv_like(call, padded_data, padded_filters, groups=1)
+
+
+def conv_like(call: relax.Call, data: relax.Expr, filters: relax.Expr, groups: int) -> relax.Call:
+    """An NHWC x OHWI conv2d with `call`'s strides, padding, dilation and types on new operands."""
+    a = call.attrs
+    return relax.op.nn.conv2d(
+        data,
+        filters,
+        strides=a.strides,
+        padding=a.padding,
+        dilation=a.dilation,
+        groups=groups,
+        data_layout="NHWC",
+        kernel_layout="OHWI",
+        out_layout=str(a.out_layout),
+        out_dtype=dtype_of(call),
+    )
 
 
 def pad_odd_input_channels(func: relax.Function) -> relax.Function:

@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 
 from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, _shape, _static_int, dtype_of
+from .channels import conv_like
 
 # Output channels a super-group spans at least: the narrowest CTA tile of the grouped kernels.
 SUPER_GROUP_WIDTH = 64
@@ -77,22 +78,11 @@ class _MergeGroups(relax.PyExprMutator):
         if not _mergeable(call):
             return call
         data, weight = call.args
-        a = call.attrs
-        groups = int(a.groups)
+        groups = int(call.attrs.groups)
         size = super_group_size(groups, _static_int(_shape(weight)[0]))
         filters = weight.value.numpy()
-        return relax.op.nn.conv2d(
-            data,
-            relax.const(block_diagonal(filters, groups, size), str(filters.dtype)),
-            strides=a.strides,
-            padding=a.padding,
-            dilation=a.dilation,
-            groups=groups // size,
-            data_layout="NHWC",
-            kernel_layout="OHWI",
-            out_layout=str(a.out_layout),
-            out_dtype=dtype_of(call),
-        )
+        merged = relax.const(block_diagonal(filters, groups, size), str(filters.dtype))
+        return conv_like(call, data, merged, groups // size)
 
 
 def merge_narrow_groups(func: relax.Function) -> relax.Function:
