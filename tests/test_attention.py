@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tvm
@@ -633,20 +634,24 @@ def test_torchvision_vit_attention_with_head_dim_64_is_fused():
     compare_on_cpu(mod, random_inputs(mod))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize(
     "scales, in_float16",
     [((0.5,), True), ((0.25,), True), ((0.3,), False), ((3.0,), False), ((0.3, 0.5), False), ((0.5, 0.3), False)],
 )
-def test_operand_casts_move_bit_identically(scales, in_float16):
+def test_operand_casts_move_bit_identically(scales, in_float16, dtype):
     """astype(f32 views/scales of astype(x16, f32), f16) -> the views in float16 on x16; 2**k
     scales in float16; any other scalar scale (ViT-B/16's 1/sqrt(8)) in float32 between two
     casts, from the first such scale to the last. Either way bit-identical, on values that reach
-    float16's subnormals too."""
+    float16's subnormals too. bfloat16 operands keep every scale in float32 between the casts
+    (a power of two is exact there too, but its bfloat16 product could leave bfloat16's range
+    where float32's does not)."""
     from relax_cutlass.kinds.attention.operands import cast_attention_operands
 
+    in_float16 = in_float16 and dtype == "float16"
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 16), "float16"))
-    w = relax.Var("w", relax.TensorType((2, 16, 4), "float16"))
+    x = relax.Var("x", relax.TensorType((8, 16), dtype))
+    w = relax.Var("w", relax.TensorType((2, 16, 4), dtype))
     with bb.function("main", [x, w]):
         with bb.dataflow():
             wide = bb.emit(relax.op.astype(x, "float32"))
@@ -656,7 +661,7 @@ def test_operand_casts_move_bit_identically(scales, in_float16):
                 if i == 0:
                     value = bb.emit(relax.op.permute_dims(value, [0, 2, 1]))
                     value = bb.emit(relax.op.permute_dims(value, [0, 2, 1]))
-            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.astype(value, "float16")), w))
+            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.astype(value, dtype)), w))
         bb.emit_func_output(out)
     func = bb.get()["main"]
     rewritten = cast_attention_operands(func)
@@ -664,11 +669,14 @@ def test_operand_casts_move_bit_identically(scales, in_float16):
     # in float16 no cast is left; otherwise one cast up to float32 and one back, around the scales
     assert len(casts) == (0 if in_float16 else 2)
     rng = np.random.default_rng(0)
-    # magnitudes from float16's subnormals to its large values, both signs
-    x_np = (rng.choice([-1, 1], (8, 16)) * 2.0 ** rng.uniform(-24, 14, (8, 16))).astype("float16")
-    w_np = rng.standard_normal((2, 16, 4)).astype("float16")
+    # magnitudes from the 16-bit type's subnormals to its large values, both signs
+    element = ml_dtypes.bfloat16 if dtype == "bfloat16" else "float16"
+    low, high = (-133, 120) if dtype == "bfloat16" else (-24, 14)
+    x_np = (rng.choice([-1, 1], (8, 16)) * 2.0 ** rng.uniform(low, high, (8, 16))).astype(element)
+    w_np = rng.standard_normal((2, 16, 4)).astype(element)
     results = []
     for f in (func, rewritten):
         vm = build_cpu(tvm.IRModule({"main": f}))
         results.append(run_vm(vm, [x_np, w_np]))
     np.testing.assert_array_equal(results[0].view("uint16"), results[1].view("uint16"))
+    assert np.isfinite(results[0].astype("float32")).any()  # the comparison saw numbers, not only inf/NaN
