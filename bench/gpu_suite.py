@@ -146,6 +146,8 @@ def run_sections(
         "arch": manifest["arch"],
         "bench_rounds": rounds,
     } | {key: [] for key in SECTIONS}
+    if not set(CHECKED) & only:  # bench/publish.py says where the correctness checks ran instead
+        results["checks_note"] = "Correctness: tests/test_gpu_suite.py (pytest -m gpu) on the same GPU host."
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
 
