@@ -1,9 +1,9 @@
 """How far apart the GPU suite's timings of equal things fall: one benchmark case's relax_cutlass
 build, its tuned build (the same kernels when tuning kept the heuristic's), the first build again on
 a second copy of the inputs, and cuBLAS's plain matmul, timed in turn for several rounds, every
-sample printed (GPU host; artifacts of scripts/build_gpu_suite.py --only bench --tuning-db ...).
+sample printed (GPU host; the libraries of bench/gpu_suite.py --only bench --tuning-db ... --out DIR).
 
-    python3 bench/timing_noise.py build/gpu [CASE ...] [--rounds 8]
+    python3 bench/timing_noise.py DIR/build [CASE ...] [--rounds 8]
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import alternating_samples  # noqa: E402
 
 DEFAULT_CASES = ("dense_bias_gelu_m8192_k1024_n4096", "dense_bias_gelu_m4096_k4096_n1024")
@@ -46,7 +44,7 @@ def main() -> int:
     ap.add_argument("cases", nargs="*", default=list(DEFAULT_CASES))
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args()
-    import run_gpu_suite as suite
+    import suite_timing as suite
 
     manifest = json.loads((args.build / "manifest.json").read_text())
     suite.warm_up_gpu()

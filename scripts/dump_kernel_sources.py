@@ -8,7 +8,7 @@ byte for byte before and after a refactor:
     diff -r build/sources-before build/sources-after
 
 Cases: the GPU suite's correctness, benchmark, sweep, conv2d, random-graph, attention and frontend
-cases (scripts/build_gpu_suite.py), the BERT layer, small torch.export models (ResNet-50,
+cases (tests/gpu_cases.py, bench/suite_cases.py), the BERT layer, small torch.export models (ResNet-50,
 MobileNetV3, ViT, BERT, the LLaMA MLP), for sm_80, sm_90a (native and CUTLASS 2.x families) and
 sm_100a. The profiler's stage-1 sources of every case's problems are written too.
 """
@@ -23,9 +23,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
 
-import build_gpu_suite as suite  # noqa: E402  (registers quick_gelu, puts bench/ on sys.path)
+import gpu_build  # noqa: E402
+import gpu_cases  # noqa: E402
+import suite_cases  # noqa: E402
 
 from relax_cutlass.stages import profile  # noqa: E402
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions  # noqa: E402
@@ -46,27 +48,27 @@ def cases() -> list[tuple[str, object, bool, dict]]:
     """(name, module, bind weights, codegen options)."""
     from relax_cutlass.models import bert_encoder_layer, dense_epilogue_model
 
+    gpu_cases.register_quick_gelu()
     out = []
-    for name, kwargs, options in suite.TEST_CASES:
-        kw = dict(m=suite.TEST_M, n=suite.TEST_N, k=suite.TEST_K) | kwargs
-        bind = kw.pop("bind", True)
-        out.append((name, dense_epilogue_model(kw.pop("m"), kw.pop("n"), kw.pop("k"), **kw), bind, options))
-    for name, kwargs, options in suite.CONV_TEST_CASES:
-        mod, bind = suite.conv_case_model(kwargs)
+    for name, kwargs, options in gpu_cases.TEST_CASES:
+        mod, bind = gpu_cases.dense_case_model(kwargs)
         out.append((name, mod, bind, options))
-    for epi, kwargs in suite.BENCH_EPILOGUES.items():
-        for m in suite.BENCH_M:
-            for k, n in suite.BENCH_KN:
+    for name, kwargs, options in gpu_cases.CONV_TEST_CASES:
+        mod, bind = gpu_cases.conv_case_model(kwargs)
+        out.append((name, mod, bind, options))
+    for epi, kwargs in suite_cases.BENCH_EPILOGUES.items():
+        for m in suite_cases.BENCH_M:
+            for k, n in suite_cases.BENCH_KN:
                 out.append((f"bench_{epi}_m{m}_k{k}_n{n}", dense_epilogue_model(m, n, k, **kwargs), False, {}))
     sweep = dense_epilogue_model("m", 4096, 1024, activation="gelu")
-    out += [(f"sweep_{tile}", sweep, False, {"tile": tile}) for tile in suite.SWEEP_TILES]
+    out += [(f"sweep_{tile}", sweep, False, {"tile": tile}) for tile in suite_cases.SWEEP_TILES]
     for b in (1, 32):
-        for hw, c in suite.CONV_STAGES:
-            out.append((f"conv_stage_n{b}_{hw}_c{c}", suite.stage_model(b, hw, c), False, {}))
+        for hw, c in suite_cases.CONV_STAGES:
+            out.append((f"conv_stage_n{b}_{hw}_c{c}", gpu_build.stage_model(b, hw, c), False, {}))
     out.append(("bert_layer", bert_encoder_layer(), True, {}))
-    out += [(name, mod, bind, {}) for name, mod, bind, _ in suite.graph_cases()]
-    out += [(name, mod, False, {}) for name, mod, _, _ in suite.attention_cases()]
-    out += [(name, mod, False, {}) for name, mod in suite.frontend_cases()]
+    out += [(name, mod, bind, {}) for name, mod, bind, _ in gpu_cases.graph_cases()]
+    out += [(name, mod, False, {}) for name, mod, _, _ in gpu_cases.attention_cases()]
+    out += [(name, factory(), False, {}) for name, factory in gpu_cases.frontend_cases()]
     out += torch_cases()
     return out
 
@@ -76,19 +78,18 @@ def torch_cases() -> list:
     from relax_cutlass.models.torch_transformers import bert_module, llama_mlp_module
 
     return [
-        ("resnet50_small", suite.shippable(*resnet50_module(batch=2, image=64)), False, {}),
-        ("mobilenet_v3_small", suite.shippable(*mobilenet_v3_module(batch=2, image=64)), False, {}),
-        ("vit_small", suite.shippable(*vit_module(batch=2, image=64)), False, {}),
-        ("bert_small", suite.shippable(*bert_module(batch=2, seq=32, layers=1, hidden=256, heads=4, ffn=512)),
+        ("resnet50_small", gpu_build.shippable(*resnet50_module(batch=2, image=64)), False, {}),
+        ("mobilenet_v3_small", gpu_build.shippable(*mobilenet_v3_module(batch=2, image=64)), False, {}),
+        ("vit_small", gpu_build.shippable(*vit_module(batch=2, image=64)), False, {}),
+        ("bert_small", gpu_build.shippable(*bert_module(batch=2, seq=32, layers=1, hidden=256, heads=4, ffn=512)),
          False, {}),
-        ("llama_mlp", suite.shippable(*llama_mlp_module()), False, {}),
+        ("llama_mlp", gpu_build.shippable(*llama_mlp_module()), False, {}),
     ]  # fmt: skip
 
 
 def partition(mod, bind: bool, arch: str):
     if bind:
-        weights = {p["name"] for p in suite.params_of(mod) if p["name"] not in ("x", "residual")}
-        mod = suite.bind(mod, weights)
+        mod = gpu_build.bind(mod, gpu_build.weight_names(mod))
     mod = ConvertToNHWC()(FoldLinearReshapes()(FixTvmCudaForms()(mod)))
     return LiftConstants()(PartitionForCutlass(arch)(mod))
 

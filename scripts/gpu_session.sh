@@ -8,14 +8,20 @@
 #
 # Stages (in the order given; calls back to back on one machine, since build/ lives only there):
 #   build   the zoo's build phase (every model imported, offloaded, built and exported, ZOO_JOBS at a
-#           time, torch.compile's caches filled) beside the GPU suite's artifacts (scripts/build_gpu_suite.py)
-#   check   the README's first command (python3 -m relax_cutlass) and the GPU pytest suite
-#           (tests/test_gpu.py on the suite's artifacts, tests/test_gpu_host.py)
-#   time    the zoo's time phase (one model at a time, nothing else running) and its table
+#           time, torch.compile's caches filled) beside the GPU tests' kernels compiled into the
+#           object cache (bench/gpu_suite.py --phase prewarm) and the suite benchmarks' libraries
+#           (bench/gpu_suite.py --phase build)
+#   check   the README's first command (python3 -m relax_cutlass) and the GPU pytest files
+#           (tests/test_gpu_suite.py builds and checks every correctness case in-process)
+#   time    the zoo's time phase (one model at a time, nothing else running) and its table, then the
+#           suite benchmarks (bench/gpu_suite.py --phase run: $OUT/gpu_results.json for bench/publish.py)
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
-# Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite build),
-# MAIN_JOB=0, GPU_TESTS (pytest paths), PROBE (arguments of scripts/precision_probe.py, run beside
-# the build), SASS_TABLE=0 (no scripts/sass_table.py beside the build).
+# Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite prewarm,
+# build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
+# (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest paths),
+# PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
+# scripts/sass_table.py beside the build). Kernel objects are cached in build/kernel-cache
+# (RELAX_CUTLASS_CACHE_DIR) across stages and calls on one machine.
 # Logs and JSON go to $OUT (default build/session); a short table is printed last.
 #
 # A call ends after 10 minutes and kills what it started, so long stages can run detached:
@@ -44,7 +50,7 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   if [[ -n ${OUT:-} && $OUT != build/session ]]; then
     tar czf "$OUT/session.tgz" build/session \
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
-    cp build/session/zoo.json "$OUT"/ 2>/dev/null
+    cp build/session/zoo.json build/session/gpu_results.json "$OUT"/ 2>/dev/null
   fi
   if [[ -f build/session/done ]]; then cat build/session/summary.log; else
     echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/session/*.log; fi
@@ -56,22 +62,28 @@ mkdir -p "$out" build
 models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}
 jobs=${ZOO_JOBS:-4}
 summary=()
+export RELAX_CUTLASS_CACHE_DIR=${RELAX_CUTLASS_CACHE_DIR:-$PWD/build/kernel-cache}
+# The suite checks and times the heuristic's kernels, as CI's builds pick them: no profiling (with a
+# GPU present, profile="auto" would tune every case, over 20 minutes; tests/conftest.py does the same).
+suite=(env RELAX_CUTLASS_PROFILE=never python3 bench/gpu_suite.py)
+suite_args=(--out build/gpu-bench)
+for s in ${SUITE_SECTIONS:-}; do suite_args+=(--only "$s"); done
+[[ -n ${SUITE_TUNING_DB:-} ]] && suite_args+=(--tuning-db "$SUITE_TUNING_DB")
 
 run_build() {
-  local t0=$SECONDS suite=""
+  local t0=$SECONDS suite_pid=""
   if [[ ${GPU_SUITE:-1} == 1 ]]; then
-    # The suite checks the heuristic's kernels, as CI's builds pick them: no profiling (with a GPU
-    # present, profile="auto" would tune every case, over 20 minutes).
-    RELAX_CUTLASS_PROFILE=never python3 scripts/build_gpu_suite.py --arch sm_90a --out build/gpu --only tests \
-      --only conv --only graphs --only frontends > "$out/suite-build.log" 2>&1 &
-    suite=$!
+    # the GPU tests' kernels first (check builds every case from them), then the benchmarks' libraries
+    { "${suite[@]}" --phase prewarm --only tests --only conv --only graphs --only frontends --only attention \
+        && "${suite[@]}" --phase build "${suite_args[@]}"; } > "$out/suite-build.log" 2>&1 &
+    suite_pid=$!
   fi
   [[ -n ${PROBE:-} ]] && { python3 scripts/precision_probe.py $PROBE > "$out/probe.log" 2>&1 & }
   # every arch spelling's kernels built and their SASS read (no GPU needed; nvcc on this host's cores)
   [[ ${SASS_TABLE:-1} == 1 ]] && { python3 scripts/sass_table.py --json "$out/sass.json" > "$out/sass.log" 2>&1 & }
   python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
     --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
-  if [[ -n $suite ]]; then wait $suite && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
+  if [[ -n $suite_pid ]]; then wait $suite_pid && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
   wait
   cat build/zoo/*.build.log > "$out/zoo-build-models.log" 2>/dev/null
   grep "^=== build" "$out/zoo-build.log"
@@ -85,7 +97,8 @@ run_check() {
     python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
   fi
   tail -5 "$out/main-job.log"
-  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py tests/test_gpu_grouped.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py \
+    tests/test_gpu_depthwise.py tests/test_gpu_grouped.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")
@@ -95,6 +108,12 @@ run_time() {
   local t0=$SECONDS
   python3 bench/zoo.py --phase time --models "$models" --torch-compile --out build/zoo > "$out/zoo-time.log" 2>&1
   cp build/zoo/zoo.json "$out/zoo.json" 2>/dev/null
+  if [[ ${GPU_SUITE:-1} == 1 ]]; then
+    "${suite[@]}" --phase run "${suite_args[@]}" > "$out/suite-bench.log" 2>&1 \
+      && summary+=("suite benchmarks: ok") || summary+=("suite benchmarks: FAILED (suite-bench.log)")
+    cp build/gpu-bench/gpu_results.json "$out/" 2>/dev/null
+    sed -n '/^correctness:/,$p' "$out/suite-bench.log"
+  fi
   summary+=("time stage: $((SECONDS - t0)) s")
 }
 

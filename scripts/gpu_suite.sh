@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The whole GPU suite in one call on the lent GPU (built here first, see README "GPU suite"):
+# The GPU suite on a GPU host with only the TVM runtime (the runtime-only path, kept until the
+# in-process one, scripts/gpu_session.sh with tests/test_gpu_suite.py and bench/gpu_suite.py, has
+# run on a GPU; docs/development.md):
 #   here:  ../shared/gpu/make-bundle && python scripts/build_gpu_suite.py --arch sm_90a --pack
 #   there: bash scripts/gpu_suite.sh            (carry .gpu and build/gpu.tar.xz)
 cd "$(dirname "$0")/.."

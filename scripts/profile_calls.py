@@ -3,7 +3,9 @@ process (TVM's and relax_cutlass's alike) as CUPTI records it through torch.prof
 wall time of the inference. A GPU-busy sum far below the wall time means the run is bound by the
 host (the VM's per-call overhead), not by the kernels.
 
-    python scripts/profile_calls.py build/gpu bert_large_b8_s128 [--runs 5] [--json OUT]
+    python scripts/profile_calls.py DIR/build bert_large_b8_s128 [--runs 5] [--json OUT]
+
+DIR/build: the libraries and manifest of bench/gpu_suite.py --out DIR (or scripts/build_gpu_suite.py's).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import tvm  # noqa: E402
-from run_gpu_suite import DEV, inputs_for, load  # noqa: E402
+from gpu_checks import DEV, inputs_for, load  # noqa: E402
 
 
 def _find_case(manifest: dict, name: str) -> dict:

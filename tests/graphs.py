@@ -1,5 +1,5 @@
 """Random Relax graphs for the property tests (tests/test_graphs.py, CPU) and their fixed GPU sample
-(scripts/build_gpu_suite.py --only graphs): chains and diamonds of dense / matmul / conv2d layers
+(tests/gpu_cases.py, checked by tests/test_gpu_suite.py): chains and diamonds of dense / matmul / conv2d layers
 with random epilogues, aligned and unaligned widths, static or symbolic batch."""
 
 from __future__ import annotations

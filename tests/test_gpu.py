@@ -1,127 +1,27 @@
-"""GPU tests: every supported epilogue against the reference Relax (TVM CUDA) build.
+"""GPU tests of the kernel profiler (relax_cutlass.stages.profile_runner) on a profiler library
+built by `python -m relax_cutlass tune build` (build/tune): it must time only candidates that
+compute the right result, epilogue included. Skipped without a GPU or without that build.
 
-Needs an NVIDIA GPU and the artifacts of `scripts/build_gpu_suite.py` (build/gpu); skipped
-otherwise. Imports only the TVM runtime, so it runs on a GPU host without the TVM compiler:
-`bash scripts/gpu_suite.sh` runs it, then the benchmarks.
+The GPU suite's correctness cases are tests/test_gpu_suite.py's.
 """
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import gpu_available
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build" / "gpu"
-MANIFEST = BUILD / "manifest.json"
 
 pytestmark = pytest.mark.gpu
 
-
-def _gpu_available() -> bool:
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
-
-
-def _cases():
-    if not MANIFEST.exists():
-        return []
-    manifest = json.loads(MANIFEST.read_text())
-    return [case for key in ("tests", "conv", "graphs", "frontends") for case in manifest.get(key, [])]
-
-
-gpu_skip = None if _gpu_available() else "no NVIDIA GPU visible"
-skip_reason = gpu_skip or (None if MANIFEST.exists() else "no GPU artifacts: run scripts/build_gpu_suite.py first")
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c["name"])
-def test_case_matches_tvm_build_and_float64(case):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_gpu_suite import check_case
-
-    rows = check_case(case, BUILD)
-    bad = [r for r in rows if not r["ok"]]
-    assert not bad, bad
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-def test_manifest_covers_every_epilogue():
-    names = {c["name"] for c in _cases()}
-    epilogues = (
-        "relu",
-        "gelu",
-        "gelu_tanh",
-        "gelu_decomposed",
-        "silu",
-        "sigmoid",
-        "hardswish",
-        "residual",
-        "residual_relu",
-    )
-    for epilogue in epilogues:
-        assert any(n.startswith("dense") and epilogue in n for n in names), epilogue
-    for epilogue in ("relu", "gelu", "silu", "sigmoid", "hardswish", "residual", "residual_relu"):
-        assert any(n.startswith("conv2d") and epilogue in n for n in names), epilogue
-    assert any(n.startswith("dense") and "custom" in n for n in names)  # relax_cutlass.extend
-    assert any(n.startswith("graph_") for n in names)  # the property tests' GPU sample
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-def test_glue_rejects_bad_arguments_with_clear_errors():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_gpu_suite import GLUE_CASE, check_glue_errors
-
-    manifest = json.loads(MANIFEST.read_text())
-    if not any(c["name"] == GLUE_CASE for c in manifest.get("tests", [])):
-        pytest.skip(f"no {GLUE_CASE} case in this build (scripts/build_gpu_suite.py --only tests)")
-    rows = check_glue_errors(manifest, BUILD)
-    assert rows and all(r["ok"] for r in rows), rows
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-def test_conv_glue_rejects_bad_arguments_with_clear_errors():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_gpu_suite import check_conv_glue_errors
-
-    manifest = json.loads(MANIFEST.read_text())
-    if not manifest.get("conv"):
-        pytest.skip("no conv2d cases in this build (scripts/build_gpu_suite.py --only conv)")
-    rows = check_conv_glue_errors(manifest, BUILD)
-    assert rows and all(r["ok"] for r in rows), rows
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-def test_gelu_of_every_fp16_value_is_within_one_ulp():
-    """The 16-bit GELU through real kernels (every family built): x @ I + 0 with each finite fp16
-    value in x, against the correctly rounded gelu."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_gpu_suite import check_gelu_every_fp16
-
-    rows = check_gelu_every_fp16(json.loads(MANIFEST.read_text()), BUILD)
-    if not rows:
-        pytest.skip("no dense_bias_gelu_every_fp16 case in this build (scripts/build_gpu_suite.py --only tests)")
-    assert all(r["ok"] for r in rows), rows
-    print(rows)
-
-
-@pytest.mark.skipif(skip_reason is not None, reason=skip_reason or "")
-def test_chained_sm90_kernels_called_back_to_back_match_tvm():
-    """Programmatic dependent launch must never let a kernel read an input still being written."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_gpu_suite import check_back_to_back
-
-    rows = check_back_to_back(json.loads(MANIFEST.read_text()), BUILD)
-    if not rows:
-        pytest.skip("no chain of SM90 kernels in this build (scripts/build_gpu_suite.py --only graphs)")
-    assert all(r["ok"] for r in rows), rows
-
-
 TUNE = ROOT / "build" / "tune"
-tune_skip = skip_reason or (
-    None if (TUNE / "profile.json").exists() else "no profiler: run `python -m relax_cutlass tune build`"
+tune_skip = (
+    "no NVIDIA GPU visible"
+    if not gpu_available()
+    else None
+    if (TUNE / "profile.json").exists()
+    else "no profiler: run `python -m relax_cutlass tune build`"
 )
 
 
