@@ -16,23 +16,30 @@ from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, _shape, _static_int, dty
 CHANNEL_ALIGNMENT = 8
 
 
-def _paddable(call: relax.Call) -> bool:
-    """An NHWC x OHWI conv2d (groups 1, 16-bit, output in the input's type) with a constant filter,
-    C odd and static, K even and static."""
+def constant_filter_channels(call: relax.Call) -> tuple[int, int, int] | None:
+    """(C, K, groups) of an NHWC x OHWI 16-bit conv2d with a constant filter and static channel
+    counts, the convs the build-time filter rewrites (here and supergroups.py) take; else None."""
     if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
-        return False
+        return None
     attrs, (data, weight) = call.attrs, call.args
-    if int(attrs.groups) != 1:
-        return False
     if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI":
-        return False
+        return None
     if not isinstance(weight, tvm.ir.GenericConst) or len(_shape(data)) != 4:
-        return False
-    element = dtype_of(data)
-    if element not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != element or dtype_of(call) != element:
-        return False
+        return None
+    if dtype_of(data) not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != dtype_of(data):
+        return None
     c, k = _static_int(_shape(data)[3]), _static_int(_shape(weight)[0])
-    return c is not None and k is not None and c % 2 == 1 and k % 2 == 0
+    return None if c is None or k is None else (c, k, int(attrs.groups))
+
+
+def _paddable(call: relax.Call) -> bool:
+    """An ungrouped conv2d of constant_filter_channels' kind, output in the input's type, with C
+    odd and K even."""
+    channels = constant_filter_channels(call)
+    if channels is None or dtype_of(call) != dtype_of(call.args[0]):
+        return False
+    c, k, groups = channels
+    return groups == 1 and c % 2 == 1 and k % 2 == 0
 
 
 @relax.expr_functor.mutator

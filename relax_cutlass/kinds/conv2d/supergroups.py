@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tvm
 from tvm import relax
 
-from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, _shape, _static_int, dtype_of
-from .channels import conv_like
+from ..epilogue_patterns import _shape, _static_int
+from .channels import constant_filter_channels, conv_like
 
 # Output channels a super-group spans at least: the narrowest CTA tile of the grouped kernels.
 SUPER_GROUP_WIDTH = 64
@@ -39,20 +38,13 @@ def super_group_size(groups: int, k: int) -> int:
 
 
 def _mergeable(call: relax.Call) -> bool:
-    """An NHWC x OHWI grouped (not depthwise) 16-bit conv2d with a constant filter and static
-    channels whose groups are narrower than a tile."""
-    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+    """A grouped (not depthwise) conv2d of constant_filter_channels' kind whose groups are
+    narrower than a tile."""
+    channels = constant_filter_channels(call)
+    if channels is None:
         return False
-    attrs, (data, weight) = call.attrs, call.args
-    groups = int(attrs.groups)
-    if groups == 1 or str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI":
-        return False
-    if not isinstance(weight, tvm.ir.GenericConst) or len(_shape(data)) != 4:
-        return False
-    if dtype_of(data) not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != dtype_of(data):
-        return False
-    c, k = _static_int(_shape(data)[3]), _static_int(_shape(weight)[0])
-    if c is None or k is None or c % groups or k % groups or c == groups == k:
+    c, k, groups = channels
+    if groups == 1 or c % groups or k % groups or c == groups == k:
         return False
     return super_group_size(groups, k) > 1
 
