@@ -21,7 +21,6 @@ import math
 import numpy as np
 from tvm import relax
 
-from ..epilogue_patterns import _shape, _static_int
 from .channels import constant_filter_channels, conv_like
 
 # Output channels a super-group spans at least: the narrowest CTA tile of the grouped kernels.
@@ -37,16 +36,17 @@ def super_group_size(groups: int, k: int) -> int:
     return size if groups % size == 0 else groups
 
 
-def _mergeable(call: relax.Call) -> bool:
-    """A grouped (not depthwise) conv2d of constant_filter_channels' kind whose groups are
-    narrower than a tile."""
+def _merge(call: relax.Call) -> tuple[int, int] | None:
+    """(groups, super-group size) of a grouped (not depthwise) conv2d of constant_filter_channels'
+    kind whose groups are narrower than a tile; None for any other call."""
     channels = constant_filter_channels(call)
     if channels is None:
-        return False
+        return None
     c, k, groups = channels
     if groups == 1 or c % groups or k % groups or c == groups == k:
-        return False
-    return super_group_size(groups, k) > 1
+        return None
+    size = super_group_size(groups, k)
+    return (groups, size) if size > 1 else None
 
 
 def block_diagonal(filters: np.ndarray, groups: int, size: int) -> np.ndarray:
@@ -67,11 +67,11 @@ def block_diagonal(filters: np.ndarray, groups: int, size: int) -> np.ndarray:
 class _MergeGroups(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if not _mergeable(call):
+        merge = _merge(call)
+        if merge is None:
             return call
+        groups, size = merge
         data, weight = call.args
-        groups = int(call.attrs.groups)
-        size = super_group_size(groups, _static_int(_shape(weight)[0]))
         filters = weight.value.numpy()
         merged = relax.const(block_diagonal(filters, groups, size), str(filters.dtype))
         return conv_like(call, data, merged, groups // size)
@@ -83,7 +83,7 @@ def merge_narrow_groups(func: relax.Function) -> relax.Function:
     filters (bound weights: the expansion happens once, here); a filter given at run time keeps its
     groups (and the kMultipleGroup kernels)."""
     if not any(
-        isinstance(b.value, relax.Call) and _mergeable(b.value) for block in func.body.blocks for b in block.bindings
+        isinstance(b.value, relax.Call) and _merge(b.value) for block in func.body.blocks for b in block.bindings
     ):
         return func
     return _MergeGroups().visit_expr(func)

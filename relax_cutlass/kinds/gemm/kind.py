@@ -13,9 +13,9 @@ from ..epilogue_patterns import epilogue_problems, residual_input
 from ..region import mnk_report_line
 from .emit import emit_gemm_kernel, gemm_glue_function
 from .patterns import GemmPatternSpec, all_gemm_specs, gemm_pattern, left_in_tvm_row, matmul_problems, read_problem
-from .profile import PROFILE_GEMM, candidate_label, family_for, gemm_candidates
+from .profile import PROFILE_GEMM, candidate_label, gemm_candidates
 from .records import GemmKernel, GemmProblem, GemmRegion, gemm_key
-from .select import choose_kernel, tiles_of_family
+from .select import choose_kernel, native_3x, tiles_of_family
 from .templates import ARGS_TYPE, GEMM_ARGS
 
 
@@ -47,7 +47,7 @@ def _m_dispatch(problem, epilogue, options, db) -> tuple:
 
 def _concrete(problem: GemmProblem, arch: int, family: str) -> list[tuple]:
     """(key, problem) per tuned M: the problem's own, or every M bucket when M is symbolic."""
-    fam = family_for(problem, arch, family)
+    fam = native_3x(problem, arch, family)
     ms = [problem.m] if problem.m is not None else list(M_BUCKETS)
     return [(gemm_key(dataclasses.replace(problem, m=m), arch, fam, m), dataclasses.replace(problem, m=m)) for m in ms]
 

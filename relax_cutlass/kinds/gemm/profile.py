@@ -15,7 +15,6 @@ from .select import (
     candidate_tiles_sm90,
     choose_kernel,
     estimate_cost,
-    native_3x,
     smem_limit,
     under_fills,
 )
@@ -69,10 +68,6 @@ def _splits_usefully(problem: GemmProblem, arch: int) -> bool:
     threadblock = SPLIT_K_TILE[0]
     iterations = -(-problem.k // threadblock[2])
     return under_fills(problem.m or 1024, problem.n, threadblock, arch) and iterations >= 2 * SPLIT_K_MIN_ITERATIONS
-
-
-def family_for(problem: GemmProblem, arch: int, family: str = "auto") -> int:
-    return native_3x(problem, arch, family)
 
 
 def candidate_label(tile: TileConfig, split_k: int = 1) -> str:

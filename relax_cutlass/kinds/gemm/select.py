@@ -184,7 +184,7 @@ def estimate_cost(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int
     return tiles_on_busiest_sm * bm * bn / efficiency
 
 
-def sm90_fallback_reason(problem: GemmProblem, family: int = 90) -> str | None:
+def tma_fallback_reason(problem: GemmProblem, family: int = 90) -> str | None:
     """Why a target of CUTLASS 3.x `family` (90: wgmma, 100: tcgen05) cannot use a kernel of it
     for `problem` (TMA loads), if it cannot."""
     if problem.alignment < 8:
@@ -200,7 +200,7 @@ def native_3x(problem: GemmProblem, arch: int, family: str) -> int:
     """The kernel family `problem` gets on `arch`: the target's CUTLASS 3.x family (90, 100) when
     `family` allows it and the problem fits it, else 80."""
     native = native_family(arch)
-    if native == 80 or resolve_family(family, arch) != "auto" or sm90_fallback_reason(problem, native):
+    if native == 80 or resolve_family(family, arch) != "auto" or tma_fallback_reason(problem, native):
         return 80
     return native
 
@@ -238,7 +238,7 @@ def choose_kernel(
     native = native_family(arch)
     note = family_note(arch) if native == 80 else ""
     if native != 80 and family == "auto":
-        note = sm90_fallback_reason(problem, native) or ""
+        note = tma_fallback_reason(problem, native) or ""
         if not note:
             why = family_note(arch)  # "" on sm_90a; SM100: not yet run on hardware
             if tile:

@@ -43,12 +43,6 @@ HEURISTIC_TILES = {(256, 256, "2sm"), (256, 128, "2sm"), (128, 256, "2sm"), (128
 REUSE_FOR_FULL_RATE = 128.0
 
 
-def _generated_sm100() -> tuple:
-    from .select import _generated
-
-    return _generated("GenerateSM100_TensorOp_16b_UMMA_gemm")
-
-
 @functools.cache
 def candidate_tiles_sm100(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct static-cluster SM100 16-bit UMMA configurations cutlass_library generates (the
