@@ -197,12 +197,6 @@ def test_split_k_only_where_the_tiles_cannot_fill_the_gpu():
     assert choose_split_k(Conv2dProblem(n=1, **stage4).implicit_gemm(), small.tile, 90, residual) == 1
 
 
-def test_sm90_target_states_the_sm80_conv_fallback():
-    mod = _bound(conv2d_epilogue_model(2, 8, 8, 16, 16, activation="relu"))
-    (row,) = _report(mod, arch="sm_90a").offloaded
-    assert row["kernel"].startswith("sm80_conv2d") and "no CUTLASS 3.x conv" in row["note"]
-
-
 def test_conv_candidates_come_from_cutlass_library():
     tiles = candidate_conv2d_tiles("float32")
     assert len(tiles) >= 10 and all(t.swizzle == 4 for t in tiles)

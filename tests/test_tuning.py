@@ -206,7 +206,7 @@ def test_conv2d_records_carry_tile_and_split_k(tmp_path):
     relu = Epilogue(bias=True, activation="relu")
     heuristic, _ = choose_conv2d_kernel(problem, relu, 90, db=db)
     assert heuristic.selected_by == "heuristic" and "no tuning record" in heuristic.note
-    db.add([TuningRecord(conv2d_key(problem, 90), "tb128x64x64_w2x2x1_s3_swz4", 0.02, split_k=4)])
+    db.add([TuningRecord(conv2d_key(problem, 90, 90), "tb128x64x64_w2x2x1_s3_swz4", 0.02, split_k=4)])
     kernel, split = choose_conv2d_kernel(problem, relu, 90, db=db)
     assert kernel.selected_by == "tuned" and kernel.tile.describe() == "tb128x64x64_w2x2x1_s3_swz4" and split == 4
     # A residual epilogue cannot split K: the record's split-K choice does not apply to it.
@@ -355,7 +355,7 @@ def test_stage_two_never_splits_a_conv_with_a_residual(tmp_path):
     assert any("_splitk" in label for label in labels)
     timings = {label: 0.01 + 0.001 * i for i, label in enumerate(reversed(labels))}  # split-K ones fastest
     db = TuningDatabase(tmp_path / "t.jsonl")
-    db.add([TuningRecord(conv2d_key(conv, 90), labels[-1], 0.01, candidates=timings, device="g")])
+    db.add([TuningRecord(conv2d_key(conv, 90, 90), labels[-1], 0.01, candidates=timings, device="g")])
     block = Epilogue(bias=True, residual=True, residual_activation="relu")
     (residual,) = plan_epilogue_jobs([(conv, block)], 90, db, top_k=3)
     # split tiles are timed unsplit with a residual: still the heuristic's and three more tiles

@@ -1,6 +1,7 @@
 """The conv2d kind: NHWC x OHWI forward convolution (+ bias, activation, residual add(+relu)) as a
-CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU; grouped convs
-(1 < groups, not depthwise: + bias, activation) as its grouped kernels (groups.py)."""
+CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU, or on sm_90a as
+a CUTLASS 3.x SM90 kernel (TMA im2col + wgmma, emit_sm90.py); grouped convs (1 < groups, not
+depthwise: + bias, activation) as its grouped kernels (groups.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from .patterns import (
 )
 from .profile import PROFILE_CONV2D, conv2d_candidates
 from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
-from .select import choose_conv2d_kernel, conv2d_tiles, splits_k
+from .select import choose_conv2d_kernel, conv2d_family, conv2d_tiles, kernel_arch, splits_k
 from .supergroups import merge_narrow_groups
 from .templates import ARGS_TYPE, CONV2D_ARGS
 
@@ -43,9 +44,9 @@ def plan(problem: Conv2dProblem, spec, options, db) -> tuple[Conv2dKernel, dict]
     return kernel, {"split_k": split_k if problem.n is not None else 1}
 
 
-def _keys(problem: Conv2dProblem, arch: int, _family: str) -> list[tuple]:
+def _keys(problem: Conv2dProblem, arch: int, family: str) -> list[tuple]:
     """Static batches only: a symbolic one gets the heuristic (the report says so)."""
-    return [] if problem.n is None else [(conv2d_key(problem, arch), problem)]
+    return [] if problem.n is None else [(conv2d_key(problem, arch, conv2d_family(problem, arch, family)), problem)]
 
 
 def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[ProfileJob]:
@@ -54,19 +55,20 @@ def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[Pr
             key,
             problem,
             tuple(
-                (Conv2dKernel(problem, Epilogue(), t, arch=80, target=arch, selected_by="profiling"), split)
-                for t, split in conv2d_candidates(problem, arch, limit)
+                (Conv2dKernel(problem, Epilogue(), t, arch=kernel_arch(t), target=arch, selected_by="profiling"), split)
+                for t, split in conv2d_candidates(problem, arch, limit, family)
             ),
         )
         for key, _ in _keys(problem, arch, family)
     ]
 
 
-def _stage2_candidates(p: Conv2dProblem, epilogue: Epilogue, arch: int, _key, record) -> tuple:
-    heuristic, split = choose_conv2d_kernel(p, epilogue, arch)
+def _stage2_candidates(p: Conv2dProblem, epilogue: Epilogue, arch: int, key, record) -> tuple:
+    family = "auto" if key.family == 90 else "sm80"
+    heuristic, split = choose_conv2d_kernel(p, epilogue, arch, family=family)
     # A split tile is timed unsplit where the epilogue (a residual) rules split-K out (splits_k).
-    ranked = by_label(conv2d_tiles(p, arch), record)
-    return heuristic, split, [(t, s if splits_k(p, epilogue) else 1) for t, s in ranked]
+    ranked = by_label(conv2d_tiles(p, arch, family), record)
+    return heuristic, split, [(t, s if splits_k(p, epilogue, t) else 1) for t, s in ranked]
 
 
 def _job_fields(job: ProfileJob) -> dict:

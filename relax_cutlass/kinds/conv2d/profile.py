@@ -3,28 +3,34 @@ candidate kernel."""
 
 from __future__ import annotations
 
+import itertools
 from string import Template
 
 from ..epilogue import Epilogue
 from ..gemm.records import TileConfig
 from ..gemm.select import under_fills
 from .records import Conv2dProblem
-from .select import choose_conv2d_kernel, choose_split_k, ranked_conv2d_tiles, splits_k
+from .select import choose_conv2d_kernel, choose_split_k, kernel_arch, ranked_conv2d_tiles, splits_k
 
 
-def conv2d_candidates(problem: Conv2dProblem, arch: int, limit: int) -> list[tuple[TileConfig, int]]:
+def conv2d_candidates(
+    problem: Conv2dProblem, arch: int, limit: int, family: str = "auto"
+) -> list[tuple[TileConfig, int]]:
     """The heuristic's (tile, split-K), other split-K counts for it when its tiles under-fill the
-    GPU (where the kernel may split: not grouped), then the next-ranked tiles with their own
-    split-K, up to `limit`."""
+    GPU (where the kernel may split: an ungrouped SM80 one), then the next-ranked tiles with their
+    own split-K, the two families' (on sm_90a) taking turns, up to `limit`."""
     gemm = problem.implicit_gemm()
-    chosen, split = choose_conv2d_kernel(problem, Epilogue(), arch)
+    chosen, split = choose_conv2d_kernel(problem, Epilogue(), arch, family=family)
     candidates = [(chosen.tile, split)]
-    may_split = splits_k(problem, Epilogue())
-    if may_split and under_fills(gemm.m, gemm.n, chosen.tile.threadblock, arch):
+    if splits_k(problem, Epilogue(), chosen.tile) and under_fills(gemm.m, gemm.n, chosen.tile.threadblock, arch):
         iterations = -(-gemm.k // chosen.tile.threadblock[2])
         candidates += [(chosen.tile, s) for s in (1, 2, 4, 8, 16) if s != split and iterations >= 4 * s]
-    for tile in ranked_conv2d_tiles(problem, arch):
-        candidates.append((tile, choose_split_k(gemm, tile, arch, Epilogue()) if may_split else 1))
+    ranked = ranked_conv2d_tiles(problem, arch, family=family)
+    by_family = [[t for t in ranked if kernel_arch(t) == f] for f in (90, 80)]
+    for tile in (t for pair in itertools.zip_longest(*by_family) for t in pair if t is not None):
+        candidates.append(
+            (tile, choose_split_k(gemm, tile, arch, Epilogue()) if splits_k(problem, Epilogue(), tile) else 1)
+        )
     return list(dict.fromkeys(candidates))[:limit]
 
 

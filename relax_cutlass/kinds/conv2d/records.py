@@ -12,6 +12,11 @@ from ..nhwc import conv_geometry
 from ..region import Region
 from .groups import group_mode, grouped_kernel_problems, iterator_for
 
+# The schedule of CUTLASS 3.x SM90 conv kernels: `KernelImplicitTmaWarpSpecializedSm90`, the one
+# CUTLASS 4.2 implements (its persistent cooperative / ping-pong conv schedules are declared and
+# static_assert'ed "not supported for conv yet").
+SM90_CONV_SCHEDULE = "warpspecialized"
+
 
 @dataclass(frozen=True)
 class Conv2dProblem:
@@ -84,7 +89,10 @@ class Conv2dKernel:
 
     The group mode and the iterator follow from the problem and the tile (groups.group_mode,
     groups.iterator_for), so that a kernel record given another tile (the profiler's stage 2)
-    never compiles a mode its tile cannot run; a tile that fits no mode is refused here."""
+    never compiles a mode its tile cannot run; a tile that fits no mode is refused here.
+
+    The family (`arch`) follows from the tile too: a "warpspecialized" tile is a CUTLASS 3.x SM90
+    kernel (TMA im2col + wgmma: emit_sm90.py), any other an SM80 implicit GEMM."""
 
     problem: Conv2dProblem
     epilogue: Epilogue
@@ -96,6 +104,11 @@ class Conv2dKernel:
 
     def __post_init__(self):
         p = self.problem
+        # The family is the tile's, whatever `arch` a copy (dataclasses.replace with another tile:
+        # the profiler's stage 2) carried over.
+        object.__setattr__(self, "arch", 90 if self.tile.schedule == SM90_CONV_SCHEDULE else 80)
+        if self.arch == 90 and p.groups > 1:
+            raise ValueError(f"no SM90 conv2d kernel for groups={p.groups}: CUTLASS 3.x convs are ungrouped")
         if reasons := grouped_kernel_problems(p.groups, p.k, self.tile.threadblock[1], self.epilogue.residual):
             raise ValueError(f"no grouped conv2d kernel for {p} with tile {self.tile.describe()}: {'; '.join(reasons)}")
 
@@ -106,7 +119,9 @@ class Conv2dKernel:
 
     @property
     def iterator(self) -> str:
-        """cutlass::conv::IteratorAlgorithm: "optimized" | "analytic"."""
+        """cutlass::conv::IteratorAlgorithm: "optimized" | "analytic" (SM90: "im2col", TMA's)."""
+        if self.arch == 90:
+            return "im2col"
         return iterator_for(self.group_mode, self.problem.r, self.problem.s)
 
     @property
@@ -141,9 +156,11 @@ class Conv2dRegion(Region):
         )
 
 
-def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
-    """The key of a conv2d fprop problem (static batch; the SM80 implicit-GEMM family). The group
-    count ends the geometry of grouped convs only, so ungrouped ones keep their records' keys."""
+def conv2d_key(problem: Conv2dProblem, arch: int, family: int = 80) -> TuningKey:
+    """The key of a conv2d fprop problem (static batch). `family`: the newest kernel family among
+    its candidates (90: SM90 and SM80 kernels were timed), so records timed without SM90 kernels do
+    not stand for those timed with them. The group count ends the geometry of grouped convs only,
+    so ungrouped ones keep their records' keys."""
     p = problem
     return TuningKey(
         arch=arch,
@@ -155,5 +172,5 @@ def conv2d_key(problem: Conv2dProblem, arch: int) -> TuningKey:
         element_out=p.element,
         accumulator=p.element_accumulator,
         alignment=p.alignment,
-        family=80,
+        family=family,
     )

@@ -145,8 +145,10 @@ SM90_MAX_ACCUMULATOR_REGISTERS = 128
 
 
 def accumulator_registers(tile: TileConfig, accumulator: str) -> int:
-    """32-bit registers per consumer thread holding the accumulator tile."""
-    warp_groups = 1 if tile.schedule == "pingpong" else 2
+    """32-bit registers per consumer thread holding the accumulator tile: a cooperative CTA splits
+    it over two consumer warp groups, the others (ping-pong, the conv kernels' plain warp-specialized
+    schedule) hold it in one."""
+    warp_groups = 2 if tile.schedule == "cooperative" else 1
     bm, bn, _ = tile.threadblock
     return bm * bn * DTYPE_BITS[accumulator] // 32 // (128 * warp_groups)
 
