@@ -9,8 +9,8 @@ cudnn.benchmark), each checked against torch float64.
 Each family's convs are one module (a function per conv), built once; the table weights each conv
 by how often ResNet-50 runs it. The "SM90" column is family="auto", the heuristic's choice: since
 this benchmark's first run (bench/results/2026-11-26-session15-conv-families-*.json, where it was
-the SM90 kernel for every conv) convs with C < 128 keep the SM80 kernel there (select.py). JSON under DIR. Needs a Hopper GPU, torch and TVM's compiler (the
-GPU host with the full bundle).
+the SM90 kernel for every conv) convs with C < 128 keep the SM80 kernel there (select_3x.py).
+JSON under DIR. Needs a Hopper GPU, torch and TVM's compiler (the GPU host with the full bundle).
 """
 
 from __future__ import annotations

@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 import relax_cutlass
 from relax_cutlass.kinds.conv2d.profile import conv2d_candidates
 from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv2d_key
-from relax_cutlass.kinds.conv2d.select import (
-    candidate_conv2d_tiles,
-    candidate_conv2d_tiles_sm90,
-    choose_conv2d_kernel,
-    kernel_arch,
-    sm90_conv_fallback_reason,
-    upper_padding,
-)
+from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel, kernel_arch
+from relax_cutlass.kinds.conv2d.select_3x import candidate_conv2d_tiles_sm90, tma_conv_fallback_reason, upper_padding
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
 from relax_cutlass.stages.emit import emit_kernel
@@ -38,17 +32,31 @@ def _bound(mod):
 
 @pytest.mark.parametrize(
     "arch,family,want",
-    [(90, "auto", 90), (90, "sm90", 90), (90, "sm80", 80), (80, "auto", 80), (100, "auto", 80), (120, "auto", 80)],
+    [
+        (90, "auto", 90),
+        (90, "sm90", 90),
+        (90, "sm80", 80),
+        (80, "auto", 80),
+        (100, "auto", 100),
+        (103, "sm100", 100),
+        (110, "auto", 100),
+        (100, "sm80", 80),
+        (120, "auto", 80),
+    ],
 )
-def test_only_sm90a_gets_sm90_conv_kernels(arch, family, want):
+def test_each_target_gets_its_conv_family(arch, family, want):
+    """sm_90a: SM90 kernels; sm_100a / sm_103a / sm_110a: SM100 (tcgen05) kernels, stated as not yet
+    run on hardware; everything else (and family='sm80'): the SM80 implicit GEMMs."""
     kernel, split = choose_conv2d_kernel(LAYER2, RELU, arch, family=family)
     assert kernel.arch == want and kernel.target == arch and split == 1
-    if want == 90:
-        assert kernel.name.startswith("sm90_conv2d") and "_im2col_" in kernel.name and not kernel.note
-    elif arch == 90:
+    if want != 80:
+        assert kernel.name.startswith(f"sm{want}_conv2d") and "_im2col_" in kernel.name
+        assert ("not yet run on Blackwell hardware" in kernel.note) == (want == 100)
+        assert kernel.note or want == 90
+    elif family == "sm80":
         assert kernel.note == "SM80 kernel requested (family='sm80')"
-    elif arch == 100:
-        assert "no native tcgen05 kernel yet" in kernel.note
+    elif arch == 120:
+        assert "no tcgen05" in kernel.note
 
 
 @pytest.mark.parametrize(
@@ -64,7 +72,7 @@ def test_only_sm90a_gets_sm90_conv_kernels(arch, family, want):
 )
 def test_what_tma_cannot_run_falls_back_to_sm80_with_the_reason(change, reason):
     problem = Conv2dProblem(**(vars(LAYER2) | change))
-    assert reason in sm90_conv_fallback_reason(problem)
+    assert reason in tma_conv_fallback_reason(problem)
     kernel, _ = choose_conv2d_kernel(problem, Epilogue(bias=True), 90)
     assert kernel.arch == 80 and reason in kernel.note
 
@@ -100,7 +108,7 @@ def test_the_upper_padding_reproduces_every_output_size(size, r, stride, dilatio
         n=2, h=size, w=size, c=128, k=16, r=r, s=r, p=out, q=out, pad=(top, top),
         stride=(stride, stride), dilation=(dilation, dilation),
     )  # fmt: skip
-    assert sm90_conv_fallback_reason(problem) is None
+    assert tma_conv_fallback_reason(problem) is None
     up = upper_padding(problem)[0]
     assert up >= 0 and (size + top + up - dilation * (r - 1) - 1) // stride + 1 == out
 

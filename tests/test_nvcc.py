@@ -80,6 +80,23 @@ def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
         assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
 
 
+def test_sm100_conv_compiles_to_tcgen05():
+    """A CUTLASS 3.x SM100 conv (TMA im2col + tcgen05, a 2-SM MMA) with the bias + residual + relu
+    EVT, as offload_pipeline picks it for sm_100a, compiled and checked by the guard (UTCHMMA)."""
+    from relax_cutlass.kinds.conv2d.records import Conv2dProblem
+    from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.stages.sass_check import mma_counts
+
+    problem = Conv2dProblem(None, 28, 28, 128, 128, 3, 3, 28, 28, (1, 1))
+    kernel, _ = choose_conv2d_kernel(problem, Epilogue(bias=True, residual=True, residual_activation="relu"), 100)
+    assert kernel.arch == 100 and kernel.tile.schedule == "2sm"
+    ((obj, _),) = compile_all([emit_kernel(kernel)], 100).values()
+    counts, _, _ = mma_counts(obj, MMA_OPCODES)
+    print(f"{kernel.name}: {counts}")
+    assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
+
+
 def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
     """The other direction of issue 21's bug: a tcgen05 kernel compiled for Hopper is a stub too."""
     import dataclasses

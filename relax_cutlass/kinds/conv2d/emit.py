@@ -1,6 +1,6 @@
 """C++ of the conv2d kind: cutlass_library's `EmitConv2dInstance` (`ImplicitGemmConvolution` over
 `DefaultConv2dFprop`, or `DefaultConv2dGroupFprop` for grouped convs), or
-`DefaultConv2dFpropWithBroadcast` for residual blocks; the SM90 kernels (emit_sm90.py); and a
+`DefaultConv2dFpropWithBroadcast` for residual blocks; the CUTLASS 3.x kernels (emit_3x.py); and a
 region's glue function."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ...stages.compile import Source
 from ...stages.emit import residual_checks, role_aliases, tensor_checks
 from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
 from ..nhwc import conv_glue_values
-from .emit_sm90 import sm90_conv2d_kernel_parts
+from .emit_3x import conv2d_3x_kernel_parts
 from .records import Conv2dKernel, Conv2dRegion
 from .templates import ARGS_TYPE, CONV2D_ARGS, CONV2D_ARGUMENTS, CONV2D_GLUE_FUNCTION, CONV2D_RESIDUAL_ARGUMENTS
 
@@ -116,5 +116,5 @@ def conv2d_glue_function(region: Conv2dRegion) -> str:
 
 
 def emit_conv2d_kernel(kernel: Conv2dKernel) -> Source:
-    parts = sm90_conv2d_kernel_parts(kernel) if kernel.arch == 90 else _conv2d_kernel_parts(kernel)
+    parts = _conv2d_kernel_parts(kernel) if kernel.arch == 80 else conv2d_3x_kernel_parts(kernel)
     return device_kernel_source(kernel, parts, CONV2D_ARGS, ARGS_TYPE)

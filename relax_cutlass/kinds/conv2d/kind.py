@@ -1,7 +1,7 @@
 """The conv2d kind: NHWC x OHWI forward convolution (+ bias, activation, residual add(+relu)) as a
-CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU, or on sm_90a as
-a CUTLASS 3.x SM90 kernel (TMA im2col + wgmma, emit_sm90.py); grouped convs (1 < groups, not
-depthwise: + bias, activation) as its grouped kernels (groups.py)."""
+CUTLASS 2.x implicit GEMM, with serial split-K where the output cannot fill the GPU, or as a CUTLASS
+3.x kernel (TMA im2col + wgmma on sm_90a, + tcgen05 on sm_100a / sm_103a / sm_110a: emit_3x.py);
+grouped convs (1 < groups, not depthwise: + bias, activation) as its grouped kernels (groups.py)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[Pr
 
 
 def _stage2_candidates(p: Conv2dProblem, epilogue: Epilogue, arch: int, key, record) -> tuple:
-    family = "auto" if key.family == 90 else "sm80"
+    family = "auto" if key.family != 80 else "sm80"
     heuristic, split = choose_conv2d_kernel(p, epilogue, arch, family=family)
     # A split tile is timed unsplit where the epilogue (a residual) rules split-K out (splits_k).
     ranked = by_label(conv2d_tiles(p, arch, family), record)

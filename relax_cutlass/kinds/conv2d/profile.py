@@ -26,7 +26,7 @@ def conv2d_candidates(
         iterations = -(-gemm.k // chosen.tile.threadblock[2])
         candidates += [(chosen.tile, s) for s in (1, 2, 4, 8, 16) if s != split and iterations >= 4 * s]
     ranked = ranked_conv2d_tiles(problem, arch, family=family)
-    by_family = [[t for t in ranked if kernel_arch(t) == f] for f in (90, 80)]
+    by_family = [[t for t in ranked if kernel_arch(t) == f] for f in (90, 100, 80)]
     for tile in (t for pair in itertools.zip_longest(*by_family) for t in pair if t is not None):
         candidates.append(
             (tile, choose_split_k(gemm, tile, arch, Epilogue()) if splits_k(problem, Epilogue(), tile) else 1)

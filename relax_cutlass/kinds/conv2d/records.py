@@ -16,6 +16,13 @@ from .groups import group_mode, grouped_kernel_problems, iterator_for
 # CUTLASS 4.2 implements (its persistent cooperative / ping-pong conv schedules are declared and
 # static_assert'ed "not supported for conv yet").
 SM90_CONV_SCHEDULE = "warpspecialized"
+# A conv tile's schedule -> its kernel family; every other schedule ("multistage") is SM80's.
+CONV_FAMILY_OF_SCHEDULE = {SM90_CONV_SCHEDULE: 90, "1sm": 100, "2sm": 100}
+
+
+def conv_family(tile: TileConfig) -> int:
+    """The kernel family of a conv2d tile: 90 (SM90 wgmma), 100 (SM100 tcgen05) or 80."""
+    return CONV_FAMILY_OF_SCHEDULE.get(tile.schedule, 80)
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,9 @@ class Conv2dKernel:
     groups.iterator_for), so that a kernel record given another tile (the profiler's stage 2)
     never compiles a mode its tile cannot run; a tile that fits no mode is refused here.
 
-    The family (`arch`) follows from the tile too: a "warpspecialized" tile is a CUTLASS 3.x SM90
-    kernel (TMA im2col + wgmma: emit_sm90.py), any other an SM80 implicit GEMM."""
+    The family (`arch`) follows from the tile too (`conv_family`): a "warpspecialized" tile is a
+    CUTLASS 3.x SM90 kernel (TMA im2col + wgmma), a "1sm" / "2sm" one an SM100 kernel (TMA im2col +
+    tcgen05: emit_3x.py), any other an SM80 implicit GEMM."""
 
     problem: Conv2dProblem
     epilogue: Epilogue
@@ -106,9 +114,9 @@ class Conv2dKernel:
         p = self.problem
         # The family is the tile's, whatever `arch` a copy (dataclasses.replace with another tile:
         # the profiler's stage 2) carried over.
-        object.__setattr__(self, "arch", 90 if self.tile.schedule == SM90_CONV_SCHEDULE else 80)
-        if self.arch == 90 and p.groups > 1:
-            raise ValueError(f"no SM90 conv2d kernel for groups={p.groups}: CUTLASS 3.x convs are ungrouped")
+        object.__setattr__(self, "arch", conv_family(self.tile))
+        if self.arch != 80 and p.groups > 1:
+            raise ValueError(f"no SM{self.arch} conv2d kernel for groups={p.groups}: CUTLASS 3.x convs are ungrouped")
         if reasons := grouped_kernel_problems(p.groups, p.k, self.tile.threadblock[1], self.epilogue.residual):
             raise ValueError(f"no grouped conv2d kernel for {p} with tile {self.tile.describe()}: {'; '.join(reasons)}")
 
@@ -119,8 +127,8 @@ class Conv2dKernel:
 
     @property
     def iterator(self) -> str:
-        """cutlass::conv::IteratorAlgorithm: "optimized" | "analytic" (SM90: "im2col", TMA's)."""
-        if self.arch == 90:
+        """cutlass::conv::IteratorAlgorithm: "optimized" | "analytic" (CUTLASS 3.x: "im2col", TMA's)."""
+        if self.arch != 80:
             return "im2col"
         return iterator_for(self.group_mode, self.problem.r, self.problem.s)
 
@@ -158,7 +166,7 @@ class Conv2dRegion(Region):
 
 def conv2d_key(problem: Conv2dProblem, arch: int, family: int = 80) -> TuningKey:
     """The key of a conv2d fprop problem (static batch). `family`: the newest kernel family among
-    its candidates (90: SM90 and SM80 kernels were timed), so records timed without SM90 kernels do
+    its candidates (90 / 100: CUTLASS 3.x and SM80 kernels were timed), so records timed without SM90 kernels do
     not stand for those timed with them. The group count ends the geometry of grouped convs only,
     so ungrouped ones keep their records' keys."""
     p = problem

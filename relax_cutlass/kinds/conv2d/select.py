@@ -15,20 +15,21 @@ from ...stages.tuning import epilogue_key
 from ..epilogue import Epilogue
 from ..gemm.records import GemmProblem, TileConfig
 from ..gemm.select import (
-    SM90_MAX_ACCUMULATOR_REGISTERS,
     _fitting,
     _generated,
     _rank_sm80,
     _sm80_tile,
     _stable,
     _stage_record,
-    accumulator_registers,
     estimate_cost,
     output_tiles,
     under_fills,
 )
 from .groups import group_mode
-from .records import SM90_CONV_SCHEDULE, Conv2dKernel, Conv2dProblem, conv2d_key
+from .records import Conv2dKernel, Conv2dProblem, conv2d_key, conv_family
+from .select_3x import candidate_conv2d_tiles_3x, conv2d_family, rank_3x_conv2d_tile, tma_conv_fallback_reason
+
+kernel_arch = conv_family  # the family of a conv2d tile: 80, 90 or 100
 
 # cutlass_library's (GroupMode, IteratorAlgorithm) member names of each group mode's generated kernels:
 # kMultipleGroup has only analytic iterators.
@@ -66,12 +67,13 @@ def grouped_tile_widths(element: str) -> set[int]:
 
 
 def conv2d_tiles(problem: Conv2dProblem, arch: int, family: str = "auto") -> list[TileConfig]:
-    """The candidate tiles that can run `problem` on `arch`: its SM90 kernels' (sm_90a, where
-    `sm90_conv_fallback_reason` finds nothing against them and `family` allows them), then the SM80
-    ones that fit `arch`'s shared memory: the ungrouped kernels' tiles, or for a grouped conv those
-    of each group mode whose width puts it in that mode (groups.group_mode)."""
-    sm90 = list(candidate_conv2d_tiles_sm90()) if conv2d_family(problem, arch, family) == 90 else []
-    return sm90 + _sm80_conv2d_tiles(problem, arch)
+    """The candidate tiles that can run `problem` on `arch`: its CUTLASS 3.x kernels' (sm_90a:
+    SM90, sm_100a / sm_103a / sm_110a: SM100; where `conv2d_family` takes them), then the SM80 ones
+    that fit `arch`'s shared memory: the ungrouped kernels' tiles, or for a grouped conv those of
+    each group mode whose width puts it in that mode (groups.group_mode)."""
+    native = conv2d_family(problem, arch, family)
+    tiles_3x = list(candidate_conv2d_tiles_3x(native)) if native != 80 else []
+    return tiles_3x + _sm80_conv2d_tiles(problem, arch)
 
 
 def _sm80_conv2d_tiles(problem: Conv2dProblem, arch: int) -> list[TileConfig]:
@@ -86,102 +88,6 @@ def _sm80_conv2d_tiles(problem: Conv2dProblem, arch: int) -> list[TileConfig]:
             if group_mode(problem.groups, problem.k, t.threadblock[1]) == mode
         )
     return _fitting(tiles, arch, problem)
-
-
-# One consumer warp group of `KernelImplicitTmaWarpSpecializedSm90` holds the whole CTA tile's
-# accumulator: the tiles whose fp32 accumulator spills (past SM90_MAX_ACCUMULATOR_REGISTERS) are left out.
-# 128x64 is added to the generator's shapes: the tile of the 64-channel convs (N = K = 64) that
-# fills its MMA without a half-empty 128-wide N.
-SM90_CONV_EXTRA_TILES = ((128, 64, 64),)
-
-
-@functools.cache
-def candidate_conv2d_tiles_sm90() -> tuple[TileConfig, ...]:
-    """CTA tiles and clusters of the 16-bit 2-D fprop kernels `GenerateSM90_Conv3x` emits (fp16
-    and bf16 share their wgmma shapes), those whose fp32 accumulator fits one warp group's
-    registers, plus SM90_CONV_EXTRA_TILES."""
-    from cutlass_library.library import ConvKind, DataType, OperationKind
-
-    shapes = {
-        (tuple(op.tile_description.tile_shape), tuple(op.tile_description.cluster_shape))
-        for op in _generated("GenerateSM90_Conv3x")
-        if op.operation_kind == OperationKind.Conv2d
-        and op.conv_kind == ConvKind.Fprop
-        and op.A.element in (DataType.f16, DataType.bf16)
-    }
-    shapes |= {(tile, (1, 1, 1)) for tile in SM90_CONV_EXTRA_TILES}
-    tiles = (
-        TileConfig(threadblock=tile, instruction=(64, tile[1], 16), cluster=cluster, schedule=SM90_CONV_SCHEDULE)
-        for tile, cluster in shapes
-    )
-    return _stable(t for t in tiles if accumulator_registers(t, "float32") <= SM90_MAX_ACCUMULATOR_REGISTERS)
-
-
-# On the H200 (bench/conv_families.py, ResNet-50's convs, batch 32) the SM90 kernels ran 1.1-1.7x
-# faster than the SM80 ones for C >= 128, about 2-10% slower for C = 64 and 3.6x slower for the
-# padded RGB stem (C = 8, 7x7): their TMA im2col loads are one filter tap's C channels.
-SM90_CONV_MIN_CHANNELS = 128
-
-# TMA im2col's limits for 2-D convs (CUTLASS's can_implement): corner offsets in [-128, 127], filter
-# extents (R-1)*dilation below 255, element (traversal) strides up to 8.
-TMA_CORNER_LIMIT = 128
-TMA_FILTER_OFFSET_LIMIT = 255
-TMA_MAX_TRAVERSAL_STRIDE = 8
-
-
-def upper_padding(problem: Conv2dProblem) -> tuple[int, int]:
-    """The bottom/right padding that makes CUTLASS 3.x's output size (computed from both paddings)
-    P x Q: whatever the last output row/column reads past the input, at least 0 (a negative need
-    is the rows the floor division already drops)."""
-    p = problem
-    dims = zip((p.p, p.q), p.stride, (p.r, p.s), p.dilation, (p.h, p.w), p.pad, strict=True)
-    return tuple(max(0, (out - 1) * stride + (f - 1) * dil + 1 - size - pad) for out, stride, f, dil, size, pad in dims)
-
-
-def sm90_conv_fallback_reason(problem: Conv2dProblem) -> str | None:
-    """Why an sm_90a target cannot run `problem` on a CUTLASS 3.x SM90 conv kernel, if it cannot."""
-    p = problem
-    if p.groups > 1:
-        return f"groups={p.groups}: CUTLASS 3.x conv kernels are ungrouped: SM80 kernel"
-    if p.alignment < 8:
-        return f"C={p.c} / K={p.k} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
-    if p.c < SM90_CONV_MIN_CHANNELS:
-        return f"C={p.c} < {SM90_CONV_MIN_CHANNELS} (narrow TMA im2col rows measured slower): SM80 kernel"
-    if max(p.stride) > TMA_MAX_TRAVERSAL_STRIDE:
-        return f"stride {p.stride} beyond TMA im2col's {TMA_MAX_TRAVERSAL_STRIDE}: SM80 kernel"
-    upper = upper_padding(p)
-    for size, out, stride, f, dil, pad, up in zip(
-        (p.h, p.w), (p.p, p.q), p.stride, (p.r, p.s), p.dilation, p.pad, upper, strict=True
-    ):
-        extent = (f - 1) * dil
-        corners_fit = pad <= TMA_CORNER_LIMIT and -TMA_CORNER_LIMIT <= up - extent < TMA_CORNER_LIMIT
-        if extent >= TMA_FILTER_OFFSET_LIMIT or not corners_fit:
-            return f"padding {p.pad} / filter extent beyond TMA im2col's limits: SM80 kernel"
-        if (size + pad + up - extent - 1) // stride + 1 != out:
-            return f"output size {p.p}x{p.q} not reachable by TMA im2col's padding: SM80 kernel"
-    return None
-
-
-def conv2d_family(problem: Conv2dProblem, arch: int, family: str = "auto") -> int:
-    """The kernel family `problem` gets on `arch`: 90 on sm_90a unless `family="sm80"` or
-    `sm90_conv_fallback_reason` rules it out, else 80 (the SM80 family also serves Blackwell: no
-    tcgen05 conv yet)."""
-    if native_family(arch) != 90 or resolve_family(family, arch) != "auto":
-        return 80
-    return 80 if sm90_conv_fallback_reason(problem) else 90
-
-
-# SM90 tiles the heuristic chooses from (the rest are profiling candidates): 64-row K tiles, no cluster.
-SM90_CONV_HEURISTIC_TILES = ((64, 128, 64), (128, 64, 64), (128, 128, 64), (64, 256, 64))
-
-
-def rank_sm90_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, n_hint: int = 1):
-    """SM90_CONV_HEURISTIC_TILES first, by the wave model of the implicit GEMM; ties to the larger
-    tile, then the name."""
-    gemm = problem.implicit_gemm(n_hint)
-    bm, bn, _ = tile.threadblock
-    heuristic = tile.threadblock in SM90_CONV_HEURISTIC_TILES and tile.cluster == (1, 1, 1)
-    return (not heuristic, estimate_cost(gemm, tile, arch, gemm.m), -bm * bn, tile.describe())
 
 
 def grouped_main_loop(problem: Conv2dProblem, tile: TileConfig) -> int:
@@ -210,19 +116,14 @@ def rank_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, n_hint
 
 
 def ranked_conv2d_tiles(problem: Conv2dProblem, arch: int, n_hint: int = 1, family: str = "auto") -> list[TileConfig]:
-    """`conv2d_tiles`, best first: the SM90 ones (when there are any) by `rank_sm90_conv2d_tile`,
-    then the SM80 ones by `rank_conv2d_tile`."""
+    """`conv2d_tiles`, best first: the CUTLASS 3.x ones (when there are any) by their family's
+    rank (select_3x), then the SM80 ones by `rank_conv2d_tile`."""
     tiles = conv2d_tiles(problem, arch, family)
-    sm90 = [t for t in tiles if kernel_arch(t) == 90]
+    tiles_3x = [t for t in tiles if kernel_arch(t) != 80]
     sm80 = [t for t in tiles if kernel_arch(t) == 80]
-    sm90.sort(key=lambda t: rank_sm90_conv2d_tile(problem, t, arch, n_hint))
+    tiles_3x.sort(key=lambda t: rank_3x_conv2d_tile(problem, t, arch, n_hint))
     sm80.sort(key=lambda t: rank_conv2d_tile(problem, t, arch, n_hint))
-    return sm90 + sm80
-
-
-def kernel_arch(tile: TileConfig) -> int:
-    """The family of a conv2d tile: 90 for the SM90 schedule, else 80."""
-    return 90 if tile.schedule == SM90_CONV_SCHEDULE else 80
+    return tiles_3x + sm80
 
 
 def splits_k(problem: Conv2dProblem, epilogue: Epilogue, tile: TileConfig | None = None) -> bool:
@@ -257,12 +158,13 @@ def choose_split_k(gemm: GemmProblem, tile: TileConfig, arch: int, epilogue: Epi
 
 
 def conv2d_note(problem: Conv2dProblem, arch: int, family: str = "auto") -> str:
-    """Why `problem` gets the family it gets on `arch`, for the offload report ("" for the native one)."""
-    if native_family(arch) != 90:
+    """Why `problem` gets the family it gets on `arch`, for the offload report ("" for sm_90a's
+    own; SM100's says it has not run on hardware)."""
+    if native_family(arch) == 80:
         return family_note(arch, 80)
     if resolve_family(family, arch) != "auto":
         return "SM80 kernel requested (family='sm80')"
-    return sm90_conv_fallback_reason(problem) or ""
+    return tma_conv_fallback_reason(problem) or family_note(arch)
 
 
 def choose_conv2d_kernel(
@@ -276,9 +178,9 @@ def choose_conv2d_kernel(
 ) -> tuple[Conv2dKernel, int]:
     """-> (kernel, split-K slices): the tuning database's measured choice when it has one for this
     (static-batch) problem, else the best-ranked of `ranked_conv2d_tiles`: on sm_90a the SM90
-    kernel (CUTLASS 3.x, TMA im2col + wgmma) where the problem fits TMA (`conv2d_family`), else the
-    SM80 implicit-GEMM fprop kernel (for a grouped conv, its group mode follows from the tile:
-    groups.group_mode). Blackwell runs the SM80 kernels (no tcgen05 conv yet; the note says so).
+    kernel (CUTLASS 3.x, TMA im2col + wgmma) and on sm_100a / sm_103a / sm_110a the SM100 one
+    (+ tcgen05) where the problem fits TMA (`conv2d_family`), else the SM80 implicit-GEMM fprop
+    kernel (for a grouped conv, its group mode follows from the tile: groups.group_mode).
     """
     note = conv2d_note(problem, arch, family)
     gemm = problem.implicit_gemm(n_hint)
@@ -309,14 +211,14 @@ def choose_conv2d_kernel(
         chosen, selected_by = legal[0], "heuristic"
         sm80 = next((t for t in legal if kernel_arch(t) == 80), None)
         if (
-            kernel_arch(chosen) == 90
+            kernel_arch(chosen) != 80
             and sm80 is not None
             and problem.n is not None  # a symbolic batch takes no split-K (kind.plan)
             and splits_k(problem, epilogue)
             and choose_split_k(gemm, sm80, arch, epilogue) > 1
         ):
-            # Tiles that under-fill the GPU: the SM80 kernel's split-K fills it, the SM90 kernel
-            # (no split-K) cannot.
+            # Tiles that under-fill the GPU: the SM80 kernel's split-K fills it, the CUTLASS 3.x
+            # kernel (no split-K) cannot.
             chosen, note = sm80, "; ".join(filter(None, [note, "output under-fills the GPU: SM80 split-K kernel"]))
     kernel = Conv2dKernel(
         problem, epilogue, chosen, arch=kernel_arch(chosen), target=arch, selected_by=selected_by, note=note

@@ -192,9 +192,7 @@ def tma_fallback_reason(problem: GemmProblem, family: int = 90) -> str | None:
     if problem.alignment < 8:
         return f"K={problem.k} / N={problem.n} not multiples of 8 (TMA needs 16-byte rows): SM80 kernel"
     if not tiles_of_family(family)(problem.element_accumulator, problem.element_a):
-        return (
-            f"no SM{family} {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
-        )
+        return f"no SM{family} {problem.element_accumulator}-accumulator configuration in cutlass_library: SM80 kernel"
     return None
 
 

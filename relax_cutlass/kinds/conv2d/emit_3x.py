@@ -1,6 +1,7 @@
-"""C++ of the conv2d kind's SM90 kernels: CUTLASS 3.x `ConvUniversal` (TMA im2col + wgmma, built by
-the conv and epilogue collective builders as cutlass_library's `EmitConv3xInstance` builds them) with
-the epilogue as the same epilogue visitor tree the SM90 GEMMs use (gemm/emit_sm90.py):
+"""C++ of the conv2d kind's CUTLASS 3.x kernels: `ConvUniversal` with a TMA im2col mainloop (SM90:
+wgmma; SM100: tcgen05 UMMA, 1-SM or 2-SM), built by the conv and epilogue collective builders as
+cutlass_library's `EmitConv3xInstance` builds them, with the epilogue as the same epilogue visitor
+tree the CUTLASS 3.x GEMMs use (gemm/emit_sm90.py):
 
     D = post(act(acc + bias) + residual)        (each step present only if the epilogue has it)
 
@@ -10,13 +11,15 @@ residual its source tensor C, both in the output's NHWC layout.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from string import Template
 
 from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
 from ..gemm.emit_sm90 import epilogue_tree
+from ..gemm.sm100 import SMS_PER_MMA
 from .records import Conv2dKernel
 
-SM90_CONV_INCLUDES = """\
+CONV_3X_INCLUDES = """\
 #include "cutlass/numeric_types.h"
 #include "cutlass/conv/device/conv_universal_adapter.hpp"
 #include "cutlass/conv/kernel/conv_universal.hpp"
@@ -26,27 +29,30 @@ SM90_CONV_INCLUDES = """\
 """
 
 # The mainloop's K tile is a one-mode shape (the conv builders' reduction mode is (C, R, S)).
-SM90_CONV_INSTANCE = Template("""\
+# `MmaTileShape` is what the builders take (SM100: one UMMA's tile), `TileShape` one CTA's share
+# of it, which the EVT's broadcasts tile by.
+CONV_3X_INSTANCE = Template("""\
+using MmaTileShape = cute::Shape<cute::_${mm}, cute::_${tn}, cute::Shape<cute::_${tk}>>;
 using TileShape = cute::Shape<cute::_${tm}, cute::_${tn}, cute::Shape<cute::_${tk}>>;
 using ClusterShape = cute::Shape<cute::_${cm}, cute::_${cn}, cute::_1>;
 using ElementC = ${element_c};
 using EpilogueTree = ${tree_type};
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+    cutlass::arch::${arch}, cutlass::arch::OpClassTensorOp, MmaTileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto, ${element_acc}, float,
     ElementC, cutlass::layout::TensorNHWC, ${align},
     ${element}, cutlass::layout::TensorNHWC, ${align},
-    cutlass::epilogue::TmaWarpSpecialized, EpilogueTree>::CollectiveOp;
+    ${epilogue_schedule}, EpilogueTree>::CollectiveOp;
 
 using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
-    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
+    cutlass::arch::${arch}, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop,
     ${element}, cutlass::layout::TensorNHWC, ${align},
     ${element}, cutlass::layout::TensorNHWC, ${align},
-    ${element_acc}, TileShape, ClusterShape,
+    ${element_acc}, MmaTileShape, ClusterShape,
     cutlass::conv::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+    ${kernel_schedule}>::CollectiveOp;
 
 using ProblemShape = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 2>;
 
@@ -60,7 +66,7 @@ struct ${name}_kernel : cutlass::conv::kernel::ConvUniversal<
 # (computed from both) the region's P x Q (select.upper_padding, checked here again at run time).
 # C's and D's strides follow CUTLASS's conv testbed (tools/library/src/conv_operation_3x.hpp): the
 # output's ((Q, P, N), K) modes take the problem's packed NPQK strides.
-SM90_CONV_ARGUMENTS = Template("""\
+CONV_3X_ARGUMENTS = Template("""\
 const int pad_bottom = (p->p - 1) * p->stride_h + (p->r - 1) * p->dilation_h + 1 - p->h - p->pad_h;
   const int pad_right = (p->q - 1) * p->stride_w + (p->s - 1) * p->dilation_w + 1 - p->w - p->pad_w;
   ProblemShape problem(cutlass::conv::Mode::kCrossCorrelation,
@@ -90,14 +96,52 @@ const int pad_bottom = (p->p - 1) * p->stride_h + (p->r - 1) * p->dilation_h + 1
        static_cast<${element}*>(p->out), stride_d}};""")
 
 
-def sm90_conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
+@dataclass(frozen=True)
+class ConvFamily:
+    """What sets one CUTLASS 3.x conv family's source apart: its arch tag and, per tile schedule,
+    its kernel and epilogue schedules."""
+
+    arch: str
+    schedules: dict[str, tuple[str, str]]
+
+
+CONV_FAMILIES = {
+    90: ConvFamily(
+        "Sm90",
+        {
+            "warpspecialized": (
+                "cutlass::conv::KernelImplicitTmaWarpSpecializedSm90",
+                "cutlass::epilogue::TmaWarpSpecialized",
+            )
+        },
+    ),
+    100: ConvFamily(
+        "Sm100",
+        {
+            "1sm": (
+                "cutlass::conv::KernelImplicitTmaWarpSpecialized1SmSm100",
+                "cutlass::epilogue::TmaWarpSpecialized1Sm",
+            ),
+            "2sm": (
+                "cutlass::conv::KernelImplicitTmaWarpSpecialized2SmSm100",
+                "cutlass::epilogue::TmaWarpSpecialized2Sm",
+            ),
+        },
+    ),
+}
+
+
+def conv2d_3x_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
     """includes / instance / operation_type / arguments for cutlass_device.KERNEL_TU."""
     p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
+    family = CONV_FAMILIES[kernel.arch]
+    kernel_schedule, epilogue_schedule = family.schedules[t.schedule]
     tree = epilogue_tree(kernel)
     element = CUTLASS_ELEMENT[p.element]
-    tm, tn, tk = t.threadblock
-    instance = SM90_CONV_INSTANCE.substitute(
-        tm=tm, tn=tn, tk=tk, cm=t.cluster[0], cn=t.cluster[1],
+    mm, tn, tk = t.threadblock
+    instance = CONV_3X_INSTANCE.substitute(
+        mm=mm, tm=mm // SMS_PER_MMA.get(t.schedule, 1), tn=tn, tk=tk, cm=t.cluster[0], cn=t.cluster[1],
+        arch=family.arch, kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule,
         element_c=element if epi.residual else "void",
         tree_type=tree.type,
         element_acc=CUTLASS_ELEMENT[p.element_accumulator],
@@ -105,11 +149,11 @@ def sm90_conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
         align=128 // DTYPE_BITS[p.element],
         name=kernel.name,
     )  # fmt: skip
-    arguments = SM90_CONV_ARGUMENTS.substitute(
+    arguments = CONV_3X_ARGUMENTS.substitute(
         element=element, tree_args=tree.args, c_ptr="p->residual" if epi.residual else "nullptr"
     )
     return {
-        "includes": SM90_CONV_INCLUDES,
+        "includes": CONV_3X_INCLUDES,
         "instance": instance,
         "operation_type": f"cutlass::conv::device::ConvUniversalAdapter<{kernel.name}_kernel>",
         "arguments": arguments,
