@@ -8,10 +8,10 @@ import tvm
 from ...stages.profile import ProfileJob
 from .. import Profiling, RegionKind
 from .emit import attention_glue_function, emit_attention_kernel
-from .layout import attention_problems, read_problem
 from .masks import cast_attention_masks, scalar_where_fills
 from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
 from .patterns import ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
+from .problems import attention_problems, read_problem
 from .profile import PROFILE_ATTENTION, attention_job
 from .records import AttentionKernel, AttentionProblem, AttentionRegion, report_line
 from .select import attention_label, choose_attention_kernel
