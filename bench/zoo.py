@@ -111,6 +111,7 @@ def _transformer(config_class: str, model_class: str, vocab: int, **config):
 
 BUILDERS = {
     "resnet50": _vision("resnet50"),
+    "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case (issue 19's 1.2x torch.compile)
     "vit_b_16": _vision("vit_b_16"),
     "mobilenet_v3_large": _vision("mobilenet_v3_large"),
     "convnext_tiny": _vision("convnext_tiny"),
@@ -135,6 +136,7 @@ BUILDERS = {
 
 ZOO = (
     ZooModel("resnet50", "vision", 32),
+    ZooModel("resnet50_b1", "vision", 1),
     ZooModel("bert_base", "transformer", 8, 128),
     ZooModel("gpt2", "transformer", 1, 512),
     ZooModel("llama_gqa", "transformer", 1, 512),

@@ -98,7 +98,7 @@ run_check() {
   fi
   tail -5 "$out/main-job.log"
   python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py \
-    tests/test_gpu_depthwise.py tests/test_gpu_grouped.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+    tests/test_gpu_depthwise.py tests/test_gpu_grouped.py tests/test_gpu_conv_sm90.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")

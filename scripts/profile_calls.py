@@ -39,6 +39,11 @@ def profile(build: Path, case: dict, variant: str, runs: int) -> dict:
     vm = load(build / f"{case['name']}.{variant}.so")
     values = inputs_for(case["tvm_params"], {}, 1)
     args = [tvm.runtime.tensor(values[p["name"]], DEV) for p in params]
+    return {"case": case["name"], "variant": variant, **kernel_profile(vm, args, runs)}
+
+
+def kernel_profile(vm, args: list, runs: int) -> dict:
+    """The wall time of `vm["main"](*args)` and every CUDA kernel it runs (ms per inference)."""
     for _ in range(3):
         vm["main"](*args)
     DEV.sync()
@@ -59,13 +64,14 @@ def profile(build: Path, case: dict, variant: str, runs: int) -> dict:
         ({"kernel": k, "calls": len(t) / runs, "ms": sum(t) / runs} for k, t in kernels.items()),
         key=lambda r: -r["ms"],
     )
-    return {
-        "case": case["name"],
-        "variant": variant,
-        "wall_ms": wall_ms,
-        "gpu_busy_ms": sum(r["ms"] for r in rows),
-        "kernels": rows,
-    }
+    return {"wall_ms": wall_ms, "gpu_busy_ms": sum(r["ms"] for r in rows), "kernels": rows}
+
+
+def print_profile(title: str, r: dict, top: int) -> None:
+    n = sum(k["calls"] for k in r["kernels"])
+    print(f"\n== {title} wall {r['wall_ms']:.3f} ms, GPU busy {r['gpu_busy_ms']:.3f} ms, {n:.0f} kernels")
+    for k in r["kernels"][:top]:
+        print(f"  {k['ms']:8.4f} ms  x{k['calls']:<5.0f} {k['kernel'][:110]}")
 
 
 def main() -> None:
@@ -84,11 +90,7 @@ def main() -> None:
         for variant in args.variants.split(","):
             r = profile(args.build, case, variant, args.runs)
             out.append(r)
-            n = sum(k["calls"] for k in r["kernels"])
-            busy = f"GPU busy {r['gpu_busy_ms']:.3f} ms"
-            print(f"\n== {name} [{variant}] wall {r['wall_ms']:.3f} ms, {busy}, {n:.0f} kernels")
-            for k in r["kernels"][: args.top]:
-                print(f"  {k['ms']:8.4f} ms  x{k['calls']:<5.0f} {k['kernel'][:110]}")
+            print_profile(f"{name} [{variant}]", r, args.top)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
