@@ -1,7 +1,7 @@
 """Building GPU-suite cases (TVM compiler + nvcc; no GPU needed): relax_cutlass's build of a model
 beside TVM's own default CUDA build of it, exported as libraries with a manifest entry saying what
-was offloaded. Shared by the GPU tests (tests/test_gpu_suite.py, built in-process on the GPU host),
-the suite benchmarks (bench/gpu_suite.py) and the runtime-only path (scripts/build_gpu_suite.py).
+was offloaded. Shared by the GPU tests (tests/test_gpu_suite.py, built in-process on the GPU host)
+and the suite benchmarks (bench/gpu_suite.py).
 """
 
 from __future__ import annotations

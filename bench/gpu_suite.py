@@ -9,8 +9,8 @@ OUT/gpu_results.json written (bench/publish.py turns it into the README's tables
 Sections (`--only`, default: every benchmark section but the sweep): bench (dense + epilogue vs
 cuBLAS), conv_bench (ResNet-50 stages vs cuDNN), attention_bench (BERT-large's fused attention vs
 sdpa), sweep (SM90 tiles), model (one BERT-large layer), resnet, bert (BERT-large end to end). The
-correctness sections (tests, conv, graphs, frontends, attention) are tests/test_gpu_suite.py's; they
-are accepted here for the runtime-only path (scripts/build_gpu_suite.py, scripts/run_gpu_suite.py).
+correctness sections (tests, conv, graphs, frontends, attention) are tests/test_gpu_suite.py's
+(`--phase prewarm` compiles their kernels into the object cache ahead of it).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def run_sections(
             print(f"{key} {case['name']} done ({time.time() - t0:.0f}s)", flush=True)
     save()
 
-    tuning = out / "tuning.jsonl"  # written by `tune run` in gpu_suite.sh before this script
+    tuning = out / "tuning.jsonl"  # a tuning run's records, where one wrote them beside the suite
     if tuning.exists():
         results["tuning"] = [json.loads(line) for line in tuning.read_text().splitlines() if line.strip()]
         save()

@@ -5,7 +5,7 @@ host (the VM's per-call overhead), not by the kernels.
 
     python scripts/profile_calls.py DIR/build bert_large_b8_s128 [--runs 5] [--json OUT]
 
-DIR/build: the libraries and manifest of bench/gpu_suite.py --out DIR (or scripts/build_gpu_suite.py's).
+DIR/build: the libraries and manifest of bench/gpu_suite.py --out DIR.
 """
 
 from __future__ import annotations

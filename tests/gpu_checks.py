@@ -4,8 +4,8 @@ float64 torch reference, on two input seeds per shape; the glue's argument error
 on every finite fp16 value; chains of SM90 kernels called back to back.
 
 A case is its manifest entry (gpu_build.build_pair, gpu_cases.build_case) and the folder holding
-its libraries: tests/test_gpu_suite.py builds them in-process on the GPU host, the runtime-only
-path (scripts/run_gpu_suite.py) loads them from a carried build.
+its libraries, which tests/test_gpu_suite.py and bench/gpu_suite.py build in-process on the GPU
+host.
 """
 
 from __future__ import annotations
