@@ -30,7 +30,8 @@ OPCODES = ("HMMA", "HGMMA", "UTCHMMA", "FFMA")
 
 def models():
     bert = bert_encoder_layer(batch=8, seq=128)
-    conv = conv2d_epilogue_model(8, 56, 56, 64, 64, kernel=3, padding=1, residual=True, residual_relu=True)
+    # ResNet-50's stage-2 block shape (C = 128: the CUTLASS 3.x conv families take it; C = 64 stays SM80)
+    conv = conv2d_epilogue_model(8, 28, 28, 128, 128, kernel=3, padding=1, residual=True, residual_relu=True)
     return [bind_weights(m, random_weights(m)) for m in (bert, conv)]
 
 
