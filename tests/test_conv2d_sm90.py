@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import relax_cutlass
 from relax_cutlass.kinds.conv2d.profile import conv2d_candidates
-from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv2d_key
-from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel, kernel_arch
+from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv2d_key, conv_family
+from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel
 from relax_cutlass.kinds.conv2d.select_3x import candidate_conv2d_tiles_sm90, tma_conv_fallback_reason, upper_padding
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
@@ -117,7 +117,7 @@ def test_sm90_candidates_hold_their_accumulator_in_one_warp_group():
     tiles = candidate_conv2d_tiles_sm90()
     assert {(128, 128, 64), (128, 64, 64), (64, 128, 64), (64, 256, 64)} <= {t.threadblock for t in tiles}
     assert all(t.threadblock[0] * t.threadblock[1] <= 128 * 128 for t in tiles)  # 256x128 would spill
-    assert all(kernel_arch(t) == 90 for t in tiles)
+    assert all(conv_family(t) == 90 for t in tiles)
 
 
 def test_an_sm90_tile_is_an_sm90_kernel_and_never_grouped():
@@ -174,11 +174,11 @@ def test_report_states_the_fallback_for_odd_channels():
 
 def test_profiling_times_both_families_and_honours_an_sm90_record(tmp_path):
     candidates = conv2d_candidates(LAYER2, 90, 6)
-    families = [kernel_arch(t) for t, _ in candidates]
+    families = [conv_family(t) for t, _ in candidates]
     assert families[0] == 90 and families.count(80) >= 2 and families.count(90) >= 2
     assert conv2d_key(LAYER2, 90, 90) != conv2d_key(LAYER2, 90)  # SM80-only records do not stand for it
     db = TuningDatabase(tmp_path / "t.jsonl")
-    label = next(t.describe() for t, _ in candidates[1:] if kernel_arch(t) == 90)
+    label = next(t.describe() for t, _ in candidates[1:] if conv_family(t) == 90)
     db.add([TuningRecord(conv2d_key(LAYER2, 90, 90), label, 0.02)])
     kernel, split = choose_conv2d_kernel(LAYER2, RELU, 90, db=db)
     assert kernel.selected_by == "tuned" and kernel.tile.describe() == label and kernel.arch == 90 and split == 1

@@ -24,7 +24,7 @@ from .patterns import (
 )
 from .profile import PROFILE_CONV2D, conv2d_candidates
 from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
-from .select import choose_conv2d_kernel, conv2d_family, conv2d_tiles, kernel_arch, splits_k
+from .select import choose_conv2d_kernel, conv2d_family, conv2d_tiles, splits_k
 from .supergroups import merge_narrow_groups
 from .templates import ARGS_TYPE, CONV2D_ARGS
 
@@ -55,7 +55,7 @@ def _jobs(problem: Conv2dProblem, arch: int, family: str, limit: int) -> list[Pr
             key,
             problem,
             tuple(
-                (Conv2dKernel(problem, Epilogue(), t, arch=kernel_arch(t), target=arch, selected_by="profiling"), split)
+                (Conv2dKernel(problem, Epilogue(), t, target=arch, selected_by="profiling"), split)
                 for t, split in conv2d_candidates(problem, arch, limit, family)
             ),
         )

@@ -9,8 +9,8 @@ from string import Template
 from ..epilogue import Epilogue
 from ..gemm.records import TileConfig
 from ..gemm.select import under_fills
-from .records import Conv2dProblem
-from .select import choose_conv2d_kernel, choose_split_k, kernel_arch, ranked_conv2d_tiles, splits_k
+from .records import Conv2dProblem, conv_family
+from .select import choose_conv2d_kernel, choose_split_k, ranked_conv2d_tiles, splits_k
 
 
 def conv2d_candidates(
@@ -26,7 +26,7 @@ def conv2d_candidates(
         iterations = -(-gemm.k // chosen.tile.threadblock[2])
         candidates += [(chosen.tile, s) for s in (1, 2, 4, 8, 16) if s != split and iterations >= 4 * s]
     ranked = ranked_conv2d_tiles(problem, arch, family=family)
-    by_family = [[t for t in ranked if kernel_arch(t) == f] for f in (90, 100, 80)]
+    by_family = [[t for t in ranked if conv_family(t) == f] for f in (90, 100, 80)]
     for tile in (t for pair in itertools.zip_longest(*by_family) for t in pair if t is not None):
         candidates.append(
             (tile, choose_split_k(gemm, tile, arch, Epilogue()) if splits_k(problem, Epilogue(), tile) else 1)

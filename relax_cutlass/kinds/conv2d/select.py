@@ -1,7 +1,7 @@
 """conv2d kernel choice: SM80 implicit-GEMM candidates (grouped convs: those of the group mode each
-tile width puts them in) and, on sm_90a, CUTLASS 3.x SM90 kernels (TMA im2col + wgmma) where the
-problem fits TMA; the wave-model heuristic of the implicit GEMM, serial split-K for SM80 outputs
-that cannot fill the GPU, tuned choices."""
+tile width puts them in) and, on sm_90a and the tcgen05 SMs, CUTLASS 3.x kernels (select_3x.py)
+where the problem fits TMA; the wave-model heuristic of the implicit GEMM, serial split-K for SM80
+outputs that cannot fill the GPU, tuned choices."""
 
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ from ..gemm.select import (
 from .groups import group_mode
 from .records import Conv2dKernel, Conv2dProblem, conv2d_key, conv_family
 from .select_3x import candidate_conv2d_tiles_3x, conv2d_family, rank_3x_conv2d_tile, tma_conv_fallback_reason
-
-kernel_arch = conv_family  # the family of a conv2d tile: 80, 90 or 100
 
 # cutlass_library's (GroupMode, IteratorAlgorithm) member names of each group mode's generated kernels:
 # kMultipleGroup has only analytic iterators.
@@ -119,8 +117,8 @@ def ranked_conv2d_tiles(problem: Conv2dProblem, arch: int, n_hint: int = 1, fami
     """`conv2d_tiles`, best first: the CUTLASS 3.x ones (when there are any) by their family's
     rank (select_3x), then the SM80 ones by `rank_conv2d_tile`."""
     tiles = conv2d_tiles(problem, arch, family)
-    tiles_3x = [t for t in tiles if kernel_arch(t) != 80]
-    sm80 = [t for t in tiles if kernel_arch(t) == 80]
+    tiles_3x = [t for t in tiles if conv_family(t) != 80]
+    sm80 = [t for t in tiles if conv_family(t) == 80]
     tiles_3x.sort(key=lambda t: rank_3x_conv2d_tile(problem, t, arch, n_hint))
     sm80.sort(key=lambda t: rank_conv2d_tile(problem, t, arch, n_hint))
     return tiles_3x + sm80
@@ -129,8 +127,8 @@ def ranked_conv2d_tiles(problem: Conv2dProblem, arch: int, n_hint: int = 1, fami
 def splits_k(problem: Conv2dProblem, epilogue: Epilogue, tile: TileConfig | None = None) -> bool:
     """Whether the kernel may take serial split-K: not with a residual (the residual block epilogue
     reads its second operand where split-K keeps the partial sums), not grouped (CUTLASS's grouped
-    kernels refuse split-K) and not an SM90 kernel (`tile`: CUTLASS 3.x convs have no split-K)."""
-    return not epilogue.residual and problem.groups == 1 and (tile is None or kernel_arch(tile) == 80)
+    kernels refuse split-K) and not a CUTLASS 3.x kernel (`tile`: they have no split-K)."""
+    return not epilogue.residual and problem.groups == 1 and (tile is None or conv_family(tile) == 80)
 
 
 MAX_SPLIT_K = 16
@@ -195,12 +193,12 @@ def choose_conv2d_kernel(
         match = next((t for t in legal if choice is not None and t.describe() == choice[0]), None)
         if match is not None and (choice[1] == 1 or splits_k(problem, epilogue, match)):
             note = "; ".join(filter(None, [note, tuned_note]))
-            kernel = Conv2dKernel(
-                problem, epilogue, match, arch=kernel_arch(match), target=arch, selected_by="tuned", note=note
-            )
+            kernel = Conv2dKernel(problem, epilogue, match, target=arch, selected_by="tuned", note=note)
             return kernel, choice[1]
         why = "symbolic batch" if problem.n is None else "no tuning record" if record is None else "stale record"
-        note = "; ".join(filter(None, [note, f"{why}: heuristic"]))
+        untuned = f"{why}: heuristic"
+    else:
+        untuned = ""
     if tile:
         chosen = next((t for t in legal if t.describe() == tile), None)
         if chosen is None:
@@ -209,9 +207,9 @@ def choose_conv2d_kernel(
         selected_by = "pinned"
     else:
         chosen, selected_by = legal[0], "heuristic"
-        sm80 = next((t for t in legal if kernel_arch(t) == 80), None)
+        sm80 = next((t for t in legal if conv_family(t) == 80), None)
         if (
-            kernel_arch(chosen) != 80
+            conv_family(chosen) != 80
             and sm80 is not None
             and problem.n is not None  # a symbolic batch takes no split-K (kind.plan)
             and splits_k(problem, epilogue)
@@ -219,8 +217,7 @@ def choose_conv2d_kernel(
         ):
             # Tiles that under-fill the GPU: the SM80 kernel's split-K fills it, the CUTLASS 3.x
             # kernel (no split-K) cannot.
-            chosen, note = sm80, "; ".join(filter(None, [note, "output under-fills the GPU: SM80 split-K kernel"]))
-    kernel = Conv2dKernel(
-        problem, epilogue, chosen, arch=kernel_arch(chosen), target=arch, selected_by=selected_by, note=note
-    )
+            chosen, note = sm80, "output under-fills the GPU: SM80 split-K kernel"
+    note = "; ".join(filter(None, [note, untuned]))
+    kernel = Conv2dKernel(problem, epilogue, chosen, target=arch, selected_by=selected_by, note=note)
     return kernel, choose_split_k(gemm, chosen, arch, epilogue) if splits_k(problem, epilogue, chosen) else 1
