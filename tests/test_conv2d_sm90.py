@@ -122,11 +122,12 @@ def test_sm90_candidates_hold_their_accumulator_in_one_warp_group():
 
 def test_an_sm90_tile_is_an_sm90_kernel_and_never_grouped():
     tile = candidate_conv2d_tiles_sm90()[0]
-    sm80 = Conv2dKernel(LAYER2, RELU, candidate_conv2d_tiles("float32")[0], arch=90)
+    sm80 = Conv2dKernel(LAYER2, RELU, candidate_conv2d_tiles("float32")[0])
+    assert sm80.arch == 80
     assert Conv2dKernel(LAYER2, RELU, tile).arch == 90 and dataclasses.replace(sm80, tile=tile).arch == 90
     assert dataclasses.replace(Conv2dKernel(LAYER2, RELU, tile), tile=sm80.tile).arch == 80
     with pytest.raises(ValueError, match="ungrouped"):
-        Conv2dKernel(Conv2dProblem(**(vars(LAYER2) | {"groups": 2})), RELU, tile, arch=90)
+        Conv2dKernel(Conv2dProblem(**(vars(LAYER2) | {"groups": 2})), RELU, tile)
 
 
 @pytest.mark.parametrize(

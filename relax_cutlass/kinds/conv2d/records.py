@@ -105,16 +105,18 @@ class Conv2dKernel:
     problem: Conv2dProblem
     epilogue: Epilogue
     tile: TileConfig
-    arch: int = 80
     target: int = 80
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)
 
+    @property
+    def arch(self) -> int:
+        """The kernel family: the tile's (so a copy with another tile, the profiler's stage 2, is
+        that tile's family)."""
+        return conv_family(self.tile)
+
     def __post_init__(self):
         p = self.problem
-        # The family is the tile's, whatever `arch` a copy (dataclasses.replace with another tile:
-        # the profiler's stage 2) carried over.
-        object.__setattr__(self, "arch", conv_family(self.tile))
         if self.arch != 80 and p.groups > 1:
             raise ValueError(f"no SM{self.arch} conv2d kernel for groups={p.groups}: CUTLASS 3.x convs are ungrouped")
         if reasons := grouped_kernel_problems(p.groups, p.k, self.tile.threadblock[1], self.epilogue.residual):

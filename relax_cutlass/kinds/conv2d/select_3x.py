@@ -8,12 +8,11 @@ ranks."""
 from __future__ import annotations
 
 import functools
-import math
 
 from ...arch import native_family, resolve_family
 from ..gemm.records import TileConfig
 from ..gemm.select import SM90_MAX_ACCUMULATOR_REGISTERS, _generated, _stable, accumulator_registers, estimate_cost
-from ..gemm.sm100 import HEURISTIC_TILES, SMS_PER_MMA, estimate_cost_sm100
+from ..gemm.sm100 import SMS_PER_MMA, estimate_cost_sm100, sm100_config, smallest_cluster_pool
 from .records import SM90_CONV_SCHEDULE, Conv2dProblem, conv_family
 
 # One consumer warp group of `KernelImplicitTmaWarpSpecializedSm90` holds the whole CTA tile's
@@ -122,23 +121,21 @@ def candidate_conv2d_tiles_sm100() -> tuple[TileConfig, ...]:
     from cutlass_library.library import ConvKind, DataType, OperationKind
 
     schedules = {"ImplicitTmaWarpSpecialized1SmSm100": "1sm", "ImplicitTmaWarpSpecialized2SmSm100": "2sm"}
-    tiles = {}
-    for op in _generated("GenerateSM100_TensorOp_16b_UMMA_conv3x"):
-        td = op.tile_description
-        schedule = schedules.get(op.kernel_schedule.name)
-        if (
-            op.operation_kind != OperationKind.Conv2d
-            or op.conv_kind != ConvKind.Fprop
-            or op.A.element not in (DataType.f16, DataType.bf16)
-            or schedule is None
-            or 0 in td.cluster_shape
-        ):
-            continue
-        instruction = tuple(td.math_instruction.instruction_shape)
-        threadblock = (instruction[0], instruction[1], td.tile_shape[2])
-        cluster = tuple(td.cluster_shape)
-        tiles[TileConfig(threadblock, instruction=instruction, cluster=cluster, schedule=schedule)] = None
+    tiles = {
+        sm100_config(op, schedules[op.kernel_schedule.name]): None
+        for op in _generated("GenerateSM100_TensorOp_16b_UMMA_conv3x")
+        if op.operation_kind == OperationKind.Conv2d
+        and op.conv_kind == ConvKind.Fprop
+        and op.A.element in (DataType.f16, DataType.bf16)
+        and op.kernel_schedule.name in schedules
+        and 0 not in op.tile_description.cluster_shape
+    }
     return _stable(tiles)
+
+
+@functools.cache
+def sm100_conv2d_heuristic_pool() -> frozenset[TileConfig]:
+    return frozenset(smallest_cluster_pool(candidate_conv2d_tiles_sm100()))
 
 
 def rank_sm100_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, n_hint: int = 1):
@@ -146,13 +143,8 @@ def rank_sm100_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, 
     their smallest cluster first, by its wave model; ties to 2-SM MMAs, the larger tile."""
     gemm = problem.implicit_gemm(n_hint)
     bm, bn, _ = tile.threadblock
-    same_mma = (
-        t for t in candidate_conv2d_tiles_sm100() if (t.threadblock, t.schedule) == (tile.threadblock, tile.schedule)
-    )
-    smallest = min((math.prod(t.cluster) for t in same_mma), default=math.prod(tile.cluster))
-    pool = (bm, bn, tile.schedule) in HEURISTIC_TILES and math.prod(tile.cluster) == smallest
     cost = estimate_cost_sm100(gemm, tile, arch, gemm.m)
-    return (not pool, cost, -SMS_PER_MMA[tile.schedule], -bm * bn, tile.describe())
+    return (tile not in sm100_conv2d_heuristic_pool(), cost, -SMS_PER_MMA[tile.schedule], -bm * bn, tile.describe())
 
 
 def candidate_conv2d_tiles_3x(family: int) -> tuple[TileConfig, ...]:

@@ -55,16 +55,23 @@ def candidate_tiles_sm100(accumulator: str, element: str = "float16") -> tuple[T
         schedule = SM100_SCHEDULES.get(op.kernel_schedule.name)
         if schedule is None or 0 in td.cluster_shape or op.tile_scheduler.name not in ("Default", "StreamK"):
             continue
-        instruction = tuple(td.math_instruction.instruction_shape)
-        config = TileConfig(
-            threadblock=(instruction[0], instruction[1], td.tile_shape[2]),
-            instruction=instruction,
-            cluster=tuple(td.cluster_shape),
-            schedule=schedule,
-            scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
-        )
-        tiles[config] = None
+        scheduler = "streamk" if op.tile_scheduler.name == "StreamK" else "default"
+        tiles[sm100_config(op, schedule, scheduler)] = None
     return _stable(tiles)
+
+
+def sm100_config(op, schedule: str, scheduler: str = "default") -> TileConfig:
+    """The TileConfig of a cutlass_library SM100 operation (GEMM or conv): named by its MMA tile
+    (the instruction's M x N, the tile's K), cluster and "1sm" / "2sm" schedule."""
+    td = op.tile_description
+    instruction = tuple(td.math_instruction.instruction_shape)
+    return TileConfig(
+        threadblock=(instruction[0], instruction[1], td.tile_shape[2]),
+        instruction=instruction,
+        cluster=tuple(td.cluster_shape),
+        schedule=schedule,
+        scheduler=scheduler,
+    )
 
 
 def cta_tile(tile: TileConfig) -> tuple[int, int, int]:
@@ -86,8 +93,14 @@ def estimate_cost_sm100(problem: GemmProblem, tile: TileConfig, arch: int, m_hin
 
 def heuristic_pool(problem: GemmProblem) -> list[TileConfig]:
     """The data-parallel configurations the heuristic ranks, each on its smallest cluster."""
+    return smallest_cluster_pool(candidate_tiles_sm100(problem.element_accumulator, problem.element_a))
+
+
+def smallest_cluster_pool(tiles) -> list[TileConfig]:
+    """Of `tiles`, the data-parallel HEURISTIC_TILES configurations, each on its smallest cluster
+    (the SM100 GEMM and conv heuristics' pool)."""
     smallest: dict[tuple, TileConfig] = {}
-    for t in candidate_tiles_sm100(problem.element_accumulator, problem.element_a):
+    for t in tiles:
         key = (t.threadblock[0], t.threadblock[1], t.schedule)
         if t.scheduler != "default" or key not in HEURISTIC_TILES:
             continue
