@@ -331,3 +331,75 @@ def mobilenet_v3_module(
     model = mobilenet_v3(width_mult=width_mult, **kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
+
+
+# torchvision's convnext_tiny: (input channels, output channels or None, blocks) per stage.
+CONVNEXT_TINY = ((96, 192, 3), (192, 384, 3), (384, 768, 9), (768, None, 3))
+
+
+def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float = 1e-6, seed: int = 0):
+    """A torchvision-style ConvNeXt (convnext_tiny by default; eval mode, random init with the
+    layer scale drawn around `layer_scale`'s order so the blocks matter): a 4x4/4 patch stem + a
+    channels-last layer norm wrapped in permutes (`LayerNorm2d`), blocks of depthwise 7x7 conv ->
+    permute to NHWC -> layer norm -> Linear(4C) -> GELU -> Linear(C) -> permute back -> layer
+    scale, plus the residual; between stages LayerNorm2d + a 2x2/2 conv; the classifier pools,
+    normalizes, flattens and projects. The model's own permutes are what `ConvertToNHWC` must not
+    leave as transposes at run time. `stages` as CONVNEXT_TINY; fewer or narrower for tests."""
+    torch = _torch()
+    nn, F = torch.nn, torch.nn.functional
+
+    class LayerNorm2d(nn.LayerNorm):
+        def forward(self, x):
+            x = x.permute(0, 2, 3, 1)
+            x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return x.permute(0, 3, 1, 2)
+
+    class Permute(nn.Module):
+        def __init__(self, dims):
+            super().__init__()
+            self.dims = dims
+
+        def forward(self, x):
+            return torch.permute(x, self.dims)
+
+    class CNBlock(nn.Module):
+        def __init__(self, dim: int):
+            super().__init__()
+            self.block = nn.Sequential(
+                nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim, bias=True),
+                Permute([0, 2, 3, 1]),
+                nn.LayerNorm(dim, eps=1e-6),
+                nn.Linear(dim, 4 * dim),
+                nn.GELU(),
+                nn.Linear(4 * dim, dim),
+                Permute([0, 3, 1, 2]),
+            )
+            self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1) * layer_scale)
+
+        def forward(self, x):
+            return self.layer_scale * self.block(x) + x  # stochastic depth is the identity in eval
+
+    class ConvNeXt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            first = stages[0][0]
+            layers = [nn.Sequential(nn.Conv2d(3, first, 4, 4), LayerNorm2d(first, eps=1e-6))]
+            for cin, cout, blocks in stages:
+                layers.append(nn.Sequential(*[CNBlock(cin) for _ in range(blocks)]))
+                if cout is not None:
+                    layers.append(nn.Sequential(LayerNorm2d(cin, eps=1e-6), nn.Conv2d(cin, cout, 2, 2)))
+            self.features = nn.Sequential(*layers)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            last = stages[-1][1] or stages[-1][0]
+            self.classifier = nn.Sequential(LayerNorm2d(last, eps=1e-6), nn.Flatten(1), nn.Linear(last, num_classes))
+
+        def forward(self, x):
+            return self.classifier(self.avgpool(self.features(x)))
+
+    torch.manual_seed(seed)
+    model = ConvNeXt().eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, CNBlock):  # a layer scale of 1e-6 would hide every block's output
+                module.layer_scale.uniform_(0.1, 1.0)
+    return model

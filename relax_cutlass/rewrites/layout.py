@@ -25,6 +25,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kinds.nhwc import CONV2D_LAYOUTS
 from .fold import FoldWeightsInNumpy
+from .permutes import SinkLayoutPermutes
 
 LAYOUT_SKIPPED_ATTR = "relax_cutlass.layout_skipped"
 
@@ -56,6 +57,8 @@ class ConvertToNHWC:
             relax.transform.ConvertLayout({"relax.nn.conv2d": layouts}),
             FoldWeightsInNumpy(),
             relax.transform.FoldConstant(),
+            # the model's own NCHW <-> NHWC permutes (ConvNeXt) meet ConvertLayout's and cancel
+            SinkLayoutPermutes(),
             # ConvertLayout transposes a tensor once per NHWC consumer (e.g. a block input feeding
             # both a conv and a residual add): keep one.
             relax.transform.EliminateCommonSubexpr(),

@@ -1,0 +1,145 @@
+"""SinkLayoutPermutes: a model's own NCHW <-> NHWC permutes (ConvNeXt) cancel against ConvertToNHWC's
+instead of staying as run-time transposes, values unchanged."""
+
+import numpy as np
+import pytest
+import tvm
+from harness import build_cpu, compare_on_cpu, rel_error, run_vm
+from tvm import relax
+from tvm.script import relax as R
+
+from relax_cutlass.models import bind_float16, bind_weights, torch_models
+from relax_cutlass.rewrites.layout import ConvertToNHWC, layout_skipped
+from relax_cutlass.rewrites.permutes import sink_layout_permutes
+
+
+def _permutes(func: relax.Function) -> list[tuple[int, ...]]:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.permute_dims":
+            found.append(tuple(int(a) for a in e.attrs.axes))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def _sunk(mod: tvm.IRModule) -> tvm.IRModule:
+    out = tvm.IRModule({"main": sink_layout_permutes(mod["main"])})
+    return relax.transform.DeadCodeElimination()(out)
+
+
+def _assert_same_values(before: tvm.IRModule, after: tvm.IRModule, shapes: list[tuple[int, ...]]):
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-1, 1, s).astype("float32") for s in shapes]
+    assert rel_error(run_vm(build_cpu(after), inputs), run_vm(build_cpu(before), inputs)) < 1e-6
+
+
+G = np.random.default_rng(1).uniform(0.5, 2, (6, 1, 1)).astype("float32")
+
+
+def test_a_layer_scaled_residual_between_two_permutes_loses_both():
+    """ConvNeXt's block tail: permute back to NCHW, layer scale, residual (also NCHW, itself a
+    permute of an NHWC tensor), permute to NHWC for the next conv: no permute is left."""
+
+    @tvm.script.ir_module
+    class Block:
+        @R.function
+        def main(y: R.Tensor((2, 4, 5, 6), "float32"), r: R.Tensor((2, 4, 5, 6), "float32")):
+            with R.dataflow():
+                y_nchw = R.permute_dims(y, axes=[0, 3, 1, 2])
+                r_nchw = R.permute_dims(r, axes=[0, 3, 1, 2])
+                scaled = R.multiply(R.const(G), y_nchw)
+                summed = R.add(scaled, r_nchw)
+                act = R.nn.gelu(summed)
+                shifted = R.subtract(R.const(1.5, "float32"), act)
+                out = R.permute_dims(shifted, axes=[0, 2, 3, 1])
+                R.output(out)
+            return out
+
+    after = _sunk(Block)
+    assert _permutes(after["main"]) == []
+    _assert_same_values(Block, after, [(2, 4, 5, 6), (2, 4, 5, 6)])
+
+
+def test_non_commutative_ops_keep_their_operand_order():
+    @tvm.script.ir_module
+    class Tail:
+        @R.function
+        def main(y: R.Tensor((2, 4, 5, 6), "float32")):
+            with R.dataflow():
+                y_nchw = R.permute_dims(y, axes=[0, 3, 1, 2])
+                a = R.divide(R.const(G), y_nchw)
+                b = R.subtract(a, R.const(G))
+                out = R.permute_dims(b, axes=[0, 2, 3, 1])
+                R.output(out)
+            return out
+
+    after = _sunk(Tail)
+    assert _permutes(after["main"]) == []
+    _assert_same_values(Tail, after, [(2, 4, 5, 6)])
+
+
+def test_what_must_stay_stays():
+    """A permute meeting a non-constant tensor of the other layout, an attention-style head
+    permute, and a permuted value the function returns keep their transposes."""
+
+    @tvm.script.ir_module
+    class Mixed:
+        @R.function
+        def main(y: R.Tensor((2, 4, 5, 6), "float32"), r: R.Tensor((2, 6, 4, 5), "float32")):
+            with R.dataflow():
+                y_nchw = R.permute_dims(y, axes=[0, 3, 1, 2])
+                summed = R.add(y_nchw, r)  # r is NCHW already: the permute cannot move
+                heads = R.permute_dims(summed, axes=[0, 2, 1, 3])
+                out = R.nn.relu(heads)
+                R.output(out)
+            return out
+
+    after = _sunk(Mixed)
+    assert _permutes(after["main"]) == [(0, 3, 1, 2), (0, 2, 1, 3)]
+    _assert_same_values(Mixed, after, [(2, 4, 5, 6), (2, 6, 4, 5)])
+
+
+@pytest.fixture(scope="module")
+def small_convnext():
+    """Two ConvNeXt stages (torchvision's block and LayerNorm2d), fp16 after binding."""
+    import torch
+
+    model = torch_models.convnext(num_classes=10, stages=((16, 32, 2), (32, None, 1)))
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype("float32")
+    imported = torch_models.import_exported(model, (torch.from_numpy(x),))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    return imported, x, expected
+
+
+def test_the_builder_is_torchvisions_convnext_tiny():
+    """Same parameter count as torchvision.models.convnext_tiny() (28,589,128)."""
+    assert sum(p.numel() for p in torch_models.convnext().parameters()) == 28_589_128
+
+
+def test_convnext_keeps_no_transpose_inside(small_convnext):
+    """Before: each of the 3 blocks permutes to NHWC and back, each of the 3 LayerNorm2d twice;
+    after ConvertToNHWC the model's input is transposed to NHWC, the last feature map (2 x 32
+    x 4 x 4) back to NCHW for the classifier's pooling, and the classifier's LayerNorm2d keeps its
+    two permutes of the pooled (2 x 32 x 1 x 1) map: nothing inside the network."""
+    (mod, weights), x, expected = small_convnext
+    mod = bind_weights(mod, weights)
+    assert len(_permutes(mod["main"])) == 12
+    converted = ConvertToNHWC()(mod)
+    assert not layout_skipped(converted)
+    assert _permutes(converted["main"]) == [(0, 2, 3, 1), (0, 3, 1, 2), (0, 2, 3, 1), (0, 3, 1, 2)]
+    got = run_vm(build_cpu(converted), [x])
+    assert rel_error(got, run_vm(build_cpu(mod), [x])) < 1e-5
+    assert rel_error(got, expected) < 1e-5
+
+
+def test_convnext_offloads_and_computes_the_model(small_convnext):
+    """The whole pipeline on CPU (regions served by their composites): every conv, depthwise conv
+    and linear layer offloaded, the values those of the fp16 module."""
+    (mod, weights), x, expected = small_convnext
+    got_fp16, _, rewritten = compare_on_cpu(bind_float16(mod, weights), [x], arch="sm_90a")
+    assert len(_permutes(rewritten["main"])) == 4
+    assert rel_error(got_fp16, expected) < 2e-2
+    assert "R.nn.conv2d" not in rewritten["main"].script() and "R.matmul" not in rewritten["main"].script()
