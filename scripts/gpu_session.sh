@@ -16,6 +16,7 @@
 #   time    the zoo's time phase (one model at a time, nothing else running) and its table, then the
 #           suite benchmarks (bench/gpu_suite.py --phase run: $OUT/gpu_results.json for bench/publish.py)
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
+#   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
 # (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest paths),
@@ -117,12 +118,26 @@ run_time() {
   summary+=("time stage: $((SECONDS - t0)) s")
 }
 
+run_bench() {
+  # BENCH: commands separated by ';', run one after another (nothing else on the GPU while timing)
+  local t0=$SECONDS i=0 cmd
+  IFS=';' read -ra cmds <<< "${BENCH:-}"
+  for cmd in "${cmds[@]}"; do
+    i=$((i + 1))
+    bash -c "$cmd" > "$out/bench-$i.log" 2>&1
+    summary+=("bench $i ($cmd): exit $?")
+    tail -n 40 "$out/bench-$i.log"
+  done
+  summary+=("bench stage: $((SECONDS - t0)) s")
+}
+
 for stage in "$@"; do
   case $stage in
     build) run_build ;;
     check) run_check ;;
     time) run_time ;;
     zoo) run_build; run_time ;;
+    bench) run_bench ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

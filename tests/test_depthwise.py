@@ -128,8 +128,17 @@ def test_kernel_choice_by_filter_size_and_geometry():
     small = DepthwiseProblem(32, 56, 56, 96, 3, 3, 56, 56, (1, 1))
     kernel, split = choose_depthwise_kernel(small, Epilogue(bias=True), 90)
     assert (kernel.tile.tile_p, kernel.fixed_stride) == (8, True) and split > 1
-    large = DepthwiseProblem(32, 56, 56, 96, 7, 7, 56, 56, (3, 3))
-    assert choose_depthwise_kernel(large, Epilogue(), 90)[0].tile.tile_p == 4  # 8x8 spills with 7x7
+    assert kernel.tile.groups_per_cta == 32  # 96 channels: 3 tiles of 32, not 2 of 64 (one half idle)
+    # ConvNeXt's 7x7 convs: 8x8 x 32 channels where C is not a multiple of 64 (C = 96), else 4x4 x 64
+    # (8x8 x 64 spills with 7x7); bench/depthwise_tiles.py measured these fastest on an H200
+    for c, tile in ((96, (8, 8, 32)), (192, (4, 4, 64)), (768, (4, 4, 64))):
+        large = DepthwiseProblem(32, 56, 56, c, 7, 7, 56, 56, (3, 3))
+        t = choose_depthwise_kernel(large, Epilogue(), 90)[0].tile
+        assert (t.tile_p, t.tile_q, t.groups_per_cta) == tile
+    # 3x3 / 5x5: 64 channels where C allows and the output is 14x14 or more, else 32
+    for c, hw, groups in ((480, 14, 32), (1152, 7, 32), (512, 14, 64), (144, 56, 32)):
+        problem = DepthwiseProblem(32, hw, hw, c, 5, 5, hw, hw, (2, 2))
+        assert choose_depthwise_kernel(problem, Epilogue(), 90)[0].tile.groups_per_cta == groups
     dilated = DepthwiseProblem(1, 16, 16, 32, 3, 3, 16, 16, (2, 2), (1, 1), (2, 2))
     kernel, split = choose_depthwise_kernel(dilated, Epilogue(), 90)
     assert not kernel.fixed_stride and "run time" in kernel.note
@@ -214,3 +223,15 @@ def test_depthwise_kernels_compile_and_hold_fma_instructions():
         counts, sass, _ = mma_counts(obj, ("FFMA", "HFMA2", "HMMA"))
         assert sass == [f"sm_{arch}{'a' if arch == 90 else ''}"] and counts["FFMA"] + counts["HFMA2"] > 0
         assert counts["HMMA"] == 0
+
+
+def test_a_pinned_tile_is_used_and_a_misspelt_one_says_how_to_spell_it():
+    from relax_cutlass.kinds.depthwise_conv2d.select import parse_tile
+
+    problem = DepthwiseProblem(32, 56, 56, 96, 7, 7, 56, 56, (3, 3))
+    kernel, _ = choose_depthwise_kernel(problem, Epilogue(), 90, tile="p4q8g32w4s3")
+    assert kernel.tile.describe() == "p4q8g32w4s3" and kernel.selected_by == "pinned"
+    with pytest.raises(ValueError, match="p<P>q<Q>g<groups>w<warps>s<stages>"):
+        parse_tile("128x128x64")
+    with pytest.raises(ValueError, match="multiple of 8"):
+        parse_tile("p4q4g12w4s4")

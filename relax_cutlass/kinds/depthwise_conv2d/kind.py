@@ -19,8 +19,8 @@ from .templates import ARGS_TYPE, DWCONV2D_ARGS
 
 
 def plan(problem: DepthwiseProblem, spec, options, _db) -> tuple[DepthwiseKernel, dict]:
-    """The heuristic's kernel (not profiled yet: one tile per filter size)."""
-    kernel, split_k = choose_depthwise_kernel(problem, spec.epilogue, options.arch, options.family)
+    """The heuristic's kernel (not profiled yet: one tile per filter size), or the pinned tile."""
+    kernel, split_k = choose_depthwise_kernel(problem, spec.epilogue, options.arch, options.family, options.tile)
     return kernel, {"split_k": split_k}
 
 
