@@ -8,6 +8,7 @@ from harness import build_cpu, compare_on_cpu, rel_error, run_vm
 from tvm import relax
 from tvm.script import relax as R
 
+import relax_cutlass
 from relax_cutlass.models import bind_float16, bind_weights, torch_models
 from relax_cutlass.rewrites.layout import ConvertToNHWC, layout_skipped
 from relax_cutlass.rewrites.permutes import sink_layout_permutes
@@ -137,9 +138,13 @@ def test_convnext_keeps_no_transpose_inside(small_convnext):
 
 def test_convnext_offloads_and_computes_the_model(small_convnext):
     """The whole pipeline on CPU (regions served by their composites): every conv, depthwise conv
-    and linear layer offloaded, the values those of the fp16 module."""
+    and linear layer offloaded, each block's layer scale folded into its second linear layer,
+    whose epilogue takes the residual add; the values those of the fp16 module."""
     (mod, weights), x, expected = small_convnext
     got_fp16, _, rewritten = compare_on_cpu(bind_float16(mod, weights), [x], arch="sm_90a")
     assert len(_permutes(rewritten["main"])) == 4
+    assert "R.multiply" not in rewritten["main"].script()
+    epilogues = [row["epilogue"] for row in relax_cutlass.offload_report(rewritten).offloaded]
+    assert epilogues.count("bias+residual_add") == 3
     assert rel_error(got_fp16, expected) < 2e-2
     assert "R.nn.conv2d" not in rewritten["main"].script() and "R.matmul" not in rewritten["main"].script()
