@@ -74,7 +74,15 @@ def _vision(constructor_name: str):
 def _randomize_zero_layers(model, torch) -> None:
     """torchvision initializes some layers to zero (vit_b_16's classification head): its output is
     then all zeros, and every build matches it exactly, which checks nothing. Such a layer gets
-    the default init of its type (nn.Linear's uniform), as a trained model's would be non-zero."""
+    the default init of its type (nn.Linear's uniform), as a trained model's would be non-zero.
+    Likewise ConvNeXt's layer scales start at 1e-6, which makes every block's contribution
+    invisible in the output (the error check would then see only the stem and downsampling
+    convs): they get values in a trained model's range, uniform in [0.1, 1]."""
+    gen = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("layer_scale"):
+            with torch.no_grad():
+                param.copy_(torch.rand(param.shape, generator=gen) * 0.9 + 0.1)
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and not module.weight.detach().any():
             module.reset_parameters()

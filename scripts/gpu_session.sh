@@ -17,7 +17,8 @@
 #           suite benchmarks (bench/gpu_suite.py --phase run: $OUT/gpu_results.json for bench/publish.py)
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 #   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
-# Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), GPU_SUITE=0 (no suite prewarm,
+# Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
+# profile= for the zoo: never (default) or auto, which tunes on the GPU: use ZOO_JOBS=1), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
 # (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest paths),
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
@@ -83,7 +84,7 @@ run_build() {
   # every arch spelling's kernels built and their SASS read (no GPU needed; nvcc on this host's cores)
   [[ ${SASS_TABLE:-1} == 1 ]] && { python3 scripts/sass_table.py --json "$out/sass.json" > "$out/sass.log" 2>&1 & }
   python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
-    --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
+    --profile "${ZOO_PROFILE:-never}" --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
   if [[ -n $suite_pid ]]; then wait $suite_pid && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
   wait
   cat build/zoo/*.build.log > "$out/zoo-build-models.log" 2>/dev/null
