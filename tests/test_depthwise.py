@@ -492,3 +492,32 @@ def test_a_pinned_tile_is_used_and_a_misspelt_one_says_how_to_spell_it():
         parse_tile("128x128x64")
     with pytest.raises(ValueError, match="multiple of 8"):
         parse_tile("p4q4g12w4s4")
+
+
+def test_bfloat16_depthwise_runs_on_the_direct_kernel_and_a_dilated_one_stays_in_tvm():
+    """bfloat16 is the blocked direct kernel's alone: offloaded where it applies; a dilated bf16
+    conv (CUTLASS's kernel is built for fp16 only) stays in TVM, saying why."""
+    import ml_dtypes
+
+    def module(dilation):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((2, 16, 16, 32), "bfloat16"))
+        w = relax.const(np.ones((32, 3, 3, 1), ml_dtypes.bfloat16))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                y = bb.emit(
+                    relax.op.nn.conv2d(
+                        x, w, padding=dilation, dilation=dilation, groups=32,
+                        data_layout="NHWC", kernel_layout="OHWI", out_dtype="bfloat16",
+                    )
+                )  # fmt: skip
+                out = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    report = relax_cutlass.offload_report(offload_for_cpu(module(1))[0])
+    (row,) = report.offloaded
+    assert "_bf16_f32acc_r3s3_s1x1d1x1_direct_" in row["kernel"] and row["epilogue"] == "relu", str(report)
+    report = relax_cutlass.offload_report(offload_for_cpu(module(2))[0])
+    (row,) = report.left_in_tvm
+    assert "bfloat16 runs only on the blocked direct kernel" in row["reasons"][0] and "dilation" in row["reasons"][0]
