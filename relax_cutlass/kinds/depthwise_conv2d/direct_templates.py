@@ -274,7 +274,6 @@ const char* MakeParams(const RelaxCutlassDwConv2dArgs* p, relax_cutlass_dw::Para
     return Message("$name: batch %lld gives more than 2^31 - 1 tiles of %lld pixels; split the batch", p->n,
                    Sh::TP * Sh::TQ);
   }
-  if (kBias && p->bias == nullptr) return "$name: built with a bias, got none";
   *prm = {p->n, p->h, p->w, p->c, p->p, p->q, p->pad_h, p->pad_w, tiles_p, tiles_q,
           p->data, p->weight, kBias ? p->bias : nullptr, p->out};
   return nullptr;
@@ -294,7 +293,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   const cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) {
     static thread_local char message[512];
-    std::snprintf(message, sizeof(message), "$name: kernel launch failed: %s", cudaGetErrorString(error));
+    std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", "kernel launch", cudaGetErrorString(error));
     return message;
   }
   return nullptr;
