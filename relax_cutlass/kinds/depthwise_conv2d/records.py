@@ -135,7 +135,8 @@ MAX_HALO_BYTES = 48 * 1024
 @dataclass(frozen=True)
 class DepthwiseKernel:
     """One depthwise kernel: dtype, filter size, (fixed) stride and dilation, tile and epilogue are
-    compiled in; N, H, W, C, P, Q and padding arrive at run time. `fixed_stride` False: stride and
+    compiled in; N, H, W, C, P, Q and padding arrive at run time. The tile's type is the family
+    (`direct`: relax_cutlass's blocked kernel, always fixed stride). `fixed_stride` False: stride and
     dilation are run-time values too (CUTLASS's kOptimized iterator, for any stride/dilation)."""
 
     problem: DepthwiseProblem
