@@ -1,6 +1,7 @@
 """Depthwise tile sweep: the depthwise convs of ConvNeXt-tiny (7x7) and EfficientNet-B0 (3x3, 5x5)
-at batch 32, each on every candidate output tile of CUTLASS's SIMT direct convolution (the
-relax_cutlass depthwise kind, `tile=` pinned), against torch's cuDNN (fp16, channels_last,
+at batch 32, each on every candidate output tile of both depthwise kernel families (CUTLASS's SIMT
+direct convolution, "p4q4g64w4s4", and relax_cutlass's blocked direct kernel, "direct_p8q16g32";
+`tile=` pinned; "auto" is the kind's own choice), against torch's cuDNN (fp16, channels_last,
 cudnn.benchmark); every result checked against torch float64.
 
     python bench/depthwise_tiles.py [--batch 32] [--out DIR] [--jobs 8]
@@ -37,12 +38,20 @@ DEPTHWISE_CONVS = [
     (14, 672, 5, 1, "efficientnet_b0", 2),
     (7, 1152, 5, 1, "efficientnet_b0", 3),
 ]
-# Output tiles (P x Q, channels per CTA, warps, cp.async stages): cutlass_library's depthwise
-# generator's (8x8 / 4x4 / 10x10 tiles of 16, 32 or 64 channels), plus narrower 7x7 tiles.
+# Output tiles of CUTLASS's kernel (P x Q, channels per CTA, warps, cp.async stages):
+# cutlass_library's depthwise generator's (8x8 / 4x4 / 10x10 tiles of 16, 32 or 64 channels), plus
+# narrower 7x7 tiles; then the blocked direct kernel's (P x Q pixels of G channels per CTA, each
+# thread's block 4x4 unless t<rows>x<cols> says otherwise).
+DIRECT_CANDIDATES = ["direct_p8q16g32", "direct_p8q8g32", "direct_p4q8g32", "direct_p8q16g16", "direct_p8q16g32t2x4"]
 CANDIDATES = {
-    7: ["p4q4g64w4s4", "p4q4g32w4s4", "p4q4g16w4s4", "p8q8g16w4s3", "p8q8g32w4s3", "p4q8g32w4s3", "p2q8g64w4s4"],
-    3: ["p8q8g64w4s3", "p8q8g32w4s3", "p8q8g16w4s3", "p4q4g64w4s4", "p4q4g32w4s4", "p10q10g64w4s2"],
-    5: ["p8q8g64w4s3", "p8q8g32w4s3", "p8q8g16w4s3", "p4q4g64w4s4", "p4q4g32w4s4", "p10q10g64w4s2"],
+    7: ["p4q4g64w4s4", "p4q4g32w4s4", "p4q4g16w4s4", "p8q8g16w4s3", "p8q8g32w4s3", "p4q8g32w4s3", "p2q8g64w4s4"]
+    + DIRECT_CANDIDATES,
+    3: ["p8q8g64w4s3", "p8q8g32w4s3", "p8q8g16w4s3", "p4q4g64w4s4", "p4q4g32w4s4", "p10q10g64w4s2"]
+    + DIRECT_CANDIDATES
+    + ["direct_p8q16g32t4x8"],
+    5: ["p8q8g64w4s3", "p8q8g32w4s3", "p8q8g16w4s3", "p4q4g64w4s4", "p4q4g32w4s4", "p10q10g64w4s2"]
+    + DIRECT_CANDIDATES
+    + ["direct_p8q16g32t4x8"],
 }
 
 

@@ -1,13 +1,15 @@
-"""C++ of the depthwise kind: the direct-convolution kernel's translation unit and a region's glue."""
+"""C++ of the depthwise kind: each family's kernel translation unit (CUTLASS's direct convolution,
+relax_cutlass's blocked direct kernel) and a region's glue."""
 
 from __future__ import annotations
 
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.compile import Source
-from ...stages.emit import role_aliases, tensor_checks
+from ...stages.emit import check_device, role_aliases, tensor_checks
 from ..cutlass_device import device_kernel_source
 from ..nhwc import conv_glue_values
+from .direct_templates import DIRECT_INCLUDES, DIRECT_KERNEL, DIRECT_TU
 from .records import MAX_GRID_Z, DepthwiseKernel, DepthwiseRegion
 from .templates import ARGS_TYPE, ARGUMENTS, DWCONV2D_ARGS, GLUE_FUNCTION, INCLUDES, INSTANCE
 
@@ -64,8 +66,41 @@ def _kernel_parts(kernel: DepthwiseKernel) -> dict[str, str]:
     }
 
 
+# The CUDA element type of each 16-bit dtype the blocked direct kernel takes.
+DIRECT_ELEMENT = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+def direct_kernel_text(kernel: DepthwiseKernel) -> str:
+    """The blocked direct kernel's translation unit (direct_templates.py)."""
+    p, t, epi = kernel.problem, kernel.tile, kernel.epilogue
+    activation = epi.functors(p.element_out)[0]
+    return DIRECT_TU.substitute(
+        name=kernel.name,
+        includes=DIRECT_INCLUDES,
+        args=DWCONV2D_ARGS,
+        definitions=epi.definitions(p.element_out),
+        kernel=DIRECT_KERNEL,
+        r=p.r,
+        s=p.s,
+        stride_h=p.stride[0],
+        stride_w=p.stride[1],
+        tile_p=t.tile_p,
+        tile_q=t.tile_q,
+        groups=t.groups_per_cta,
+        rows_per_thread=t.rows_per_thread,
+        cols_per_thread=t.cols_per_thread,
+        element=DIRECT_ELEMENT[p.element],
+        activation=f"{activation.functor}<float>",  # applied to each float32 sum
+        bias=str(epi.bias).lower(),
+        check_device=check_device(kernel),
+    )
+
+
 def emit_depthwise_kernel(kernel: DepthwiseKernel) -> Source:
-    # SIMT: its SASS holds FFMA/HFMA2, not tensor-core MMA (relax_cutlass.stages.sass_check)
+    # Both families run on the CUDA cores: their SASS holds FFMA/HFMA2, not tensor-core MMA
+    # (relax_cutlass.stages.sass_check's "simt" family)
+    if kernel.direct:
+        return Source(kernel.name, direct_kernel_text(kernel), "cuda", family="simt")
     return device_kernel_source(kernel, _kernel_parts(kernel), DWCONV2D_ARGS, ARGS_TYPE, family="simt")
 
 
@@ -83,7 +118,7 @@ def depthwise_glue_function(region: DepthwiseRegion) -> str:
     p, tile = region.kernel.problem, region.kernel.tile
     extra_checks = []
     values = {}
-    if tile.one_tile_per_cta(p):
+    if not region.kernel.direct and tile.one_tile_per_cta(p):
         extra_checks.append(_ONE_TILE_PER_CTA.format(tiles_per_image=tile.tiles(p, 1), max_grid=MAX_GRID_Z))
         values["split_k"] = "static_cast<int>(tiles)"
     return GLUE_FUNCTION.substitute(

@@ -1,5 +1,6 @@
 """The depthwise conv2d kind: NHWC x (C, R, S, 1) convolutions with groups == C == K (+ bias,
-activation) on CUTLASS 2.x's SIMT direct convolution (examples/46), which runs on every arch."""
+activation) on relax_cutlass's blocked direct kernel (dilation 1, stride 1 or 2; fp16 and bf16)
+or else CUTLASS 2.x's SIMT direct convolution (examples/46); both run on every arch from sm_80."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, ep
 from ..ir import is_depthwise
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
 from .records import MAX_GRID_Z, DepthwiseProblem
-from .select import tile_for
+from .select import direct_problems, tile_for
 
 # Filter sizes compiled (one kernel per size): what depthwise nets use (MobileNet 3x3/5x5,
 # ConvNeXt 7x7). Larger filters exceed the kernel's registers.
@@ -50,15 +50,16 @@ depthwise_pattern = conv2d_pattern
 
 
 def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> list[str]:
-    """Why this depthwise R.nn.conv2d cannot run as CUTLASS's direct convolution (empty when it can)."""
+    """Why this depthwise R.nn.conv2d can run on neither kernel family (empty when one takes it)."""
     if why := layout_problem(conv, layout_skipped):
         return [why]
     data, weight = conv.args
     problems = []
-    if dtype_of(data) != "float16" or dtype_of(weight) != "float16" or dtype_of(conv) != "float16":
+    dtypes = {dtype_of(data), dtype_of(weight), dtype_of(conv)}
+    if len(dtypes) != 1 or not dtypes <= {"float16", "bfloat16"}:
         problems.append(
             f"data/weight/output dtypes {dtype_of(data)}/{dtype_of(weight)}/{dtype_of(conv)}: the depthwise "
-            "kernel takes float16 only"
+            "kernels take float16 (and bfloat16 on the blocked direct kernel), all three the same"
         )
     static = [_static_int(d) for d in (*_shape(data)[1:], *_shape(weight), *_shape(conv)[1:])]
     if None in static:
@@ -68,9 +69,16 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
         problems.append(f"C={c} must be a multiple of 8 (the kernel's 128-bit channel accesses)")
     if r > MAX_FILTER or s > MAX_FILTER:
         problems.append(f"a {r}x{s} filter is larger than the {MAX_FILTER}x{MAX_FILTER} the kernels are built for")
+    if problems:
+        return problems
+    problem = DepthwiseProblem(**conv_geometry_of({"data": data, "weight": weight, "root": conv}))
+    if not (uncovered := direct_problems(problem)):
+        return []  # the blocked direct kernel: any batch (its grid holds every tile)
+    if problem.element != "float16":
+        return [f"{problem.element} runs only on the blocked direct kernel, which does not take this conv: "
+                + "; ".join(uncovered)]  # fmt: skip
     n = _static_int(_shape(data)[0])
-    if not problems and n is not None:
-        problem = DepthwiseProblem(**conv_geometry_of({"data": data, "weight": weight, "root": conv}))
+    if n is not None:
         tile = tile_for(problem)
         tiles = tile.tiles(problem, n)
         if tile.one_tile_per_cta(problem) and tiles > MAX_GRID_Z:

@@ -1,5 +1,5 @@
 """What a depthwise conv2d region computes: problem, kernel and region records, and the output
-tiling the direct-convolution kernel runs."""
+tilings of its two kernel families (CUTLASS's direct convolution, relax_cutlass's own blocked one)."""
 
 from __future__ import annotations
 
@@ -88,19 +88,70 @@ class DirectConvTile:
 
 
 @dataclass(frozen=True)
+class BlockedTile:
+    """The tiling of relax_cutlass's own register-blocked direct kernel (direct_templates.py): each
+    CTA computes a tile_p x tile_q patch of output pixels of `groups_per_cta` channels of one image,
+    each thread one channel pair's rows_per_thread x cols_per_thread block of it. Spelt
+    "direct_p8q16g32t4x4" (tile= pins take it, the t part optional)."""
+
+    tile_p: int = 8
+    tile_q: int = 16
+    groups_per_cta: int = 32
+    rows_per_thread: int = 4
+    cols_per_thread: int = 4
+
+    family = "direct"
+
+    def describe(self) -> str:
+        return (
+            f"direct_p{self.tile_p}q{self.tile_q}g{self.groups_per_cta}t{self.rows_per_thread}x{self.cols_per_thread}"
+        )
+
+    @property
+    def threads(self) -> int:
+        return self.groups_per_cta // 2 * (self.tile_p // self.rows_per_thread) * (self.tile_q // self.cols_per_thread)
+
+    def halo_bytes(self, problem: DepthwiseProblem) -> int:
+        """Shared memory of a CTA: its input halo of groups_per_cta 16-bit channels."""
+        rows = (self.tile_p - 1) * problem.stride[0] + problem.r
+        cols = (self.tile_q - 1) * problem.stride[1] + problem.s
+        return rows * cols * self.groups_per_cta * 2
+
+    def tiles(self, problem: DepthwiseProblem, n: int) -> int:
+        """Output tiles of one channel group at batch n (the grid's x: one per CTA)."""
+        return n * -(-problem.p // self.tile_p) * -(-problem.q // self.tile_q)
+
+    def ctas(self, problem: DepthwiseProblem, n: int) -> int:
+        return self.tiles(problem, n) * -(-problem.c // self.groups_per_cta)
+
+    def one_tile_per_cta(self, _problem: DepthwiseProblem) -> bool:
+        return False  # always: the grid holds every tile, counted at run time by the kernel
+
+
+# Shared memory a direct kernel's CTA may take (static shared memory: no opt-in attribute).
+MAX_HALO_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
 class DepthwiseKernel:
     """One depthwise kernel: dtype, filter size, (fixed) stride and dilation, tile and epilogue are
-    compiled in; N, H, W, C, P, Q and padding arrive at run time. `fixed_stride` False: stride and
+    compiled in; N, H, W, C, P, Q and padding arrive at run time. The tile's type is the family
+    (`direct`: relax_cutlass's blocked kernel, always fixed stride). `fixed_stride` False: stride and
     dilation are run-time values too (CUTLASS's kOptimized iterator, for any stride/dilation)."""
 
     problem: DepthwiseProblem
     epilogue: Epilogue
-    tile: DirectConvTile
+    tile: DirectConvTile | BlockedTile  # CUTLASS's direct convolution, or relax_cutlass's own
     fixed_stride: bool = True
     arch: int = 80  # CUTLASS 2.x SIMT with cp.async: runs on every arch from sm_80
     target: int = 80
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)
+
+    @property
+    def direct(self) -> bool:
+        """Whether this is relax_cutlass's own blocked direct kernel (else CUTLASS's)."""
+        return isinstance(self.tile, BlockedTile)
 
     @property
     def name(self) -> str:

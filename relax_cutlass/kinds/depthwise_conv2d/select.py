@@ -1,5 +1,7 @@
-"""Depthwise kernel choice: the output tile by filter size, fixed or run-time stride, and how many
-CTAs share each channel group's output tiles."""
+"""Depthwise kernel choice: relax_cutlass's own blocked direct kernel (direct_templates.py) where it
+applies (dilation 1, stride 1 or 2), else CUTLASS's direct convolution; each family's output tile
+by problem, and for CUTLASS's, fixed or run-time stride and how many CTAs share each channel
+group's output tiles."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from dataclasses import replace
 
 from ...arch import SM_COUNT, resolve_family
 from ..epilogue import Epilogue
-from .records import MAX_GRID_Z, DepthwiseKernel, DepthwiseProblem, DirectConvTile
+from .records import MAX_GRID_Z, MAX_HALO_BYTES, BlockedTile, DepthwiseKernel, DepthwiseProblem, DirectConvTile
 
 # Stride/dilation pairs compiled in (CUTLASS's kFixedStrideDilation, the faster iterator); any
 # other runs the kOptimized iterator, which takes them at run time.
@@ -31,22 +33,102 @@ SMALL_OUTPUT = 14 * 14
 CTAS_PER_SM = 4
 
 
+DIRECT_NOTE = (
+    "relax_cutlass's blocked direct depthwise kernel (the default where it applies: CUTLASS's SIMT direct "
+    "convolution ran 1.5-1.9x slower than cuDNN on ConvNeXt's 7x7 convs on an H200, and reorders the "
+    "filter into a fresh allocation on every call)"
+)
+CUTLASS_NOTE = "CUTLASS 2.x SIMT direct convolution (depthwise has no tensor-core form)"
+
+
+def direct_problems(problem: DepthwiseProblem) -> list[str]:
+    """Why relax_cutlass's blocked direct kernel does not cover `problem` (empty when it does)."""
+    problems = []
+    if problem.dilation != (1, 1):
+        problems.append(f"dilation {problem.dilation}: the blocked direct kernel is built for dilation 1")
+    if any(s not in (1, 2) for s in problem.stride):
+        problems.append(f"stride {problem.stride}: the blocked direct kernel is built for strides 1 and 2")
+    return problems
+
+
 def choose_depthwise_kernel(
     problem: DepthwiseProblem, epilogue: Epilogue, arch: int, family: str = "auto", tile: str = ""
 ):
-    """-> (kernel, split_k): the tile for its filter size (or the pinned `tile`, as
-    DirectConvTile.describe() spells it: for sweeps), fixed stride where compiled in, and enough
-    CTAs per channel group (split_k, a grid dimension: no reduction) to fill the GPU."""
+    """-> (kernel, split_k): the blocked direct kernel where it covers the problem, else CUTLASS's
+    (the reason in its note); a pinned `tile` picks the family by its spelling (BlockedTile's
+    "direct_p8q16g32[t4x4]" or DirectConvTile's "p4q4g64w4s4": for sweeps). For CUTLASS's, fixed
+    stride where compiled in, and enough CTAs per channel group (split_k, a grid dimension: no
+    reduction) to fill the GPU; the direct kernel's grid holds every tile (split_k 1)."""
     resolve_family(family, arch)  # a wrong option still fails as for the other kinds
+    uncovered = direct_problems(problem)
+    if tile.startswith("direct_") or (not tile and not uncovered):
+        if uncovered:
+            raise ValueError(f"tile={tile!r}: " + "; ".join(uncovered))
+        chosen = parse_direct_tile(tile, problem) if tile else direct_tile_for(problem, arch)
+        kernel = DepthwiseKernel(problem, epilogue, chosen, fixed_stride=True, arch=80, target=arch, note=DIRECT_NOTE)
+        return (replace(kernel, selected_by="pinned") if tile else kernel), 1
+    if problem.element != "float16":
+        raise ValueError(
+            f"{problem.element} depthwise convs run only on the blocked direct kernel, which does not take this one"
+            + (f" ({'; '.join(uncovered)})" if uncovered else f" (tile={tile!r} pins CUTLASS's kernel)")
+        )
     chosen = parse_tile(tile) if tile else tile_for(problem)
     fixed = (problem.stride, problem.dilation) in FIXED_GEOMETRIES
-    note = "CUTLASS 2.x SIMT direct convolution (depthwise has no tensor-core form)" + (
-        "" if fixed else "; stride/dilation at run time (kOptimized iterator)"
-    )
+    note = CUTLASS_NOTE + ("" if fixed else "; stride/dilation at run time (kOptimized iterator)")
+    if not tile:
+        note += "; not the blocked direct kernel: " + "; ".join(uncovered)
     kernel = DepthwiseKernel(problem, epilogue, chosen, fixed_stride=fixed, arch=80, target=arch, note=note)
     if tile:
         kernel = replace(kernel, selected_by="pinned")
     return kernel, split_for(problem, chosen, arch)
+
+
+# The blocked direct kernel's tiles: channels per CTA (multiples of 8, the 128-bit loads) chosen
+# to leave the fewest idle channels in the last group (ties: the wider); 8 x 16 output pixels per
+# CTA, 4 x 4 per thread, smaller where the halo would not fit or the grid would not fill the GPU.
+DIRECT_GROUPS = (32, 24, 16, 8)
+# CTAs the grid aims for per SM at least (a symbolic batch counts as 16 images: no tile is shrunk
+# for a batch of 1 that may never come).
+DIRECT_CTAS_PER_SM = 2
+
+
+def direct_tile_for(problem: DepthwiseProblem, arch: int) -> BlockedTile:
+    groups = min(DIRECT_GROUPS, key=lambda g: (-(-problem.c // g) * g, -g))
+    tile = BlockedTile(tile_p=8, tile_q=16 if problem.q > 8 else 8, groups_per_cta=groups)
+    wanted = DIRECT_CTAS_PER_SM * SM_COUNT.get(arch, 108)
+    while tile.halo_bytes(problem) > MAX_HALO_BYTES or (
+        tile.ctas(problem, problem.n or 16) < wanted and tile.tile_p * tile.tile_q > 16
+    ):
+        if tile.tile_q >= tile.tile_p:
+            tile = replace(tile, tile_q=tile.tile_q // 2, cols_per_thread=min(4, tile.tile_q // 2))
+        else:
+            tile = replace(tile, tile_p=tile.tile_p // 2, rows_per_thread=min(4, tile.tile_p // 2))
+    return tile
+
+
+def parse_direct_tile(tile: str, problem: DepthwiseProblem | None = None) -> BlockedTile:
+    """'direct_p8q16g32' (4 x 4 pixels per thread) or 'direct_p8q16g32t2x4' -> BlockedTile."""
+    match = re.fullmatch(r"direct_p(\d+)q(\d+)g(\d+)(?:t(\d+)x(\d+))?", tile)
+    if match is None:
+        raise ValueError(
+            f"tile={tile!r} is not a blocked direct tile; spell one as direct_p<P>q<Q>g<channels>[t<rows>x<cols>], "
+            "e.g. direct_p8q16g32 or direct_p8q16g32t4x4"
+        )
+    p, q, groups = (int(v) for v in match.groups()[:3])
+    rows, cols = (int(v) for v in match.groups()[3:]) if match.group(4) else (min(4, p), min(4, q))
+    chosen = BlockedTile(p, q, groups, rows, cols)
+    if groups % 8 or not groups or p % rows or q % cols or not rows or not cols:
+        raise ValueError(
+            f"tile={tile!r}: channels must be a multiple of 8, and the per-thread block must divide the CTA's"
+        )
+    if chosen.threads > 1024:
+        raise ValueError(f"tile={tile!r}: {chosen.threads} threads per CTA, more than CUDA's 1024")
+    if problem is not None and chosen.halo_bytes(problem) > MAX_HALO_BYTES:
+        raise ValueError(
+            f"tile={tile!r}: its input halo takes {chosen.halo_bytes(problem)} bytes of shared memory for a "
+            f"{problem.r}x{problem.s} stride-{problem.stride[0]} filter, more than {MAX_HALO_BYTES}"
+        )
+    return chosen
 
 
 def parse_tile(tile: str) -> DirectConvTile:
@@ -54,7 +136,9 @@ def parse_tile(tile: str) -> DirectConvTile:
     match = re.fullmatch(r"p(\d+)q(\d+)g(\d+)w(\d+)s(\d+)", tile)
     if match is None:
         raise ValueError(
-            f"tile={tile!r} is not a depthwise tile; spell one as p<P>q<Q>g<groups>w<warps>s<stages>, e.g. p4q4g64w4s4"
+            f"tile={tile!r} is not a depthwise tile; spell one as p<P>q<Q>g<groups>w<warps>s<stages>, e.g. "
+            "p4q4g64w4s4 (CUTLASS's direct convolution), or direct_p<P>q<Q>g<channels>[t<rows>x<cols>], e.g. "
+            "direct_p8q16g32 (relax_cutlass's blocked direct kernel)"
         )
     p, q, groups, warps, stages = map(int, match.groups())
     if groups % 8 or (p * q) % warps:
