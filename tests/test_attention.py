@@ -234,13 +234,14 @@ def masked_inputs(mod: tvm.IRModule, seed: int = 0, full_row: bool = True) -> li
     return arrays
 
 
-def _regions(partitioned: tvm.IRModule) -> list[AttentionRegion]:
+def _regions(partitioned: tvm.IRModule, arch: int = 90, family: str = "auto") -> list[AttentionRegion]:
     regions = []
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
         spec, roles, problem, composite, aliases = analyze(func, symbol)
         if isinstance(problem, AttentionProblem):
-            regions.append(make_region(func, symbol, choose_attention_kernel(problem, 90), roles, composite, aliases))
+            kernel = choose_attention_kernel(problem, arch, family=family)
+            regions.append(make_region(func, symbol, kernel, roles, composite, aliases))
     return regions
 
 
@@ -275,6 +276,9 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
         array = np.ascontiguousarray(bias.astype("float64"))
         shape = (batch, problem.heads, seq_q, seq_kv)
         scores = scores + np.lib.stride_tricks.as_strided(array, shape, strides(array, problem.bias_reads))
+    if problem.causal is not None:  # TVM's: query i sees key j iff j <= i + (0 or |S - T|)
+        offset = abs(seq_q - seq_kv) if problem.causal == "BottomRight" else 0
+        scores = np.where(np.arange(seq_kv)[None, :] <= np.arange(seq_q)[:, None] + offset, scores, -np.inf)
     row_max = scores.max(-1, keepdims=True)
     masked = np.isneginf(row_max)  # every key masked: the softmax is 0/0
     with np.errstate(invalid="ignore"):
@@ -544,7 +548,6 @@ def test_scale_is_the_applied_one():
         (torch_export_attention, {"softmax_axis": 2}, "softmax over axis 2 is not over the keys"),
         (torch_export_attention, {"out": "bnsh"}, "not BSNV"),
         (torch_export_attention, {"h": 6}, "multiples of 4"),
-        (op_attention, {"causal": "TopLeft"}, "masked attention is not fused"),
     ],
 )
 def test_unsupported_attention_stays_in_tvm_with_the_reason(builder, kwargs, reason):
@@ -557,7 +560,7 @@ def test_unsupported_attention_stays_in_tvm_with_the_reason(builder, kwargs, rea
 
 def test_emitted_kernel_and_glue():
     partitioned, _ = offload_for_cpu(torch_export_attention(h=64))
-    (region,) = _regions(partitioned)
+    (region,) = _regions(partitioned, family="sm80")  # sm_90a's SM90 kernel: tests/test_attention_sm90.py
     kernel = region.kernel
     assert kernel.name == "sm80_fmha_f16_aligned_q32_k128_maxk64"  # 4 CTAs of 64 queries: under-filled
     source = emit_kernel(kernel)
@@ -596,10 +599,10 @@ def test_wide_heads_take_the_32x128_tile():
 def test_under_filled_attention_takes_32_query_tiles():
     """BERT-large at batch 1 has 16 heads x 2 blocks of 64 queries: 32 CTAs for 132 SMs."""
     bert = AttentionProblem(1, 16, 128, 128, 64, 64, 0.125)
-    assert choose_attention_kernel(bert, 90).queries_per_block == 32
-    assert choose_attention_kernel(dataclasses.replace(bert, batch=8), 90).queries_per_block == 64
+    assert choose_attention_kernel(bert, 90, family="sm80").queries_per_block == 32
+    assert choose_attention_kernel(dataclasses.replace(bert, batch=8), 90, family="sm80").queries_per_block == 64
     # A symbolic batch may be large: the 64-query tiles, as for any size not known at build time.
-    assert choose_attention_kernel(dataclasses.replace(bert, batch=None), 90).queries_per_block == 64
+    assert choose_attention_kernel(dataclasses.replace(bert, batch=None), 90, family="sm80").queries_per_block == 64
 
 
 def test_torchvision_vit_attention_is_fused():

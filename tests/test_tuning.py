@@ -434,10 +434,11 @@ def test_attention_is_profiled_over_its_two_tiles_where_it_has_a_choice():
     b1 = AttentionProblem(batch=1, seq_q=128, seq_kv=128, **BERT_ATTENTION)
     wide = AttentionProblem(batch=8, seq_q=128, seq_kv=128, heads=8, head_dim=128, head_dim_value=128, scale=0.1)
     symbolic = AttentionProblem(batch=None, seq_q=128, seq_kv=128, **BERT_ATTENTION)
-    jobs = plan_jobs([b8, b1, b8, wide, symbolic], 90)
+    # The SM80 family on the H100 (sm_90a's own, examples/88, is tests/test_attention_sm90.py's)
+    jobs = plan_jobs([b8, b1, b8, wide, symbolic], 90, family="sm80")
     assert [j.key.op for j in jobs] == ["attention", "attention"]  # deduplicated; wide/symbolic: no choice
     for job, problem in zip(jobs, (b8, b1), strict=True):
-        rule = choose_attention_kernel(problem, 90)
+        rule = choose_attention_kernel(problem, 90, family="sm80")
         tiles = [(k.queries_per_block, k.keys_per_block) for k, _ in job.candidates]
         assert tiles[0] == (rule.queries_per_block, rule.keys_per_block) and sorted(tiles) == [(32, 128), (64, 64)]
         assert job.key.shape == (problem.batch, 128, 128, 16, 64, 64)
@@ -449,7 +450,7 @@ def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
     from relax_cutlass.kinds.attention.select import choose_attention_kernel
 
     b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
-    rule = choose_attention_kernel(b8, 90)
+    rule = choose_attention_kernel(b8, 90, family="sm80")  # the SM80 family's tiles, on the H100
     assert (rule.queries_per_block, rule.selected_by) == (64, "heuristic")
     db = TuningDatabase(tmp_path / "t.jsonl")
 
@@ -459,10 +460,10 @@ def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
         return TuningRecord(attention_key(b8, 90), best, times[best], candidates=times, device="g", heuristic="q64_k64")
 
     db.add([record(0.0164, 0.0160)])  # 2.5% apart: a tie, the rule stands
-    assert choose_attention_kernel(b8, 90, db).queries_per_block == 64
+    assert choose_attention_kernel(b8, 90, db, family="sm80").queries_per_block == 64
     db.add([record(0.0164, 0.0140)])
-    tuned = choose_attention_kernel(b8, 90, db)
+    tuned = choose_attention_kernel(b8, 90, db, family="sm80")
     assert (tuned.queries_per_block, tuned.keys_per_block, tuned.selected_by) == (32, 128, "tuned")
     assert "14.0 us" in tuned.note and tuned.name != rule.name
     other = AttentionProblem(batch=4, seq_q=128, seq_kv=128, **BERT_ATTENTION)
-    assert "no tuning record" in choose_attention_kernel(other, 90, db).note
+    assert "no tuning record" in choose_attention_kernel(other, 90, db, family="sm80").note

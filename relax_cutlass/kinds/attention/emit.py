@@ -9,12 +9,15 @@ import tempfile
 from ...stages.compile import Source, _pkg_dir, cache_dir
 from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
 from ..epilogue import CUTLASS_ELEMENT
+from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
-from .records import BIAS_AXES, BIAS_VECTOR, MASKED_ROWS, AttentionKernel, AttentionRegion
+from .records import BIAS_AXES, BIAS_VECTOR, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
 from .templates import ATTENTION_ARGS, ATTENTION_GLUE_FUNCTION, ATTENTION_KERNEL_TU
 
 
 def emit_attention_kernel(kernel: AttentionKernel) -> Source:
+    if kernel.arch == 90:
+        return emit_sm90_attention_kernel(kernel)
     text = ATTENTION_KERNEL_TU.substitute(
         name=kernel.name,
         attention_args=ATTENTION_ARGS,
@@ -81,6 +84,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         operands=",\n      ".join(operands),
         scale=format(p.scale, ".9g"),
         bias=bias,
+        causal=CAUSAL_CODE[p.causal],
         launch=launch_call(region.kernel),
     )
 

@@ -13,7 +13,7 @@ from .operands import cast_attention_operands, merge_repeated_casts, sequence_fi
 from .patterns import ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
 from .problems import attention_problems, read_problem
 from .profile import PROFILE_ATTENTION, attention_job
-from .records import AttentionKernel, AttentionProblem, AttentionRegion, report_line
+from .records import CAUSAL_CODE, AttentionKernel, AttentionProblem, AttentionRegion, report_line
 from .select import attention_label, choose_attention_kernel
 from .templates import ARGS_TYPE, ATTENTION_ARGS
 
@@ -26,11 +26,11 @@ def _independent_inputs(_spec, ann: dict) -> list[tuple]:
 
 
 def plan(problem: AttentionProblem, _spec, options, db) -> tuple[AttentionKernel, dict]:
-    return choose_attention_kernel(problem, options.arch, db if not options.tile else None), {}
+    return choose_attention_kernel(problem, options.arch, db if not options.tile else None, options.family), {}
 
 
-def _jobs(problem: AttentionProblem, arch: int, _family: str, _limit: int) -> list[ProfileJob]:
-    job = attention_job(problem, arch)
+def _jobs(problem: AttentionProblem, arch: int, family: str, _limit: int) -> list[ProfileJob]:
+    job = attention_job(problem, arch, family)
     return [job] if job is not None else []
 
 
@@ -53,9 +53,15 @@ KIND = RegionKind(
     args=ATTENTION_ARGS,
     profiling=Profiling(
         jobs=_jobs,
-        label=lambda kernel, _split_k: attention_label(kernel.queries_per_block, kernel.keys_per_block),
+        label=lambda kernel, _split_k: attention_label(
+            kernel.queries_per_block, kernel.keys_per_block, kernel.schedule
+        ),
         timing_function=PROFILE_ATTENTION,
-        job_fields=lambda job: {"attention": list(job.key.shape), "scale": job.problem.scale},
+        job_fields=lambda job: {
+            "attention": list(job.key.shape),
+            "scale": job.problem.scale,
+            "causal": CAUSAL_CODE[job.problem.causal],
+        },
     ),
     report_line=report_line,
     left_in_tvm={},

@@ -66,6 +66,7 @@ class AttentionLayout:
     bias: tuple[BiasRead, BiasRead, BiasRead, BiasRead] | None = None
     bias_rank: int = 0
     masked_rows: str = "nan"
+    causal: str | None = None  # relax.nn.attention's causal_mask (AttentionProblem.causal)
 
     @property
     def reads(self) -> tuple:
@@ -132,8 +133,8 @@ def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var
 def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     call = ann["root"]
     attrs = call.attrs
-    if attrs.causal_mask is not None:
-        raise _NotAttention(f"causal_mask={attrs.causal_mask!r}: masked attention is not fused yet")
+    if attrs.causal_mask not in (None, "TopLeft", "BottomRight"):
+        raise _NotAttention(f"causal_mask={attrs.causal_mask!r} is none of TVM's TopLeft / BottomRight")
     if getattr(attrs, "window_size", None) is not None:
         raise _NotAttention("sliding-window attention is not fused")
     tracer = _Tracer({}, {})
@@ -145,7 +146,8 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
         raise _NotAttention("the head dim must be static")
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(int(head_dim))
     whole = ((0, 1), (1, 1), (2, 1), (3, 1))
-    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale)
+    causal = None if attrs.causal_mask is None else str(attrs.causal_mask)
+    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale, causal=causal)
 
 
 def _scalar_value(const, cast=None) -> float:

@@ -112,4 +112,5 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
         value_reads=layout.value,
         bias_reads=layout.bias,
         masked_rows=layout.masked_rows,
+        causal=layout.causal,
     )

@@ -8,14 +8,25 @@ from string import Template
 
 from ...stages.profile import ProfileJob
 from .records import AttentionProblem, attention_key
-from .select import attention_tiles, choose_attention_kernel
+from .select import attention_family, attention_tiles, choose_attention_kernel, sm90_attention_kernels
 
 
-def attention_job(problem: AttentionProblem, arch: int) -> ProfileJob | None:
-    """The rule's tile, then the other one, for a static problem with a choice (head dims <= 64)."""
-    if None in (problem.batch, problem.seq_q, problem.seq_kv) or len(attention_tiles(problem)) < 2:
+def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") -> ProfileJob | None:
+    """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) its cooperative then
+    its ping-pong schedule; on the SM80 kernel the rule's tile, then the other one, where there is
+    a choice (head dims <= 64)."""
+    if None in (problem.batch, problem.seq_q, problem.seq_kv):
+        return None  # symbolic sizes: the rule (the report says so)
+    if attention_family(problem, arch, family) == 90:
+        candidates = tuple(
+            (dataclasses.replace(k, selected_by="profiling"), 1) for k in sm90_attention_kernels(problem, arch)
+        )
+        return ProfileJob(attention_key(problem, arch, 90), problem, candidates)
+    if len(attention_tiles(problem)) < 2:
         return None  # symbolic sizes, or one tile: the rule (the report says so)
-    chosen = dataclasses.replace(choose_attention_kernel(problem, arch), selected_by="profiling", note="")
+    chosen = dataclasses.replace(
+        choose_attention_kernel(problem, arch, family=family), selected_by="profiling", note=""
+    )
     tiles = [(chosen.queries_per_block, chosen.keys_per_block)]
     tiles += [t for t in attention_tiles(problem) if t != tiles[0]]
     candidates = tuple((dataclasses.replace(chosen, queries_per_block=q, keys_per_block=k), 1) for q, k in tiles)
@@ -26,11 +37,11 @@ PROFILE_ATTENTION = Template("""\
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
     void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
   const char* fn = "relax_cutlass_profile_${index}";
-  TRY(CheckArgCount(fn, num_args, 7, "q, k, v, out, shape, scale, iterations"));
+  TRY(CheckArgCount(fn, num_args, 8, "q, k, v, out, shape, scale, causal, iterations"));
   const DLTensor *q, *k, *v, *out;
   const int64_t* shape;
   double scale;
-  int64_t iterations;
+  int64_t causal, iterations;
   TRY(TensorArg(fn, ffi_args, 0, "q", &q));
   TRY(TensorArg(fn, ffi_args, 1, "k", &k));
   TRY(TensorArg(fn, ffi_args, 2, "v", &v));
@@ -38,13 +49,15 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
   // shape: batch, seq_q, seq_kv, heads, head_dim, head_dim_value; q, k, v, out packed BSNH
   TRY(ShapeArg(fn, ffi_args, 4, "shape", 6, &shape));
   TRY(FloatArg(fn, ffi_args, 5, "scale", &scale));
-  TRY(IntArg(fn, ffi_args, 6, "iterations", &iterations));
+  TRY(IntArg(fn, ffi_args, 6, "causal", &causal));
+  TRY(IntArg(fn, ffi_args, 7, "iterations", &iterations));
   const int64_t b = shape[0], s = shape[1], t = shape[2], n = shape[3], h = shape[4], dv = shape[5];
   RelaxCutlassAttentionArgs args{b, n, s, t, h, dv,
                                  Data(q), s * n * h, n * h, h,
                                  Data(k), t * n * h, n * h, h,
                                  Data(v), t * n * dv, n * dv, dv,
                                  const_cast<void*>(Data(out)), static_cast<float>(scale)};
+  args.causal = static_cast<int32_t>(causal);  // records.CAUSAL_CODE
   return TimeLaunches(out, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
 """)

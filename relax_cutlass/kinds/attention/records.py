@@ -20,6 +20,10 @@ BIAS_AXES = ("B", "N", "S", "T")
 MASKED_ROWS = ("nan", "zero", "mean")
 
 
+# TVM's causal masks as the kernel ABI's `causal` (0: none).
+CAUSAL_CODE = {None: 0, "TopLeft": 1, "BottomRight": 2}
+
+
 # The kernel loads the bias 128 bits at a time (its BiasLoader), whatever its own alignment: rows
 # of keys must be whole vectors of 16-bit elements.
 BIAS_VECTOR = 8
@@ -34,6 +38,8 @@ class AttentionProblem:
     parameter which holds it: the axis's stride is the dimension's stride times the factor, so
     ((0, 1), (1, 1), (2, 1), (3, 1)) is a BSNH tensor and ((0, 1), (1, 1), (2, 64), (2, 1)) the
     (B, S, N*64) projection the heads are split from. The output is always (B, S, N, V) in memory.
+
+    `causal` is TVM's causal mask (see the field).
 
     `bias_reads`, when the scores get an additive mask/bias before the softmax, gives the same
     for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
@@ -55,6 +61,10 @@ class AttentionProblem:
     element_accumulator: str = "float32"  # the kernel's softmax and both products run in fp32
     bias_reads: tuple[tuple[int, int] | None, ...] | None = None
     masked_rows: str = "nan"
+    # TVM's causal mask of relax.nn.attention: None, "TopLeft" or "BottomRight". Query i sees key
+    # j iff j <= i + offset, offset 0 (TopLeft) or |seq_q - seq_kv| (BottomRight; TVM's
+    # legalization, which differs from flash-attention's bottom-right alignment when seq_q > seq_kv).
+    causal: str | None = None
 
     @property
     def alignment(self) -> int:
@@ -69,18 +79,23 @@ class AttentionProblem:
 
 @dataclass(frozen=True)
 class AttentionKernel:
-    """One fused multi-head attention kernel (CUTLASS example 41, the xFormers forward kernel):
-    a CTA takes `queries_per_block` query rows of one head and streams the keys in blocks of
-    `keys_per_block`, with an online softmax. Only the dtype, the tile, the largest head dim
-    (`max_head_dim`) and whether rows are 16-byte aligned are compiled in."""
+    """One fused multi-head attention kernel: a CTA takes `queries_per_block` query rows of one
+    head and streams the keys in blocks of `keys_per_block`, with an online softmax.
+
+    `arch` 80: CUTLASS example 41 (the xFormers forward kernel, mma.sync); only the dtype, the
+    tile, the largest head dim (`max_head_dim`) and whether rows are 16-byte aligned are compiled
+    in (a causal mask is a run-time argument). `arch` 90: CUTLASS example 88 (Hopper: TMA +
+    wgmma, warp-specialized, `schedule` "cooperative" or "pingpong"), compiled for one head dim
+    (`max_head_dim`, q/k and v alike) and one causal mask (the problem's)."""
 
     problem: AttentionProblem
     queries_per_block: int
     keys_per_block: int
     max_head_dim: int
     aligned: bool
-    arch: int = 80  # the SM80 tensor-op kernel; it is also what runs on sm_90a
+    arch: int = 80  # the kernel family: 80 (examples/41) or 90 (examples/88, sm_90a only)
     target: int = 80
+    schedule: str = ""  # SM90: "cooperative" or "pingpong"
     epilogue: Epilogue = Epilogue()  # none: the region is the whole attention
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)
@@ -88,6 +103,12 @@ class AttentionKernel:
     @property
     def name(self) -> str:
         element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
+        if self.arch == 90:
+            causal = {None: "", "TopLeft": "_causal_tl", "BottomRight": "_causal_br"}[self.problem.causal]
+            return (
+                f"sm90_fmha_{element}_{self.schedule}_q{self.queries_per_block}_k{self.keys_per_block}_"
+                f"h{self.max_head_dim}{causal}"
+            )
         return (
             f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
             f"k{self.keys_per_block}_maxk{self.max_head_dim}" + ("_bias" if self.bias else "")
@@ -122,6 +143,8 @@ class AttentionRegion(Region):
             # The bias's shape as the kernel reads it: a broadcast axis shows as 1.
             attention["bias"] = "".join(a if r is not None else "1" for a, r in zip("BNST", p.bias_reads, strict=True))
             attention["masked_rows"] = p.masked_rows
+        if p.causal is not None:
+            attention["causal"] = p.causal
         # "mnk" of one head's first product, for the report's common columns.
         mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
         return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})
@@ -133,6 +156,7 @@ def report_line(r: dict) -> str:
         f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
         f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
         + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
+        + (f"causal={a['causal']} " if "causal" in a else "")
         + f"{r['dtypes']['query']}->"
         f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
         f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
@@ -140,19 +164,20 @@ def report_line(r: dict) -> str:
     )
 
 
-def attention_key(problem: AttentionProblem, arch: int) -> TuningKey:
-    """The key of a fused attention problem with static sizes (the SM80 kernel family). The
-    kernel reads q, k and v through strides, so one timing on BSNH tensors serves every layout."""
+def attention_key(problem: AttentionProblem, arch: int, family: int = 80) -> TuningKey:
+    """The key of a fused attention problem with static sizes on one kernel family (80: examples/41,
+    90: examples/88). The kernels read q, k and v through strides, so one timing on BSNH tensors
+    serves every layout; a causal mask is part of the geometry (it halves the work)."""
     p = problem
     return TuningKey(
         arch=arch,
         op="attention",
         shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
-        geometry=(),
+        geometry=() if p.causal is None else (CAUSAL_CODE[p.causal],),
         layout="bsnh",
         element=p.element,
         element_out=p.element,
         accumulator=p.element_accumulator,
         alignment=p.alignment,
-        family=80,
+        family=family,
     )

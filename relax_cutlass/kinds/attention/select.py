@@ -1,11 +1,12 @@
-"""The fused attention kernel's tile (queries x keys per CTA), chosen by head dim and occupancy, or by
-the tuning database."""
+"""The fused attention kernel: its family (sm_90a: CUTLASS examples/88's Hopper kernel where it can
+run the problem, else examples/41's SM80 kernel, with the reason) and tile (queries x keys per CTA),
+chosen by head dim and occupancy, or by the tuning database."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ...arch import family_note
+from ...arch import family_note, native_family, resolve_family
 from ..gemm.select import _stage_record, under_fills
 from .records import AttentionKernel, AttentionProblem, attention_key
 
@@ -18,13 +19,84 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
     return [t for t in ATTENTION_TILES if problem.head_dim_value <= 64 or t[1] == 128]
 
 
-def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> AttentionKernel:
-    """The fused attention kernel for `problem`: the tuning database's measured tile when `db`
+# CUTLASS examples/88 (Hopper FMHA forward, fp16/bf16): the warp-specialized CTA tiles
+# (queries, keys) its runner instantiates per head dim (q/k and v alike), for both its cooperative
+# and ping-pong schedules. Its head dims 32 and 256 (one cooperative 128 x 64 tile each) are not
+# taken: never run here.
+SM90_ATTENTION_TILES = {64: (128, 64), 128: (128, 128)}
+SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong")  # the heuristic takes the first
+
+
+def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
+    """Why sm_90a's examples/88 kernel cannot run `problem` (it then runs on examples/41's SM80
+    kernel), or None. Strides and alignment are checked again at run time (every layout
+    `layout_problems` accepts has strides that are multiples of the head dim)."""
+    p = problem
+    if p.bias_reads is not None:
+        return "additive mask/bias: the SM90 attention kernel (CUTLASS examples/88) takes none: SM80 kernel"
+    if p.head_dim != p.head_dim_value or p.head_dim not in SM90_ATTENTION_TILES:
+        dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
+        return (
+            f"head dims {p.head_dim}/{p.head_dim_value}: the SM90 attention kernel (CUTLASS examples/88) is "
+            f"built for q/k and v head dims both {dims}: SM80 kernel"
+        )
+    if not p.scale > 0:
+        return f"scale {p.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
+    return None
+
+
+def attention_family(problem: AttentionProblem, arch: int, family: str = "auto") -> int:
+    """90 (CUTLASS examples/88) on sm_90a where it can run `problem` and `family` allows, else 80."""
+    if native_family(arch) != 90 or resolve_family(family, arch) != "auto":
+        return 80
+    return 80 if sm90_attention_fallback_reason(problem) else 90
+
+
+def attention_note(problem: AttentionProblem, arch: int, family: str = "auto") -> str:
+    """Why `problem` gets the attention family it gets on `arch`, for the report."""
+    if native_family(arch) != 90:
+        return family_note(arch, 80)
+    if resolve_family(family, arch) != "auto":
+        return "SM80 kernel requested (family='sm80')"
+    return sm90_attention_fallback_reason(problem) or ""
+
+
+def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[AttentionKernel]:
+    """The SM90 candidates of `problem`, the heuristic's (cooperative) first."""
+    queries, keys = SM90_ATTENTION_TILES[problem.head_dim]
+    return [
+        AttentionKernel(problem, queries, keys, problem.head_dim, True, arch=90, target=arch, schedule=schedule)
+        for schedule in SM90_ATTENTION_SCHEDULES
+    ]
+
+
+def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
+    """The example's cooperative kernel (its runner's first warp-specialized one for every head
+    dim), or the tuning database's measured schedule for a static problem."""
+    kernels = sm90_attention_kernels(problem, arch)
+    kernel = kernels[0]
+    if db is None:
+        return kernel
+    if None in (problem.batch, problem.seq_q, problem.seq_kv):
+        return dataclasses.replace(kernel, note="symbolic sizes: heuristic")
+    record, choice, tuned_note = _stage_record(db, attention_key(problem, arch, 90))
+    by_label = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in kernels}
+    if record is None or choice[0] not in by_label:
+        why = "no tuning record" if record is None else f"tuning record names {choice[0]!r}"
+        return dataclasses.replace(kernel, note=f"{why}: heuristic")
+    return dataclasses.replace(by_label[choice[0]], selected_by="tuned", note=tuned_note)
+
+
+def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, family: str = "auto") -> AttentionKernel:
+    """The fused attention kernel for `problem`. On sm_90a, CUTLASS examples/88's kernel where
+    `attention_family` takes it (`_choose_sm90`). Else examples/41's: the tuning database's measured tile when `db`
     has a record for it (static sizes), else xFormers' (and TVM's) tile rule. Head dims up to 64
     take 64 queries x 64 keys per CTA; wider heads 32 x 128, so that V's rows (up to 128) stay in
     registers across the key loop. A known problem whose 64-query CTAs would leave more than half
     of the SMs idle (BERT at batch 1: 32 CTAs) also takes 32 x 128, for twice the CTAs. The SM80
-    kernel serves sm_90a too (the report says so)."""
+    kernel serves sm_90a too where the SM90 one cannot run the problem (the report says why)."""
+    if attention_family(problem, arch, family) == 90:
+        return _choose_sm90(problem, arch, db)
     widest = max(problem.head_dim, problem.head_dim_value)
     queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
     known = problem.batch is not None and problem.seq_q is not None
@@ -37,7 +109,7 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> At
     ):
         queries, keys = 32, 128
     aligned = problem.alignment == 8
-    note = "SM80 fused attention kernel (no SM90 one yet)" if arch == 90 else family_note(arch, 80)
+    note = attention_note(problem, arch, family)
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
     if db is None or len(attention_tiles(problem)) < 2:
         return kernel
@@ -58,6 +130,6 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None) -> At
     )
 
 
-def attention_label(queries: int, keys: int) -> str:
-    """An attention tile's name in profile manifests and tuning records."""
-    return f"q{queries}_k{keys}"
+def attention_label(queries: int, keys: int, schedule: str = "") -> str:
+    """An attention tile's name in profile manifests and tuning records (SM90: with its schedule)."""
+    return f"{schedule + '_' if schedule else ''}q{queries}_k{keys}"

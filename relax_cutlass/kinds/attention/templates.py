@@ -26,6 +26,9 @@ struct RelaxCutlassAttentionArgs {
   // What a row whose every score is -inf (every key masked) gives: 0 NaN (the softmax's 0/0),
   // 1 zeros (torch's safe softmax), 2 the mean of the values. Used with a bias only.
   int32_t masked_rows;
+  // TVM's causal mask (relax.nn.attention's causal_mask): 0 none, 1 TopLeft, 2 BottomRight. Query
+  // i sees key j iff j <= i + offset, offset 0 (TopLeft) or |seq_q - seq_kv| (BottomRight).
+  int32_t causal;
 };
 """
 
@@ -105,7 +108,13 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   p.head_dim_value = static_cast<int32_t>(a->head_dim_value);
   p.num_queries = static_cast<int32_t>(a->seq_q);
   p.num_keys = static_cast<int32_t>(a->seq_kv);
-  p.custom_mask_type = Attention::NoCustomMask;
+  // TVM's masks are xFormers' top-left one moved right by TVM's offset (xFormers' own bottom-right
+  // offset, seq_kv - seq_q, differs from TVM's |seq_q - seq_kv| when seq_q > seq_kv).
+  p.custom_mask_type = a->causal != 0 ? Attention::CausalFromTopLeft : Attention::NoCustomMask;
+  if (a->causal == 2) {
+    const int64_t offset = a->seq_q > a->seq_kv ? a->seq_q - a->seq_kv : a->seq_kv - a->seq_q;
+    p.causal_diagonal_offset = static_cast<uint32_t>(offset);
+  }
   p.q_strideB = a->q_stride_b;
   p.q_strideM = static_cast<int32_t>(a->q_stride_s);
   p.q_strideH = static_cast<int32_t>(a->q_stride_n);
@@ -192,6 +201,7 @@ $shape_checks
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
       const_cast<void*>(Data(out)), ${scale}f${bias}};
+  args.causal = $causal;
 """
     + GLUE_FUNCTION_TAIL
 )

@@ -1,0 +1,289 @@
+"""C++ of the attention kind's SM90 family: CUTLASS examples/88's Hopper FMHA forward kernel (TMA
+loads, wgmma, warp-specialized cooperative or ping-pong consumers, online softmax), shipped in the
+nvidia-cutlass wheel. Its collective mainloop and kernel are used as the example's `FmhaBuilder`
+assembles them, with two pieces of ours:
+
+  * the mask (`RelaxMask`, the example's `Fusion` customization point): keys past seq_kv of the
+    last, partial key tile (what the example's ResidualFusion does; its DefaultFusion would let
+    TMA's zero-filled keys into the softmax), and for causal attention TVM's mask (key j is seen
+    by query i iff j <= i + offset; offset 0 for "TopLeft", |seq_q - seq_kv| for "BottomRight").
+    The example's CausalFusion is TopLeft and leaves residual keys in when seq_q > seq_kv;
+  * the epilogue: the example's FmhaFwdEpilogue without its logsumexp store (relax_cutlass has
+    no use for it, and it would need a B*N*S float buffer per call).
+
+The softmax scale is the example's 1/sqrt(head dim) unless set: the glue overwrites it in the
+kernel's Params after `to_underlying_arguments`.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+from ...stages.compile import Source, _pkg_dir
+from ...stages.emit import check_device
+from ...stages.templates import KERNEL_PRELUDE
+from ..epilogue import CUTLASS_ELEMENT
+from .records import CAUSAL_CODE, AttentionKernel
+from .templates import ATTENTION_ARGS
+
+# schedule -> (the example's kernel options, its tile scheduler). "pingpong" is what the
+# example's builder makes of KernelTmaWarpSpecializedPingpong: the cooperative kernel, persistent,
+# with Q loaded by its own producer warp.
+SM90_SCHEDULES = {
+    "cooperative": ("", "cutlass::fmha::kernel::IndividualTileScheduler"),
+    "pingpong": (
+        ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::true_type>"
+        ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::true_type>",
+        "cutlass::fmha::kernel::PersistentTileScheduler",
+    ),
+}
+
+SM90_ATTENTION_TU = Template(
+    """\
+// relax_cutlass generated kernel: $name
+"""
+    + KERNEL_PRELUDE
+    + """\
+#include <cstdint>
+#include <cstdio>
+#include <cmath>
+#include <cuda_runtime.h>
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "collective/fmha_fusion.hpp"
+#include "collective/fmha_collective_tma_warpspecialized.hpp"
+#include "collective/fmha_epilogue.hpp"
+#include "kernel/fmha_kernel_tma_warpspecialized.hpp"
+#include "kernel/fmha_tile_scheduler.hpp"
+#include "kernel/fmha_options.hpp"
+#include "device/device_universal.hpp"
+
+$attention_args
+namespace {
+// (No `using namespace cute` here: nvcc then finds cute's anonymous namespace ambiguous with this one.)
+
+// The example's Fusion customization point. Problem sizes are (B, H, Q, K, D); `index_qk` gives
+// each score's absolute (query, key) position. kCausal: 0 none, 1 TopLeft, 2 BottomRight (TVM's
+// relax.nn.attention: query i sees key j iff j <= i + offset, offset 0 / |Q - K|). Every kind
+// also masks the keys past K of the last key tile. The kernel applies the mask to its first key
+// tile and its last `get_masked_trip_count` ones: those must hold every tile that the diagonal or
+// the end of the keys crosses.
+template <int kCausal>
+struct RelaxMask : cutlass::fmha::collective::DefaultFusion {
+  template <class ProblemSize>
+  CUTLASS_DEVICE static int offset(ProblemSize const& problem_size) {
+    if constexpr (kCausal == 2) {
+      int d = cute::get<2>(problem_size) - cute::get<3>(problem_size);
+      return d < 0 ? -d : d;
+    } else {
+      return 0;
+    }
+  }
+
+  template <class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                    ProblemSize const& problem_size) {
+    int keys = cute::ceil_div(cute::get<3>(problem_size), cute::get<1>(tile_shape));
+    if constexpr (kCausal == 0) {
+      return keys;
+    } else {
+      // The last key any query of this block sees is (block end - 1) + offset.
+      int seen = (cute::get<0>(blk_coord) + 1) * cute::get<0>(tile_shape) + offset(problem_size);
+      int tiles = cute::ceil_div(seen, cute::get<1>(tile_shape));
+      return tiles < keys ? tiles : keys;
+    }
+  }
+
+  template <class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                           ProblemSize const& problem_size) {
+    // Non-causal: the last tile (the only one the end of the keys can cross). Causal: the
+    // diagonal crosses at most ceil(BQ / BK) + 1 tiles, the last ones (the end of the keys, when
+    // reached, is in the last).
+    int masked = kCausal == 0 ? 1 : cute::ceil_div(cute::get<0>(tile_shape), cute::get<1>(tile_shape)) + 1;
+    int trips = get_trip_count(blk_coord, tile_shape, problem_size);
+    return masked < trips ? masked : trips;
+  }
+
+  template <class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                             ProblemSize const& problem_size) {
+    return get_trip_count(blk_coord, tile_shape, problem_size) -
+           get_masked_trip_count(blk_coord, tile_shape, problem_size);
+  }
+
+  template <class AccQK, class IndexQK, class ProblemSize>
+  CUTLASS_DEVICE void before_softmax(AccQK& acc_qk, IndexQK const& index_qk, ProblemSize const& problem_size) {
+    const int keys = cute::get<3>(problem_size);
+    const int diagonal = offset(problem_size);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc_qk); i++) {
+      auto pos = index_qk(i);
+      bool masked = cute::get<1>(pos) >= keys;
+      if constexpr (kCausal != 0) masked = masked || cute::get<1>(pos) > cute::get<0>(pos) + diagonal;
+      if (masked) acc_qk(i) = -INFINITY;
+    }
+  }
+};
+
+using Element = $element;
+using TileShape = cute::Shape<cute::_${queries}, cute::_${keys}, cute::_${head_dim}>;
+// (rows, head dim, (batch, heads)): the head dim contiguous, the rest any stride.
+using RowStride = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
+using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+    Element, float, float, TileShape, RowStride, RowStride, RowStride, RelaxMask<$causal>$options>;
+
+// The example's forward epilogue (a TMA store of O) without its logsumexp store.
+struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV> {
+  using Base = cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
+  using CollectiveEpilogueTMA = typename Base::CollectiveEpilogueTMA;
+
+  template <class Tile, class BlkCoord, class ResultTuple, class TiledMma, class ProblemShape>
+  CUTLASS_DEVICE void operator()(Tile const& tile_shape, BlkCoord const& blk_coord, ResultTuple const& result,
+                                 TiledMma const& tiled_mma, ProblemShape const& problem_size,
+                                 typename Base::Params const& params, typename Base::LoadPipeline epi_load_pipeline,
+                                 typename Base::TensorStorage& epi_tensor_storage) {
+    auto acc = cute::get<0>(result);
+    auto problem_size_o = cute::make_shape(cute::get<2>(problem_size), cute::get<4>(problem_size), cute::_,
+                                     cute::make_shape(cute::get<0>(problem_size), cute::get<1>(problem_size)));
+    CollectiveEpilogueTMA epilogue_tma(params.epilogue_TMA, epi_tensor_storage);
+    using EpiStorePipeline = typename CollectiveEpilogueTMA::StorePipeline;
+    typename EpiStorePipeline::Params epi_store_pipeline_params;
+    epi_store_pipeline_params.always_wait = true;
+    EpiStorePipeline epi_store_pipeline(epi_store_pipeline_params);
+    typename CollectiveEpilogueTMA::LoadPipelineState epi_load_pipe_consumer_state;
+    auto epi_store_pipe_producer_state = cutlass::make_producer_start_state<EpiStorePipeline>();
+    auto [epi_load_pipe_consumer_state_next, epi_store_pipe_producer_state_next] = epilogue_tma.store(
+        epi_load_pipeline, epi_load_pipe_consumer_state, epi_store_pipeline, epi_store_pipe_producer_state,
+        problem_size_o, tile_shape,
+        cute::make_coord(cute::get<0>(blk_coord), cute::_0{}, cute::_, cute::get<2>(blk_coord)), acc, tiled_mma,
+        threadIdx.x % cutlass::NumThreadsPerWarpGroup, epi_tensor_storage);
+    epilogue_tma.store_tail(epi_load_pipeline, epi_load_pipe_consumer_state_next, epi_store_pipeline,
+                            epi_store_pipe_producer_state_next);
+  }
+};
+
+// A TU-local kernel type, so no other library ever shares this kernel's symbols.
+struct Kernel : cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, $scheduler$options> {};
+using Operation = cutlass::device::Universal<Kernel>;
+constexpr int kHeadDim = $head_dim;
+constexpr int kCausal = $causal;
+constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte aligned base and strides
+
+$check_device
+const char* Fail(const char* step) {
+  static thread_local char message[512];
+  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
+                cudaGetErrorString(cudaGetLastError()));
+  return message;
+}
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool FitsStride(int64_t s) { return s >= 0 && s <= INT32_MAX && s % kAlignment == 0; }
+}  // namespace
+
+// Returns nullptr on success, else a message that names the failing step or the unmet need.
+extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
+    const RelaxCutlassAttentionArgs* a, void* stream_handle) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (const char* error = CheckDevice()) return error;
+  if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
+  if (a->causal != kCausal) return "$name: built for another causal mask than the call's";
+  if (a->head_dim != kHeadDim || a->head_dim_value != kHeadDim) {
+    return "$name: built for head dim $head_dim (q/k and v alike)";
+  }
+  if (!(a->scale > 0.0f) || !std::isfinite(a->scale)) {
+    return "$name: the SM90 attention kernel needs a positive finite scale";
+  }
+  if (!Aligned(a->q) || !Aligned(a->k) || !Aligned(a->v) || !Aligned(a->out)) {
+    return "$name: q, k, v and out must be 16-byte aligned (TMA)";
+  }
+  if (!FitsStride(a->q_stride_b) || !FitsStride(a->q_stride_s) || !FitsStride(a->q_stride_n) ||
+      !FitsStride(a->k_stride_b) || !FitsStride(a->k_stride_s) || !FitsStride(a->k_stride_n) ||
+      !FitsStride(a->v_stride_b) || !FitsStride(a->v_stride_s) || !FitsStride(a->v_stride_n)) {
+    return "$name: every q/k/v stride must be a multiple of 16 bytes and below 2^31 elements (TMA)";
+  }
+  const int64_t o_row = a->heads * a->head_dim_value;
+  if (a->batch > INT32_MAX || a->heads > 65535 || a->batch > 65535 || a->seq_q > INT32_MAX ||
+      a->seq_kv > INT32_MAX || a->seq_q * o_row > INT32_MAX) {
+    return "$name: batch, heads or sequence lengths past the kernel's 32-bit sizes and grid";
+  }
+  const int b = static_cast<int>(a->batch), h = static_cast<int>(a->heads);
+  const int s = static_cast<int>(a->seq_q), t = static_cast<int>(a->seq_kv);
+  RowStride dq = cute::make_stride(static_cast<int>(a->q_stride_s), cute::_1{},
+                          cute::make_stride(static_cast<int>(a->q_stride_b), static_cast<int>(a->q_stride_n)));
+  RowStride dk = cute::make_stride(static_cast<int>(a->k_stride_s), cute::_1{},
+                          cute::make_stride(static_cast<int>(a->k_stride_b), static_cast<int>(a->k_stride_n)));
+  RowStride dv = cute::make_stride(static_cast<int>(a->v_stride_s), cute::_1{},
+                          cute::make_stride(static_cast<int>(a->v_stride_b), static_cast<int>(a->v_stride_n)));
+  // The output is (B, S, N, V), packed.
+  RowStride d_o = cute::make_stride(static_cast<int>(o_row), cute::_1{},
+                           cute::make_stride(static_cast<int>(a->seq_q * o_row), static_cast<int>(a->head_dim_value)));
+  static int sm_counts[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Fail("cudaGetDevice");
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = device;
+  if (device < 64 && sm_counts[device] == 0) {
+    if (cudaDeviceGetAttribute(&sm_counts[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return Fail("SM count query");
+    }
+  }
+  hw_info.sm_count = device < 64 ? sm_counts[device] : 0;
+  typename Kernel::Arguments args{
+      {b, h, s, t, kHeadDim},
+      {static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
+       static_cast<const Element*>(a->v), dv},
+      {static_cast<Element*>(a->out), d_o, nullptr, {}},
+      hw_info};
+  // The example's can_implement: the head dim fits the tile and is whole 16-byte vectors, and
+  // seq_q a multiple of the alignment. That last clause is its own test setup's (a packed
+  // logsumexp / BHSD tensor), not TMA's: TMA needs aligned strides (checked above), not extents,
+  // and this epilogue stores no logsumexp. So it is asked with seq_q rounded up.
+  typename Kernel::Arguments asked = args;
+  cute::get<2>(asked.problem_size) = (s + kAlignment - 1) / kAlignment * kAlignment;
+  if (Operation::can_implement(asked) != cutlass::Status::kSuccess) {
+    return "$name: CUTLASS's can_implement refused the problem";
+  }
+  if (Operation::get_workspace_size(args) != 0) return "$name: the kernel asks for a workspace it was not given";
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
+  params.mainloop.scale_softmax = a->scale;
+  params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
+  const int smem_bytes = Kernel::SharedStorageSize;
+  if (smem_bytes > 0xc000) {
+    // Per device: the opt-in to more than 48 KB of shared memory is a property of the context.
+    static bool configured[64] = {};
+    if (device >= 64 || !configured[device]) {
+      if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               smem_bytes) != cudaSuccess) {
+        return Fail("shared memory opt-in");
+      }
+      if (device < 64) configured[device] = true;
+    }
+  }
+  if (Operation::run(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
+  return nullptr;
+}
+"""
+)
+
+
+def sm90_fmha_dir():
+    return _pkg_dir("cutlass_library") / "source" / "examples" / "88_hopper_fmha"
+
+
+def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
+    options, scheduler = SM90_SCHEDULES[kernel.schedule]
+    text = SM90_ATTENTION_TU.substitute(
+        name=kernel.name,
+        attention_args=ATTENTION_ARGS,
+        element=CUTLASS_ELEMENT[kernel.problem.element],
+        queries=kernel.queries_per_block,
+        keys=kernel.keys_per_block,
+        head_dim=kernel.max_head_dim,
+        causal=CAUSAL_CODE[kernel.problem.causal],
+        options=options,
+        scheduler=scheduler,
+        check_device=check_device(kernel),
+    )
+    return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")

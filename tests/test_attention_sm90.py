@@ -1,0 +1,220 @@
+"""The attention kind's SM90 family (CUTLASS examples/88, Hopper TMA + wgmma FMHA) and causal
+R.nn.attention, on CPU: which targets and forms get the SM90 kernel and why others stay on
+examples/41's SM80 kernel, the emitted source, profiling candidates and tuning records, and the
+semantics of the causal forms (the offloaded module against the untouched one, and the kernel's
+problem record against TVM's legalization). The nvcc build (SASS holds HGMMA) is the `nvcc` test
+at the end; the GPU runs are tests/test_gpu_attention_sm90.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from harness import compare_on_cpu, offload_for_cpu, random_inputs
+from test_attention import (
+    _offloaded_attention,
+    _regions,
+    check_regions_against_kernel_model,
+    op_attention,
+    sdpa_attention,
+    torch_export_attention,
+)
+from tvm import relax
+
+from relax_cutlass import offload_report
+from relax_cutlass.kinds.attention.profile import attention_job
+from relax_cutlass.kinds.attention.records import AttentionProblem, attention_key
+from relax_cutlass.kinds.attention.select import (
+    attention_family,
+    choose_attention_kernel,
+    sm90_attention_fallback_reason,
+)
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
+
+HD128 = AttentionProblem(4, 16, 1024, 1024, 128, 128, 128**-0.5)
+HD64 = AttentionProblem(4, 16, 1024, 1024, 64, 64, 0.125)
+
+
+@pytest.mark.parametrize(
+    "arch,family,want",
+    [(90, "auto", 90), (90, "sm90", 90), (90, "sm80", 80), (80, "auto", 80), (100, "auto", 80), (120, "auto", 80)],
+)
+@pytest.mark.parametrize("causal", [None, "TopLeft", "BottomRight"])
+def test_each_target_gets_its_attention_family(arch, family, want, causal):
+    problem = dataclasses.replace(HD128, causal=causal)
+    kernel = choose_attention_kernel(problem, arch, family=family)
+    assert kernel.arch == want and kernel.target == arch
+    if want == 90:
+        assert kernel.name.startswith("sm90_fmha_f16_cooperative_q128_k128_h128")
+        assert kernel.note == ""
+        assert kernel.name.endswith({None: "h128", "TopLeft": "_causal_tl", "BottomRight": "_causal_br"}[causal])
+    elif family == "sm80":
+        assert kernel.note == "SM80 kernel requested (family='sm80')"
+    elif arch in (100, 120):
+        assert "SM80 family" in kernel.note
+
+
+def test_sm90_tiles_per_head_dim_and_dtype():
+    assert choose_attention_kernel(HD64, 90).name == "sm90_fmha_f16_cooperative_q128_k64_h64"
+    bf16 = dataclasses.replace(HD128, element="bfloat16", seq_q=None, seq_kv=None, batch=None)
+    assert choose_attention_kernel(bf16, 90).name == "sm90_fmha_bf16_cooperative_q128_k128_h128"
+
+
+@pytest.mark.parametrize(
+    "change,reason",
+    [
+        (dict(head_dim=32, head_dim_value=32), "head dims 32/32"),
+        (dict(head_dim=96, head_dim_value=96), "head dims 96/96"),
+        (dict(head_dim=64, head_dim_value=128), "head dims 64/128"),
+        (dict(bias_reads=((0, 1), None, None, (3, 1))), "additive mask/bias"),
+        (dict(scale=-0.125), "positive scale"),
+    ],
+)
+def test_what_the_sm90_kernel_cannot_run_falls_back_with_the_reason(change, reason):
+    problem = dataclasses.replace(HD128, **change)
+    assert reason in sm90_attention_fallback_reason(problem)
+    kernel = choose_attention_kernel(problem, 90)
+    assert kernel.arch == 80 and kernel.name.startswith("sm80_fmha") and reason in kernel.note
+    assert attention_family(problem, 90) == 80
+
+
+@pytest.mark.parametrize(
+    "builder,kwargs,kernel,note",
+    [
+        (op_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k64_h64", ""),
+        (op_attention, {"h": 64, "causal": "TopLeft"}, "sm90_fmha_f16_cooperative_q128_k64_h64_causal_tl", ""),
+        (op_attention, {"h": 128, "causal": "BottomRight", "t": 24}, "_causal_br", ""),
+        (torch_export_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k64_h64", ""),
+        (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_cooperative", ""),
+        (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
+        (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias"),
+    ],
+)
+def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):
+    mod = builder(**kwargs)
+    (row,) = _offloaded_attention(mod)  # sm_90a
+    assert kernel in row["kernel"] and note in row.get("note", "")
+    text = str(offload_report(mod, arch="sm_90a"))
+    assert row["kernel"] in text and ("causal=" in text) == ("causal" in kwargs)
+    (row80,) = [r for r in offload_report(mod, arch="sm_90a", family="sm80").offloaded if r["op"] == "attention"]
+    assert row80["kernel"].startswith("sm80_fmha") and "family='sm80'" in row80["note"]
+
+
+@pytest.mark.parametrize(
+    "s,t,causal",
+    [(8, 8, "TopLeft"), (8, 8, "BottomRight"), (6, 11, "TopLeft"), (6, 11, "BottomRight"), (11, 6, "TopLeft")]
+    + [(11, 6, "BottomRight")],  # TVM's BottomRight with S > T: offset |S - T|, every key of the last rows seen
+)
+def test_causal_attention_is_offloaded_and_correct(s, t, causal):
+    """R.nn.attention with TVM's causal masks (legalized: tril with k = 0 or |S - T|): the
+    offloaded module matches the untouched one, and the kernel's record (mask included) matches
+    the composite."""
+    mod = op_attention(s=s, t=t, h=16, causal=causal)
+    (row,) = _offloaded_attention(mod)
+    assert row["attention"]["causal"] == causal
+    compare_on_cpu(mod, random_inputs(mod))
+    partitioned, _ = offload_for_cpu(mod)
+    (region,) = _regions(partitioned)
+    assert region.kernel.problem.causal == causal
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+def test_kernel_model_masks_as_tvm_does():
+    """The record's mask is not vacuous: without it the model of a causal region is wrong."""
+    mod = op_attention(s=9, t=5, h=16, causal="BottomRight")
+    partitioned, _ = offload_for_cpu(mod)
+    (region,) = _regions(partitioned)
+    unmasked = dataclasses.replace(region.kernel.problem, causal="TopLeft")
+    from test_attention import kernel_model
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.uniform(-1, 1, size=(2, n, 2, 16)) for n in (9, 5, 5))
+    got = kernel_model(region.kernel.problem, q, k, v)
+    assert not np.allclose(got, kernel_model(unmasked, q, k, v))
+
+
+def _symbolic_causal(h=64, causal="TopLeft"):
+    """R.nn.attention on (B, S, N, H) tensors with a symbolic sequence length (self-attention)."""
+    seq = tvm.tirx.Var("seq", "int64")
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(name, relax.TensorType((2, seq, 4, h), "float16")) for name in "xyz")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.nn.attention(q, k, v, causal_mask=causal))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def test_symbolic_sequence_length_takes_the_sm90_kernel():
+    mod = _symbolic_causal()
+    (row,) = _offloaded_attention(mod)
+    assert row["attention"]["seq_q"] == "dynamic" and row["kernel"].startswith("sm90_fmha_f16_cooperative")
+    for seq in (3, 13):
+        compare_on_cpu(mod, random_inputs(mod, seq=seq))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned, seq=13) == 1
+
+
+def test_emitted_sm90_kernel_is_examples_88():
+    partitioned, _ = offload_for_cpu(op_attention(h=128, causal="BottomRight"))
+    (region,) = _regions(partitioned)
+    source = emit_kernel(region.kernel)
+    assert source.family == "sm90"  # the SASS check asks for HGMMA
+    assert any(flag.endswith("88_hopper_fmha") for flag in source.extra_flags)
+    text = source.text
+    assert "cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<" in text
+    assert "RelaxMask<2>" in text and "IndividualTileScheduler" in text
+    assert "cute::Shape<cute::_128, cute::_128, cute::_128>" in text
+    assert "can_implement" in text and "get_workspace_size" in text  # checked at run time
+    assert "16-byte aligned" in text and "scale_softmax_log2" in text
+    pingpong = emit_kernel(dataclasses.replace(region.kernel, schedule="pingpong")).text
+    assert "PersistentTileScheduler" in pingpong and "kLoadsQSeparately" in pingpong
+    glue = emit_glue([region], "m").text
+    assert "args.causal = 2;" in glue and "sm90_fmha_f16_cooperative_q128_k128_h128_causal_br_run" in glue
+
+
+def test_sm80_kernel_takes_the_causal_mask_at_run_time():
+    partitioned, _ = offload_for_cpu(op_attention(h=8, causal="TopLeft"))
+    (region,) = _regions(partitioned, arch=80)
+    text = emit_kernel(region.kernel).text
+    assert "Attention::CausalFromTopLeft" in text and "causal_diagonal_offset" in text
+    assert "args.causal = 1;" in emit_glue([region], "m").text
+
+
+def test_profiling_times_both_sm90_schedules():
+    job = attention_job(dataclasses.replace(HD128, causal="TopLeft"), 90)
+    assert job.key.family == 90 and job.key.geometry == (1,)
+    assert [k.schedule for k, _ in job.candidates] == ["cooperative", "pingpong"]
+    assert all(k.arch == 90 and k.selected_by == "profiling" for k, _ in job.candidates)
+    sm80 = attention_job(HD64, 90, family="sm80")
+    assert sm80.key.family == 80 and all(k.arch == 80 for k, _ in sm80.candidates)
+    assert attention_job(dataclasses.replace(HD128, seq_q=None), 90) is None
+
+
+def test_tuning_record_picks_the_schedule(tmp_path):
+    key = attention_key(HD128, 90, 90)
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    db.add([TuningRecord(key, "pingpong_q128_k128", 1.0)])
+    kernel = choose_attention_kernel(HD128, 90, db)
+    assert kernel.schedule == "pingpong" and kernel.selected_by == "tuned"
+    other = choose_attention_kernel(dataclasses.replace(HD128, batch=8), 90, db)
+    assert other.schedule == "cooperative" and "no tuning record" in other.note
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("causal", [None, "TopLeft"])
+def test_sm90_attention_compiles_to_hgmma(causal):
+    """A head-dim-128 kernel, non-causal and causal, through nvcc for sm_90a: its SASS is sm_90a's
+    and holds wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
+    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.stages.sass_check import mma_counts
+
+    kernel = choose_attention_kernel(dataclasses.replace(HD128, causal=causal, batch=None, seq_q=None), 90)
+    assert kernel.arch == 90
+    ((obj, _),) = compile_all([emit_kernel(kernel)], 90).values()
+    counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))
+    print(f"{kernel.name}: {counts}")
+    assert sass == ["sm_90a"] and counts["HGMMA"] > 0 and counts["HMMA"] == 0
