@@ -59,6 +59,13 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   exit 0
 fi
 source .gpufull/rest/enter.sh || exit $?
+# The bundle ships CUTLASS's examples/41 only; the SM90 attention kernels include examples/88:
+# carry build/cutlass-examples too (here: cp -r <the wheel's cutlass_library/source/examples/88_hopper_fmha>
+# build/cutlass-examples/) and it is put beside 41 in the bundle's cutlass_library.
+if [[ -d build/cutlass-examples ]]; then
+  site_examples=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'examples'))")
+  cp -rn build/cutlass-examples/. "$site_examples"/
+fi
 out=${OUT:-build/session}
 mkdir -p "$out" build
 models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}

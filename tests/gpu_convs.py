@@ -99,7 +99,7 @@ def module_and_references(cases, seed: int = 0, runtime_filters: bool = False):
 
 
 def relative_error(got, want: np.ndarray) -> float:
-    got = got.numpy().astype("float64")
+    got = (got.numpy() if hasattr(got, "numpy") else np.asarray(got)).astype("float64")
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
