@@ -86,7 +86,9 @@ def choose_depthwise_kernel(
 # The blocked direct kernel's tiles: channels per CTA (multiples of 8, the 128-bit loads) chosen
 # to leave the fewest idle channels in the last group (ties: the wider); 8 x 16 output pixels per
 # CTA, 4 x 4 per thread, smaller where the halo would not fit or the grid would not fill the GPU.
-DIRECT_GROUPS = (32, 24, 16, 8)
+# No 24-channel groups: bench/depthwise_tiles.py measured them slower than 16 on the H200 (56x56
+# x 144, 3x3: 0.048 ms against 0.035; 2026-11-26-session16-depthwise-tiles-direct-*.json).
+DIRECT_GROUPS = (32, 16, 8)
 # CTAs the grid aims for per SM at least (a symbolic batch counts as 16 images: no tile is shrunk
 # for a batch of 1 that may never come).
 DIRECT_CTAS_PER_SM = 2
