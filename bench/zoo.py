@@ -103,7 +103,10 @@ def _calibrate_batch_norm(model, image, torch):
     return model.eval()
 
 
-def _transformer(config_class: str, model_class: str, vocab: int, **config):
+def _transformer(config_class: str, model_class: str, vocab: int, padding: bool = False, **config):
+    """A `transformers` model with random init; `padding`: called with an attention mask whose row b
+    keeps seq - 12 * b tokens (a padded batch of sentences of different lengths)."""
+
     def build(entry: ZooModel, torch):
         import transformers
 
@@ -112,7 +115,11 @@ def _transformer(config_class: str, model_class: str, vocab: int, **config):
         kwargs = {"add_pooling_layer": False} if model_class == "BertModel" else {}
         model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config), **kwargs)
         ids = torch.randint(0, vocab, (entry.batch, entry.seq))
-        return last_hidden_state(model.eval()), (ids,)
+        if not padding:
+            return last_hidden_state(model.eval()), (ids,)
+        lengths = torch.tensor([max(1, entry.seq - 12 * b) for b in range(entry.batch)])
+        mask = (torch.arange(entry.seq)[None, :] < lengths[:, None]).to(torch.int64)
+        return last_hidden_state(model.eval()), (ids, mask)
 
     return build
 
@@ -128,6 +135,8 @@ BUILDERS = {
     # depthwise convs, squeeze-excitation, SiLU (issue 19)
     "efficientnet_b0": _vision("efficientnet_b0"),
     "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
+    # a padded batch: the attention mask a tokenizer gives sentences of different lengths (issue 20)
+    "bert_base_padded": _transformer("BertConfig", "BertModel", 30000, padding=True),
     "gpt2": _transformer("GPT2Config", "GPT2Model", 50000),
     "llama_gqa": _transformer(
         "LlamaConfig",
@@ -140,6 +149,19 @@ BUILDERS = {
         num_hidden_layers=4,
         vocab_size=32000,
     ),
+    # Llama-3-8B's layer shapes (hidden 4096, 32 query / 8 kv heads, SiLU-gated MLP 14336), two
+    # layers, 1 x 2048 prefill (issue 20)
+    "llama_8b_2l": _transformer(
+        "LlamaConfig",
+        "LlamaModel",
+        32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=2,
+        vocab_size=32000,
+    ),
 }
 
 ZOO = (
@@ -148,6 +170,8 @@ ZOO = (
     ZooModel("bert_base", "transformer", 8, 128),
     ZooModel("gpt2", "transformer", 1, 512),
     ZooModel("llama_gqa", "transformer", 1, 512),
+    ZooModel("bert_base_padded", "transformer", 8, 128),
+    ZooModel("llama_8b_2l", "transformer", 1, 2048),
     ZooModel("vit_b_16", "vision", 8),
     ZooModel("mobilenet_v3_large", "vision", 32),
     ZooModel("convnext_tiny", "vision", 32),
