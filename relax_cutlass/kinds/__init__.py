@@ -34,6 +34,7 @@ REGISTERED = [
     "conv2d",
     "attention",
     "depthwise_conv2d",
+    "norm",
 ]
 # Built-in kinds registered only on request (`enable(name)`, or their names, comma-separated, in
 # RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind. A kind that is opt-in while it

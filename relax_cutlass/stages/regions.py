@@ -103,7 +103,8 @@ def region_outputs(composite: relax.Function) -> tuple:
         else:
             role = next((n for n in kind_of(spec).extra_outputs if n in ann and ann[n].same_as(value)), None)
             if role is None:
-                raise RegionError(f"{composite.attrs['Composite']}: output {field} is no annotated value of its pattern")
+                name = composite.attrs["Composite"]
+                raise RegionError(f"{name}: output {field} is no annotated value of its pattern")
         outputs.append((role, shape_of(field), dtype_of(field)))
     return tuple(outputs)
 
