@@ -79,6 +79,18 @@ def test_refused_norms_stay_in_tvm_with_the_reason(case, reason):
     assert reason in str(report), str(report)
 
 
+def test_a_narrowing_cast_before_the_add_keeps_the_add_in_tvm():
+    """astype(x_f32, f16) + r_f16 rounds x before the add, which the kernel (adding operands as
+    stored, in float32) would not: the cast is refused with the reason and stays in TVM; the add
+    and the norm are offloaded (on the cast's f16 result)."""
+    mod = norm_module("layer_norm", residual="cast", dtype="float32", stream="float16")
+    (row,) = _check(mod)
+    assert row["residual"] and row["composite"] == "relax_cutlass.norm_layer_norm_add"
+    assert row["dtypes"]["data"] == "float16"
+    report = str(relax_cutlass.offload_report(offload_for_cpu(mod)[0]))
+    assert "cast from float32 to float16 before the add (a narrowing cast)" in report, report
+
+
 def test_an_intermediate_of_a_decomposed_rmsnorm_used_outside_refuses_the_fusion():
     """Only the sum and the un-cast norm may leave the region (the kernel writes them); the mean
     of x * x also used elsewhere keeps the RMSNorm in TVM, with the reason, as for every kind."""

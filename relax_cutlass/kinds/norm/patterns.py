@@ -146,8 +146,12 @@ def rules(spec: NormSpec, ann: dict, out: relax.Expr, _var2val) -> list[str]:
             problems.append(f"the {role} of the residual add is broadcast to the sum (the kernel adds equal shapes)")
     if "sum" in ann:
         for role in ("data", "residual"):
-            if dtype_of(ann[role]) not in DTYPES:
-                problems.append(f"the {role} dtype {dtype_of(ann[role])} is not one of {DTYPES}")
+            source, target = dtype_of(ann[role]), dtype_of(sum_)
+            if source not in DTYPES:
+                problems.append(f"the {role} dtype {source} is not one of {DTYPES}")
+            elif source != target and target != "float32":
+                # the kernel adds the operands as stored, in float32: exact only for widening casts
+                problems.append(f"the {role} is cast from {source} to {target} before the add (a narrowing cast)")
     for role, used in (("gamma", scale), ("beta", center)):
         if role in ann and used:
             dims = static_shape(ann[role])

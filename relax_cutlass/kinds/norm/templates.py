@@ -104,13 +104,18 @@ template <typename T> __device__ __forceinline__ void Store(void* base, int64_t 
   for (int c = 0; c < A::kCount; ++c) to[c] = reinterpret_cast<const typename A::type*>(values)[c];
 }
 
-// The sum over the row's threads, in every one of them.
+// The sum over the row's threads, in every one of them. (CUTLASS's blockReduceSum leaves the total
+// in the first warp only: thread 0 hands it to the others through shared memory.)
 __device__ __forceinline__ float RowSum(float v) {
   if constexpr (kRowThreads == 32) {
     warpReduceSum<float, 1>(&v);
   } else {
+    __shared__ float total;
     blockReduceSum<float, 1>(&v);
-    __syncthreads();  // blockReduceSum's shared memory is reused by the next reduction
+    if (threadIdx.x == 0) total = v;
+    __syncthreads();
+    v = total;
+    __syncthreads();  // every thread has read it (and blockReduceSum's shared memory) before reuse
   }
   return v;
 }
