@@ -42,9 +42,14 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
         composite = _static_view_shapes(composite_of(func).without_attr("Composite"))
         vm = build_cpu(tvm.IRModule({"main": composite}))
 
-        def serve(*args, _vm=vm):
-            result = _vm["main"](*args[:-1])
-            args[-1].copyfrom(result)
+        outputs = len(composite.ret_ty.fields) if isinstance(composite.ret_ty, relax.TupleType) else 1
+
+        def serve(*args, _vm=vm, _outputs=outputs):
+            # DPS: the outputs follow the inputs; a region with extra outputs returns a tuple
+            result = _vm["main"](*args[:-_outputs])
+            results = list(result) if _outputs > 1 else [result]
+            for out, value in zip(args[-_outputs:], results, strict=True):
+                out.copyfrom(value)
 
         tvm_ffi.register_global_func(symbol, serve, override=True)
         symbols.append(symbol)

@@ -29,7 +29,8 @@ def test_small_bert_layer_matches():
     mod = bind_weights(mod, random_weights(mod))
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))
     ops = [r["op"] for r in relax_cutlass.offload_report(rewritten).offloaded]
-    assert len(ops) == 7 and ops.count("attention") == 1  # six dense layers and the attention block
+    # six dense layers, the attention block and the two residual add + layer norms (the norm kind)
+    assert len(ops) == 9 and ops.count("attention") == 1 and ops.count("norm") == 2
 
 
 EPILOGUE = st.fixed_dictionaries(

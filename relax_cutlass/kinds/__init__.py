@@ -34,6 +34,7 @@ REGISTERED = [
     "conv2d",
     "attention",
     "depthwise_conv2d",
+    "norm",
 ]
 # Built-in kinds registered only on request (`enable(name)`, or their names, comma-separated, in
 # RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind. A kind that is opt-in while it
@@ -102,6 +103,11 @@ class RegionKind:
     finish: tuple[Callable, ...] = ()
     # a refused fusion of this kind is reported even when no smaller pattern took the root
     report_refused: bool = False
+    # annotations whose value may also be used outside the region: the region then returns it too
+    # (FuseOpsByPattern makes the composite return a tuple; its outputs follow the parameters in
+    # DPS order, each named by its annotation in the glue). Any other intermediate used outside
+    # refuses the match (a fused kernel does not produce it).
+    extra_outputs: tuple[str, ...] = ()
 
 
 _EXTRA: list[RegionKind] = []

@@ -24,6 +24,14 @@ class Region:
     # (role, role of the parameter that also plays it): one tensor in two roles, as the residual of
     # y = act(x @ w + b) + x is the lhs.
     role_aliases: tuple[tuple[str, str], ...] = ()
+    # Every output in DPS order (after the parameters) as (role, shape, dtype), where the region
+    # returns a tuple (RegionKind.extra_outputs); empty: one output, "out" (out_shape, out_dtype).
+    outputs: tuple[tuple[str, tuple[int | str, ...], str], ...] = ()
+
+    @property
+    def output_list(self) -> tuple[tuple[str, tuple[int | str, ...], str], ...]:
+        """(role, shape, dtype) of each output in DPS order; the main one is "out"."""
+        return self.outputs or (("out", self.out_shape, self.out_dtype),)
 
     @property
     def roles(self) -> set[str]:
@@ -39,6 +47,7 @@ class Region:
             "epilogue": self.kernel.epilogue.describe(),
             "shapes": {r: list(s) for r, s in zip(self.arg_roles, self.arg_shapes, strict=True)},
             "out_shape": list(self.out_shape),
+            **({"outputs": {r: list(s) for r, s, _ in self.outputs}} if self.outputs else {}),
             "dtypes": {r: d for r, d in zip(self.arg_roles, self.arg_dtypes, strict=True)}
             | {"out": self.out_dtype, "accumulator": self.kernel.problem.element_accumulator},
             "mnk": mnk,

@@ -41,9 +41,9 @@ _DLPACK_CODE = {"float16": "kDLFloat", "float32": "kDLFloat", "bfloat16": "kDLBf
 def unpack_args(region) -> str:
     """The exported function's arguments, read as `const DLTensor*` pointers named by role: one per
     composite parameter (R.Shape ones, passed by fused views with symbolic shapes, are taken and
-    ignored), then the output."""
-    roles = [*region.arg_roles, "out"]
-    dtypes = [*region.arg_dtypes, region.out_dtype]
+    ignored), then the output(s) (`Region.output_list`)."""
+    roles = [*region.arg_roles, *(role for role, _, _ in region.output_list)]
+    dtypes = [*region.arg_dtypes, *(dtype for _, _, dtype in region.output_list)]
     tensors = [(i, role) for i, (role, dtype) in enumerate(zip(roles, dtypes, strict=True)) if dtype != "shape"]
     lines = [
         f'  TRY(CheckArgCount(fn, num_args, {len(roles)}, "{", ".join(roles)}"));',
@@ -55,7 +55,11 @@ def unpack_args(region) -> str:
 
 def operand_arrays(region) -> str:
     """The region's tensors by role, as the arrays a kernel failure's message describes."""
-    pairs = zip([*region.arg_roles, "out"], [*region.arg_dtypes, region.out_dtype], strict=True)
+    pairs = zip(
+        [*region.arg_roles, *(r for r, _, _ in region.output_list)],
+        [*region.arg_dtypes, *(d for _, _, d in region.output_list)],
+        strict=True,
+    )
     roles = [role for role, dtype in pairs if dtype != "shape"]
     return (
         f"    const int kOperandCount = {len(roles)};\n"
@@ -74,7 +78,8 @@ def tensor_checks(region, vector_roles: tuple[str, ...], align: dict | None = No
     (`align`: bytes for roles the kernel reads with its own vector width)."""
     alignment = region.kernel.problem.alignment
     checks = []
-    for role, dtype in [*zip(region.arg_roles, region.arg_dtypes, strict=True), ("out", region.out_dtype)]:
+    outputs = [(role, dtype) for role, _, dtype in region.output_list]
+    for role, dtype in [*zip(region.arg_roles, region.arg_dtypes, strict=True), *outputs]:
         if dtype == "shape":
             continue
         code, bits = _DLPACK_CODE[dtype], DTYPE_BITS[dtype]

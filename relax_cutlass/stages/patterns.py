@@ -63,16 +63,41 @@ def _make_check(spec, log=None):
 
 def check_problems(spec, ctx: relax.transform.PatternCheckContext) -> list[str]:
     """Why the structurally matched region `ctx` must not be offloaded as `spec` (empty: it may)."""
-    from tvm.relax.backend.utils import has_leaking_intermediate_variables
-
-    if has_leaking_intermediate_variables(ctx):
-        return ["an intermediate value of the region is also used outside it (a fused kernel does not produce it)"]
     ann = dict(ctx.annotated_expr)
+    if leaking := leaking_intermediates(spec, ctx, ann):
+        return [
+            f"an intermediate value of the region ({', '.join(leaking)}) is also used outside it (a fused kernel "
+            "does not produce it)"
+        ]
     for expr, reason in kind_of(spec).independent_inputs(spec, ann):
         if not _independent(expr, ann, ctx):
             return [reason]
     var2val = {var: value for value, var in ctx.value_to_bound_var.items()} | dict(ctx.matched_bindings)
     return region_problems(spec, ann, ctx.matched_expr, var2val)
+
+
+def leaking_intermediates(spec, ctx, ann: dict) -> list[str]:
+    """The intermediate values of the matched region `ctx` used outside it that the kernel does not
+    produce (by annotation name, else "a <op> value"): every one, unless the spec's kind lists its
+    annotation in `extra_outputs` (the region then returns it too). As TVM's
+    has_leaking_intermediate_variables, a value that is not a DataflowVar counts as used outside."""
+    output_var = ctx.value_to_bound_var[ctx.matched_expr]
+    allowed = {
+        ctx.value_to_bound_var[ann[name]]
+        for name in kind_of(spec).extra_outputs
+        if name in ann and ann[name] in ctx.value_to_bound_var
+    }
+    names = {ctx.value_to_bound_var[e]: n for n, e in ann.items() if e in ctx.value_to_bound_var}
+    defined = set(ctx.matched_bindings.keys())
+    leaking = []
+    for var, value in ctx.matched_bindings.items():
+        if var.same_as(output_var):
+            continue
+        used_outside = not isinstance(var, relax.DataflowVar) or any(u not in defined for u in ctx.var_usages[var])
+        if used_outside and (var not in allowed or not isinstance(var, relax.DataflowVar)):
+            op = value.op.name if isinstance(value, relax.Call) and hasattr(value.op, "name") else "a binding's"
+            leaking.append(names.get(var, f"the {op} result"))
+    return leaking
 
 
 def _independent(expr, ann, ctx) -> bool:

@@ -31,14 +31,10 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     spec = spec_by_name().get(name)
     if spec is None:
         raise RegionError(f"{symbol}: composite {name!r} is not a relax_cutlass pattern")
-    pattern, annotations = pattern_of(spec)
-    out = composite.body.body
-    var2val = get_var2val(composite)
-    matched = pattern.extract_matched_expr(out, var2val)
+    matched = _match(composite, spec)
     if matched is None:
         raise RegionError(f"{symbol}: body of {name} no longer matches its pattern")
-    ann = {key: matched[pat] for key, pat in annotations.items() if pat in matched}
-    out_expr = matched[pattern]
+    ann, out_expr, var2val = matched
     problems = region_problems(spec, ann, out_expr, var2val)
     if problems:
         raise RegionError(f"{symbol}: {'; '.join(problems)}")
@@ -76,6 +72,52 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     return spec, tuple(roles), problem, composite, tuple(aliases)
 
 
+def _match(composite: relax.Function, spec):
+    """-> (annotations, matched output, var2val) of the composite's body, or None. A composite that
+    returns a tuple (a region with extra outputs) is matched at the field the pattern's output is."""
+    pattern, annotations = pattern_of(spec)
+    var2val = get_var2val(composite)
+    body = composite.body.body
+    for out in body.fields if isinstance(body, relax.Tuple) else [body]:
+        matched = pattern.extract_matched_expr(out, var2val)
+        if matched is not None:
+            ann = {key: matched[pat] for key, pat in annotations.items() if pat in matched}
+            return ann, matched[pattern], var2val
+    return None
+
+
+def region_outputs(composite: relax.Function) -> tuple:
+    """(role, shape, dtype) of each output of a composite that returns a tuple, in its order (the
+    DPS order of the kernel's outputs): "out" for the pattern's output, else the name of the
+    annotation the value is (RegionKind.extra_outputs); () for a composite with one output."""
+    body = composite.body.body
+    if not isinstance(body, relax.Tuple):
+        return ()
+    spec = spec_by_name()[str(composite.attrs["Composite"])]
+    ann, out_expr, var2val = _match(composite, spec)
+    outputs = []
+    for field in body.fields:
+        value = var2val.get(field, field)
+        if value.same_as(out_expr):
+            role = "out"
+        else:
+            role = next((n for n in kind_of(spec).extra_outputs if n in ann and ann[n].same_as(value)), None)
+            if role is None:
+                name = composite.attrs["Composite"]
+                raise RegionError(f"{name}: output {field} is no annotated value of its pattern")
+        outputs.append((role, shape_of(field), dtype_of(field)))
+    return tuple(outputs)
+
+
+def main_output(composite: relax.Function) -> relax.Expr:
+    """The composite's output the pattern ends in (its only output, or the tuple's "out" field)."""
+    body = composite.body.body
+    if not isinstance(body, relax.Tuple):
+        return body
+    roles = [role for role, _, _ in region_outputs(composite)]
+    return body.fields[roles.index("out")]
+
+
 def make_region(
     func: relax.Function,
     symbol: str,
@@ -93,8 +135,9 @@ def make_region(
         role_aliases=aliases,
         arg_shapes=tuple(shape_of(p) for p in composite.params),
         arg_dtypes=tuple(dtype_or_shape(p) for p in composite.params),
-        out_shape=shape_of(composite.body.body),
-        out_dtype=dtype_of(composite.body.body),
+        out_shape=shape_of(main_output(composite)),
+        out_dtype=dtype_of(main_output(composite)),
+        outputs=region_outputs(composite),
         composite=str(composite.attrs["Composite"]),
         **extra,
     )

@@ -43,8 +43,8 @@ class OffloadReport:
         when a symbolic shape makes a count unknown."""
         done = [_row_flops(r) * r.get("calls", 1) for r in self.offloaded if _row_flops(r) is not None]
         left = [r.get("flops") for r in self.left_in_tvm]
-        if len(done) != len(self.offloaded) or None in left or not done + left:
-            return None
+        if len(done) != len(self.offloaded) or None in left or not sum(done) + sum(left):
+            return None  # unknown, or no FLOPs counted (memory-bound kinds' rows carry 0)
         return sum(done) / (sum(done) + sum(left))
 
     def __str__(self) -> str:

@@ -1,0 +1,297 @@
+"""The norm kind: [residual add ->] LayerNorm / RMSNorm over the last axis [-> cast] as one CUDA
+kernel, with the sum and the un-cast norm as extra outputs where the graph uses them. Semantics on
+the CPU (regions served by their llvm-built composites, tuple-returning ones included), the forms
+real models produce (BERT post-LN, GPT-2 pre-LN, Llama's decomposed RMSNorm, ConvNeXt), the
+refusals with their reasons, and real nvcc builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import compare_on_cpu, offload_for_cpu, random_inputs
+from norm_graphs import norm_module
+
+import relax_cutlass
+from relax_cutlass.kinds.norm.records import NormKernel, NormProblem, row_layout
+
+
+def _norm_rows(mod):
+    return [r for r in relax_cutlass.offload_report(mod).offloaded if r["op"] == "norm"]
+
+
+def _check(mod, rtol=2e-3, **dims):
+    inputs = random_inputs(mod, **dims)
+    _, _, rewritten = compare_on_cpu(mod, inputs, rtol=rtol)
+    return _norm_rows(rewritten)
+
+
+FORMS = [
+    # ConvNeXt: fp16 NHWC layer norm over C
+    dict(form="layer_norm", rows=(2, 7, 7), n=96, dtype="float16", epsilon=1e-6),
+    # BERT post-LN: add(astype(gemm_out), r) -> layer_norm (f32) -> astype; the f32 norm is the
+    # next residual
+    dict(form="layer_norm", residual="cast", cast="float16", leak=("norm",), epsilon=1e-12),
+    # GPT-2 / ViT pre-LN: the sum continues as the residual
+    dict(form="layer_norm", residual="cast", cast="float16", leak=("sum",)),
+    dict(form="layer_norm", residual="add", cast="float16", leak=("sum",)),
+    # Llama: add(r, gemm_out_f32) -> decomposed RMSNorm -> astype; the sum continues
+    dict(form="rms_decomposed", residual="add", cast="float16", leak=("sum",), epsilon=1e-6),
+    dict(form="rms_decomposed", cast="float16"),
+    dict(form="rms_norm", residual="cast_both", cast="float16", leak=("sum", "norm")),
+    dict(form="rms_norm", dtype="float16"),
+    # bf16, weights as parameters, odd sizes, both extra outputs
+    dict(form="rms_norm", dtype="bfloat16", n=1000, weights="param"),  # TVM has no bf16 layer_norm on CPU
+    dict(form="layer_norm", residual="cast", dtype="bfloat16", cast="bfloat16", leak=("sum", "norm"), n=40),
+    dict(form="layer_norm", residual="add", stream="float16", n=2048, leak=("sum",)),
+]
+
+
+@pytest.mark.parametrize("case", FORMS, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_norm_forms_are_offloaded_and_compute_the_original(case):
+    (row,) = _check(norm_module(**case))
+    leak = case.get("leak", ())
+    expected = {"out", *leak}
+    assert set(row["output_roles"]) == expected
+    assert row["residual"] == (case.get("residual", "none") != "none")
+    assert row["norm"] == ("layer_norm" if case["form"] == "layer_norm" else "rms_norm")
+
+
+def test_symbolic_rows():
+    mod = norm_module("layer_norm", rows=("b", 16), residual="cast", cast="float16", leak=("sum",))
+    (row,) = _check(mod, b=3)
+    assert row["mnk"][0] == "dynamic"
+    text = str(relax_cutlass.offload_report(offload_for_cpu(mod)[1]))
+    assert "[offloaded] norm layer_norm rows=dynamic n=64" in text and "outputs=" in text
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        (dict(axis=0, rows=(64,)), "the kernel normalizes the last axis only"),
+        (dict(n=20000, rows=(2,)), "normalized size 20000 > 16384"),
+    ],
+)
+def test_refused_norms_stay_in_tvm_with_the_reason(case, reason):
+    mod = norm_module("layer_norm", **case)
+    _, rewritten = offload_for_cpu(mod)
+    report = relax_cutlass.offload_report(rewritten)
+    assert not _norm_rows(rewritten)
+    assert reason in str(report), str(report)
+
+
+def test_a_narrowing_cast_before_the_add_keeps_the_add_in_tvm():
+    """astype(x_f32, f16) + r_f16 rounds x before the add, which the kernel (adding operands as
+    stored, in float32) would not: the cast is refused with the reason and stays in TVM; the add
+    and the norm are offloaded (on the cast's f16 result)."""
+    mod = norm_module("layer_norm", residual="cast", dtype="float32", stream="float16")
+    (row,) = _check(mod)
+    assert row["residual"] and row["composite"] == "relax_cutlass.norm_layer_norm_add"
+    assert row["dtypes"]["data"] == "float16"
+    report = str(relax_cutlass.offload_report(offload_for_cpu(mod)[0]))
+    assert "cast from float32 to float16 before the add (a narrowing cast)" in report, report
+
+
+def test_an_intermediate_of_a_decomposed_rmsnorm_used_outside_refuses_the_fusion():
+    """Only the sum and the un-cast norm may leave the region (the kernel writes them); the mean
+    of x * x also used elsewhere keeps the RMSNorm in TVM, with the reason, as for every kind."""
+    from tvm import relax
+
+    x = relax.Var("x", relax.TensorType([8, 64], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mean = bb.emit(relax.op.mean(bb.emit(relax.op.multiply(x, x)), axis=[-1], keepdims=True))
+            rstd = bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(mean, relax.const(1e-6, "float32")))))
+            w = relax.const(np.linspace(0.5, 1.5, 64).astype("float32"))
+            y = bb.emit(relax.op.multiply(w, bb.emit(relax.op.multiply(x, rstd))))
+            gv = bb.emit_output(relax.op.add(y, mean))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    _, rewritten = offload_for_cpu(mod)
+    assert not _norm_rows(rewritten)
+    assert "region (mean) is also used outside it" in str(relax_cutlass.offload_report(offload_for_cpu(mod)[0]))
+
+
+def test_other_kinds_still_refuse_a_leaking_intermediate():
+    """extra_outputs is the norm kind's: a GEMM whose bias-add result is used outside is still not
+    fused with its activation."""
+    from relax_cutlass.kinds import kinds
+
+    assert {k.name: k.extra_outputs for k in kinds()} == {
+        "gemm": (),
+        "conv2d": (),
+        "attention": (),
+        "depthwise_conv2d": (),
+        "norm": ("sum", "norm"),
+    }
+
+
+def test_real_models_norm_regions():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 512, (2, 16))
+    counts = {}
+    for family in ("bert", "gpt2", "llama"):
+        mod = relax_cutlass.from_torch(last_hidden_state(small_transformer(family, layers=1)), (ids,))
+        _, _, rewritten = compare_on_cpu(mod, [ids.numpy()], rtol=2e-2)
+        counts[family] = sorted(
+            (r["norm"], r["residual"], tuple(sorted(r["output_roles"]))) for r in _norm_rows(rewritten)
+        )
+    assert counts == EXPECTED_MODEL_NORMS, counts
+
+
+# (norm, residual add fused, outputs) per norm region of a 1-layer model
+EXPECTED_MODEL_NORMS = {
+    # embeddings LN (its add of the broadcast position embeddings stays in TVM; the f32 norm is the
+    # layer's residual, its cast the Q/K/V GEMMs' input), the attention block's add + LN (f32 norm
+    # and its cast), the FFN's add + LN (the model's f32 output)
+    "bert": [
+        ("layer_norm", False, ("norm", "out")),
+        ("layer_norm", True, ("norm", "out")),
+        ("layer_norm", True, ("out",)),
+    ],
+    # ln_1 on the embeddings (broadcast add in TVM), ln_2 with the attention's residual add (the sum
+    # continues), ln_f with the MLP's residual add (f32 output)
+    "gpt2": [
+        ("layer_norm", False, ("out",)),
+        ("layer_norm", True, ("out",)),
+        ("layer_norm", True, ("out", "sum")),
+    ],
+    # decomposed RMSNorms: input_layernorm, post_attention_layernorm (+ residual add, the sum
+    # continues), the final norm (+ residual add, f32 output)
+    "llama": [
+        ("rms_norm", False, ("out",)),
+        ("rms_norm", True, ("out",)),
+        ("rms_norm", True, ("out", "sum")),
+    ],
+}
+
+
+def test_convnext_blocks_layer_norms():
+    """ConvNeXt's channels-last layer norms (fp16 throughout, eps 1e-6): the stem's and the
+    downsampling LayerNorm2d (permute -> LN -> permute) and each block's LN after the depthwise conv."""
+    torch = pytest.importorskip("torch")
+    from functools import partial
+
+    nn, F = torch.nn, torch.nn.functional
+
+    class LayerNorm2d(nn.LayerNorm):
+        def forward(self, x):
+            x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+            return x.permute(0, 3, 1, 2)
+
+    class Permute(nn.Module):
+        def __init__(self, dims):
+            super().__init__()
+            self.dims = dims
+
+        def forward(self, x):
+            return torch.permute(x, self.dims)
+
+    class Block(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.block = nn.Sequential(
+                nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim), Permute([0, 2, 3, 1]),
+                partial(nn.LayerNorm, eps=1e-6)(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
+                Permute([0, 3, 1, 2]),
+            )  # fmt: skip
+            self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1) * 0.5)
+
+        def forward(self, x):
+            return self.layer_scale * self.block(x) + x
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 96, 4, 4), LayerNorm2d(96, eps=1e-6), Block(96),
+        LayerNorm2d(96, eps=1e-6), nn.Conv2d(96, 192, 2, 2), Block(192),
+    ).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    mod = relax_cutlass.from_torch(model, (x,))
+    _, _, rewritten = compare_on_cpu(mod, [x.numpy()], rtol=2e-2)
+    rows = _norm_rows(rewritten)
+    # one function per shape: n = 96 called 3 times (stem, block, downsampling), n = 192 once
+    assert sorted((r["mnk"][1], r["dtypes"]["data"], r["epsilon"], r.get("calls", 1)) for r in rows) == [
+        (96, "float16", 1e-6, 3),
+        (192, "float16", 1e-6, 1),
+    ], rows
+
+
+def test_kernel_layout_and_name():
+    def kernel(n, dtype="float16"):
+        p = NormProblem(None, n, "layer_norm", 1e-5, dtype, dtype, dtype, dtype, gamma_dtype=dtype, beta_dtype=dtype)
+        return NormKernel(p)
+
+    assert row_layout(kernel(768).problem) == row_layout(
+        NormProblem(8, 768, "rms_norm", 1e-6, "float32", "float32", "float32", "float16")
+    )
+    assert kernel(96).layout.row_threads == 32 and kernel(96).layout.vec == 8
+    assert kernel(1000).layout.vectors == 4  # 125 vectors of 8 over 32 lanes
+    big = kernel(4096).layout
+    assert big.row_threads == 256 and big.vec * big.vectors * big.row_threads >= 4096
+    assert kernel(5120).layout.row_threads == 320
+    assert kernel(97).layout.vec == 1
+    assert "eps1em05" in kernel(96).name
+
+
+def test_reference_matches_numpy_layer_norm():
+    from relax_cutlass.kinds.norm.reference import norm_reference
+
+    rng = np.random.default_rng(0)
+    x, r, g, b = (
+        rng.standard_normal((3, 8, 32)),
+        rng.standard_normal((3, 8, 32)),
+        rng.standard_normal(32),
+        rng.standard_normal(32),
+    )
+    s, y = norm_reference(x, r, g, b, "layer_norm", 1e-5)
+    want = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+    _, y = norm_reference(x, None, g, None, "rms_norm", 1e-6)
+    np.testing.assert_allclose(y, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g, rtol=1e-12)
+
+
+def test_glue_checks_shapes_and_passes_both_outputs():
+    from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
+    from relax_cutlass.stages.emit import emit_glue
+
+    mod = norm_module("layer_norm", residual="cast", cast="float16", leak=("sum", "norm"))
+    partitioned, _ = offload_for_cpu(mod)
+    regions = plan_regions(
+        [f for _, f in offloaded_functions(partitioned)], CodegenOptions.create("sm_80", compile=False)
+    )
+    glue = emit_glue(regions, "m").text
+    assert 'CheckDim(fn, "residual size", Numel(residual), Numel(data), residual)' in glue
+    assert 'CheckDim(fn, "gamma size", Numel(gamma), 64, gamma)' in glue
+    for role in ("sum", "norm", "out"):
+        assert "TensorArg(fn, ffi_args, " in glue and f'"{role}", &{role}' in glue
+    assert "const_cast<void*>(Data(sum)), const_cast<void*>(Data(norm))" in glue
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", [80, 90])
+def test_norm_kernels_compile(arch):
+    """A warp-per-row and a CTA-per-row kernel, fp16/bf16/fp32, with the residual and both extra
+    outputs, for sm_80 and sm_90a, with a module's glue (built and loaded as a static library)."""
+    from relax_cutlass.stages.codegen import CodegenOptions, build_regions, plan_regions
+    from relax_cutlass.stages.constants import offloaded_functions
+
+    options = CodegenOptions.create("sm_90a" if arch == 90 else "sm_80")
+    for i, case in enumerate(
+        [
+            dict(form="layer_norm", residual="cast", cast="float16", leak=("sum", "norm"), n=768),
+            dict(form="rms_decomposed", residual="add", cast="bfloat16", leak=("sum",), n=5120, rows=("s",)),
+            dict(form="layer_norm", dtype="bfloat16", n=1000),
+            dict(form="rms_norm", dtype="float16", n=97),
+        ]
+    ):
+        partitioned, _ = offload_for_cpu(norm_module(**case))
+        regions = plan_regions([f for _, f in offloaded_functions(partitioned)], options)
+        assert [r.kernel.problem.n for r in regions] == [case["n"]]
+        build_regions(regions, options, f"norm_test_{arch}_{i}")
