@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_common import time_torch  # noqa: E402  (bench/ is not a package)
+
 # (H=W of the input, C, filter R, stride, model, times the model runs it); padding R // 2
 DEPTHWISE_CONVS = [
     (56, 96, 7, 1, "convnext_tiny", 3),
@@ -117,24 +120,8 @@ def _cudnn_ms(torch, data, w, b, r, stride) -> float:
         conv.bias.copy_(torch.from_numpy(b))
     conv = conv.to(memory_format=torch.channels_last)
     x = torch.from_numpy(data).cuda().permute(0, 3, 1, 2)
-    return _time(torch, lambda: conv(x))
-
-
-def _time(torch, fn) -> float:
     with torch.no_grad():
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 20)
-    return float(np.median(times))
+        return time_torch(lambda: conv(x), repeat=5, number=20)
 
 
 def time_all(records: list[dict], batch: int) -> list[dict]:

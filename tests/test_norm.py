@@ -174,51 +174,22 @@ EXPECTED_MODEL_NORMS = {
 
 def test_convnext_blocks_layer_norms():
     """ConvNeXt's channels-last layer norms (fp16 throughout, eps 1e-6): the stem's and the
-    downsampling LayerNorm2d (permute -> LN -> permute) and each block's LN after the depthwise conv."""
+    downsampling LayerNorm2d (permute -> LN -> permute) and each block's LN after the depthwise conv
+    (torchvision's blocks, `torch_models.convnext`; the classifier's LayerNorm2d on the pooled map)."""
     torch = pytest.importorskip("torch")
-    from functools import partial
+    from relax_cutlass.models import torch_models
 
-    nn, F = torch.nn, torch.nn.functional
-
-    class LayerNorm2d(nn.LayerNorm):
-        def forward(self, x):
-            x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
-            return x.permute(0, 3, 1, 2)
-
-    class Permute(nn.Module):
-        def __init__(self, dims):
-            super().__init__()
-            self.dims = dims
-
-        def forward(self, x):
-            return torch.permute(x, self.dims)
-
-    class Block(nn.Module):
-        def __init__(self, dim):
-            super().__init__()
-            self.block = nn.Sequential(
-                nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim), Permute([0, 2, 3, 1]),
-                partial(nn.LayerNorm, eps=1e-6)(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
-                Permute([0, 3, 1, 2]),
-            )  # fmt: skip
-            self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1) * 0.5)
-
-        def forward(self, x):
-            return self.layer_scale * self.block(x) + x
-
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 96, 4, 4), LayerNorm2d(96, eps=1e-6), Block(96),
-        LayerNorm2d(96, eps=1e-6), nn.Conv2d(96, 192, 2, 2), Block(192),
-    ).eval()  # fmt: skip
+    model = torch_models.convnext(num_classes=10, stages=((96, 192, 1), (192, None, 1)))
     x = torch.randn(2, 3, 32, 32)
     mod = relax_cutlass.from_torch(model, (x,))
     _, _, rewritten = compare_on_cpu(mod, [x.numpy()], rtol=2e-2)
     rows = _norm_rows(rewritten)
-    # one function per shape: n = 96 called 3 times (stem, block, downsampling), n = 192 once
+    # one function per shape: n = 96 called 3 times (stem, block, downsampling), n = 192 once in
+    # the block and once in float32 in the classifier (after the float32 pooling ToMixedPrecision keeps)
     assert sorted((r["mnk"][1], r["dtypes"]["data"], r["epsilon"], r.get("calls", 1)) for r in rows) == [
         (96, "float16", 1e-6, 3),
         (192, "float16", 1e-6, 1),
+        (192, "float32", 1e-6, 1),
     ], rows
 
 

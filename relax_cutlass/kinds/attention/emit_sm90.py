@@ -24,7 +24,7 @@ from ...stages.emit import check_device
 from ...stages.templates import KERNEL_PRELUDE
 from ..epilogue import CUTLASS_ELEMENT
 from .records import CAUSAL_CODE, AttentionKernel
-from .templates import ATTENTION_ARGS
+from .templates import ATTENTION_ARGS, FAIL_FUNCTION
 
 # schedule -> (the example's kernel options, its tile scheduler). "pingpong" is what the
 # example's builder makes of KernelTmaWarpSpecializedPingpong: the cooperative kernel, persistent,
@@ -170,13 +170,9 @@ constexpr int kHeadDim = $head_dim;
 constexpr int kCausal = $causal;
 constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte aligned base and strides
 
-$check_device
-const char* Fail(const char* step) {
-  static thread_local char message[512];
-  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
-                cudaGetErrorString(cudaGetLastError()));
-  return message;
-}
+"""
+    + FAIL_FUNCTION
+    + """\
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool FitsStride(int64_t s) { return s >= 0 && s <= INT32_MAX && s % kAlignment == 0; }

@@ -33,6 +33,17 @@ struct RelaxCutlassAttentionArgs {
 """
 
 
+# Both attention kernel TUs' error message: the failing step and CUDA's last error.
+FAIL_FUNCTION = """\
+$check_device
+const char* Fail(const char* step) {
+  static thread_local char message[512];
+  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
+                cudaGetErrorString(cudaGetLastError()));
+  return message;
+}
+"""
+
 # One fused attention configuration -> one object exporting `<kernel>_run`: CUTLASS's
 # examples/41 forward kernel (xFormers' memory-efficient attention), launched as its own
 # example launches it.
@@ -80,13 +91,9 @@ __global__ void FixMaskedRows(RelaxCutlassAttentionArgs a, const float* lse, int
   }
 }
 
-$check_device
-const char* Fail(const char* step) {
-  static thread_local char message[512];
-  std::snprintf(message, sizeof(message), "$name: %s failed (CUDA: %s)", step,
-                cudaGetErrorString(cudaGetLastError()));
-  return message;
-}
+"""
+    + FAIL_FUNCTION
+    + """\
 }  // namespace
 
 // Returns nullptr on success, else a message that names the failing step.
