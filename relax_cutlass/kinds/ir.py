@@ -66,3 +66,16 @@ def is_depthwise(conv: relax.Call) -> bool:
     c = _static_int(data[str(conv.attrs.data_layout).index("C")])
     k = _static_int(weight[str(conv.attrs.kernel_layout).index("O")])
     return c == groups == k
+
+
+def use_counts(func: relax.Function) -> dict:
+    """{var: how many times the function's body reads it}: a rewrite may only move or drop a
+    binding that nothing else reads."""
+    uses: dict = {}
+
+    def count(expr):
+        if isinstance(expr, relax.Var):
+            uses[expr] = uses.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, count)
+    return uses

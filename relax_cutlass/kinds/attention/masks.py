@@ -9,8 +9,9 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from ..ir import use_counts
 from .patterns import _VIEW_OPS, ATTENTION_DTYPES
-from .trace import _is_call, _known_dims, _static, use_counts
+from .trace import _is_call, _known_dims, _static
 
 # A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
 # for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging

@@ -9,9 +9,10 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..ir import use_counts
 from .masks import BlockScopedMutator, _from_matmul
 from .patterns import ATTENTION_DTYPES
-from .trace import _dims, _is_call, use_counts
+from .trace import _dims, _is_call
 
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to")
 _SCALES = ("relax.multiply", "relax.divide")

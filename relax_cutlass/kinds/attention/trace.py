@@ -47,19 +47,6 @@ def _is_call(expr: relax.Expr, op: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
 
 
-def use_counts(func: relax.Function) -> dict:
-    """{var: how many times the function's body reads it}: a rewrite may only move or drop a
-    binding that nothing else reads."""
-    uses: dict = {}
-
-    def count(expr):
-        if isinstance(expr, relax.Var):
-            uses[expr] = uses.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, count)
-    return uses
-
-
 class _Tracer:
     """Follows views from one tensor to another, keeping each dimension's logical axes."""
 

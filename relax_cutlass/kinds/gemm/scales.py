@@ -21,22 +21,10 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..ir import static_shape
+from ..ir import static_shape, use_counts
 
 # Largest relative (Frobenius) error of a folded weight or bias against its exact float64 value.
 FOLD_TOLERANCE = 2.0**-10
-
-
-def use_counts(func: relax.Function) -> dict:
-    """{var: how many times the function's body reads it}."""
-    uses: dict = {}
-
-    def count(expr):
-        if isinstance(expr, relax.Var):
-            uses[expr] = uses.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, count)
-    return uses
 
 
 def _feature_vector(const: tvm.ir.GenericConst, n: int) -> np.ndarray | None:
