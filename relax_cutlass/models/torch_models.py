@@ -333,18 +333,14 @@ def mobilenet_v3_module(
     return import_exported(model, example)
 
 
-# torchvision's convnext_tiny: (input channels, output channels or None, blocks) per stage.
+# convnext_tiny: (channels, next stage's channels or None, blocks) per stage
 CONVNEXT_TINY = ((96, 192, 3), (192, 384, 3), (384, 768, 9), (768, None, 3))
 
 
 def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float = 1e-6, seed: int = 0):
-    """A torchvision-style ConvNeXt (convnext_tiny by default; eval mode, random init with the
-    layer scale drawn around `layer_scale`'s order so the blocks matter): a 4x4/4 patch stem + a
-    channels-last layer norm wrapped in permutes (`LayerNorm2d`), blocks of depthwise 7x7 conv ->
-    permute to NHWC -> layer norm -> Linear(4C) -> GELU -> Linear(C) -> permute back -> layer
-    scale, plus the residual; between stages LayerNorm2d + a 2x2/2 conv; the classifier pools,
-    normalizes, flattens and projects. The model's own permutes are what `ConvertToNHWC` must not
-    leave as transposes at run time. `stages` as CONVNEXT_TINY; fewer or narrower for tests."""
+    """torchvision's ConvNeXt (convnext_tiny by default; eval mode, random init, layer scales drawn
+    in a trained model's range so the blocks matter), its own NCHW <-> NHWC permutes included (the
+    blocks' and `LayerNorm2d`'s). `stages` as CONVNEXT_TINY; fewer or narrower for tests."""
     torch = _torch()
     nn, F = torch.nn, torch.nn.functional
 
@@ -377,7 +373,7 @@ def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float =
             self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1) * layer_scale)
 
         def forward(self, x):
-            return self.layer_scale * self.block(x) + x  # stochastic depth is the identity in eval
+            return self.layer_scale * self.block(x) + x  # stochastic depth: identity in eval
 
     class ConvNeXt(nn.Module):
         def __init__(self):
@@ -398,8 +394,7 @@ def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float =
 
     torch.manual_seed(seed)
     model = ConvNeXt().eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, CNBlock):  # a layer scale of 1e-6 would hide every block's output
-                module.layer_scale.uniform_(0.1, 1.0)
+    with torch.no_grad():  # a layer scale of 1e-6 would hide every block's output
+        for block in (m for m in model.modules() if isinstance(m, CNBlock)):
+            block.layer_scale.uniform_(0.1, 1.0)
     return model
