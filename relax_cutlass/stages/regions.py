@@ -109,15 +109,6 @@ def region_outputs(composite: relax.Function) -> tuple:
     return tuple(outputs)
 
 
-def main_output(composite: relax.Function) -> relax.Expr:
-    """The composite's output the pattern ends in (its only output, or the tuple's "out" field)."""
-    body = composite.body.body
-    if not isinstance(body, relax.Tuple):
-        return body
-    roles = [role for role, _, _ in region_outputs(composite)]
-    return body.fields[roles.index("out")]
-
-
 def make_region(
     func: relax.Function,
     symbol: str,
@@ -128,6 +119,11 @@ def make_region(
     **extra,
 ):
     """The region record of `kernel`'s kind (`extra`: the kind's own fields, from its `plan`)."""
+    # the pattern's own output: the only one, or the tuple's "out" field
+    body, outputs = composite.body.body, region_outputs(composite)
+    _, out_shape, out_dtype = (
+        next(o for o in outputs if o[0] == "out") if outputs else ("out", shape_of(body), dtype_of(body))
+    )
     return kind_of(kernel).region_type(
         symbol=symbol,
         kernel=kernel,
@@ -135,9 +131,9 @@ def make_region(
         role_aliases=aliases,
         arg_shapes=tuple(shape_of(p) for p in composite.params),
         arg_dtypes=tuple(dtype_or_shape(p) for p in composite.params),
-        out_shape=shape_of(main_output(composite)),
-        out_dtype=dtype_of(main_output(composite)),
-        outputs=region_outputs(composite),
+        out_shape=out_shape,
+        out_dtype=out_dtype,
+        outputs=outputs,
         composite=str(composite.attrs["Composite"]),
         **extra,
     )
