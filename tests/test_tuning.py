@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import warnings
 
+import numpy as np
 import pytest
 
 import relax_cutlass
@@ -467,3 +468,29 @@ def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
     assert "14.0 us" in tuned.note and tuned.name != rule.name
     other = AttentionProblem(batch=4, seq_q=128, seq_kv=128, **BERT_ATTENTION)
     assert "no tuning record" in choose_attention_kernel(other, 90, db, family="sm80").note
+
+
+@pytest.mark.parametrize("s, t, causal", [(300, 300, 0), (300, 300, 1), (120, 333, 2), (333, 120, 2), (20, 20, 1)])
+def test_attention_profiling_reference_at_sampled_rows(s, t, causal):
+    """The profiler checks an attention candidate at a sample of query rows (the full reference of a
+    long sequence took the CPU minutes per problem): at those rows it is the full softmax(q k^T) v,
+    under TVM's TopLeft / BottomRight causal masks, and the runner compares just them."""
+    from relax_cutlass.kinds.attention.reference import attention_reference, checked_rows
+    from relax_cutlass.stages.profile_runner import _rel_error
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.uniform(-1, 1, (2, n, 3, 16)).astype("float16") for n in (s, t, t))
+    scores = np.einsum("bsnh,btnh->bnst", q.astype("float32"), k.astype("float32")) * 0.25
+    if causal:
+        offset = abs(s - t) if causal == 2 else 0
+        scores = np.where(np.arange(t)[None, :] <= np.arange(s)[:, None] + offset, scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    full = np.einsum("bnst,btnv->bsnv", probs / probs.sum(-1, keepdims=True), v.astype("float32"))
+    rows = checked_rows(s, rng)
+    assert rows[0] == 0 and rows[-1] == s - 1 and len(rows) == len(set(rows)) and (s <= 37 or len(rows) < s)
+    sampled = attention_reference(q, k, v, 0.25, causal, rows)
+    np.testing.assert_allclose(sampled, full[:, rows], rtol=1e-5, atol=1e-6)
+    assert _rel_error(full, ((slice(None), rows), sampled)) < 1e-6
+    wrong = full.copy()
+    wrong[:, rows[-1]] += 1.0
+    assert _rel_error(wrong, ((slice(None), rows), sampled)) > 1e-2
