@@ -1,10 +1,14 @@
 """SinkLayoutPermutes: a model's own NCHW <-> NHWC permutes (ConvNeXt) cancel against ConvertToNHWC's
 instead of staying as run-time transposes, values unchanged."""
 
+import os
+
 import numpy as np
 import pytest
 import tvm
 from harness import build_cpu, compare_on_cpu, rel_error, run_vm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import relax as R
 
@@ -148,3 +152,58 @@ def test_convnext_offloads_and_computes_the_model(small_convnext):
     assert epilogues.count("bias+residual_add") == 3
     assert rel_error(got_fp16, expected) < 2e-2
     assert "R.nn.conv2d" not in rewritten["main"].script() and "R.matmul" not in rewritten["main"].script()
+
+
+# RELAX_CUTLASS_GRAPH_EXAMPLES scales the examples, as in test_graphs.py
+SCALE = float(os.environ.get("RELAX_CUTLASS_GRAPH_EXAMPLES", "1"))
+N, H, W, C = 2, 3, 4, 5  # distinct sizes: a wrongly moved permute cannot type-check
+SHAPES = {"NHWC": (N, H, W, C), "NCHW": (N, C, H, W)}
+TO = {"NCHW": (0, 3, 1, 2), "NHWC": (0, 2, 3, 1)}  # the permute that brings a value to this layout
+UNARY = (relax.op.nn.relu, relax.op.negative, relax.op.nn.gelu, relax.op.sigmoid)
+BINARY = (relax.op.add, relax.op.subtract, relax.op.multiply)
+
+
+def _channel_constant(layout: str, seed: int) -> relax.Expr:
+    """A per-channel constant as a model writes it in `layout`: (C, 1, 1) for NCHW, (C,) for NHWC."""
+    shape = (C, 1, 1) if layout == "NCHW" else (C,)
+    return relax.const(np.random.default_rng(seed).uniform(0.5, 1.5, shape).astype("float32"))
+
+
+@st.composite
+def layout_graphs(draw):
+    """Random chains of layout permutes, unary ops and binary ops (two values of one layout, or a
+    value and a per-channel or scalar constant) over two NHWC inputs; the last value is returned."""
+    steps = draw(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(0, 99), st.integers(0, 99)), min_size=3, max_size=10)
+    )
+    xs = [relax.Var(name, relax.TensorType(SHAPES["NHWC"], "float32")) for name in "xy"]
+    bb = relax.BlockBuilder()
+    with bb.function("main", xs):
+        with bb.dataflow():
+            values = [(x, "NHWC") for x in xs]
+            for kind, a, b in steps:
+                value, layout = values[a % len(values)]
+                if kind == 0:  # a layout permute
+                    other = "NCHW" if layout == "NHWC" else "NHWC"
+                    values.append((bb.emit(relax.op.permute_dims(value, list(TO[other]))), other))
+                elif kind == 1:
+                    values.append((bb.emit(UNARY[b % len(UNARY)](value)), layout))
+                else:
+                    same = [v for v, lay in values if lay == layout]
+                    if kind == 2 and len(same) > 1:
+                        rhs = same[b % len(same)]
+                    else:
+                        rhs = _channel_constant(layout, b) if b % 3 else relax.const(1.25, "float32")
+                    op = BINARY[b % len(BINARY)]
+                    values.append((bb.emit(op(rhs, value) if b % 2 else op(value, rhs)), layout))
+            out = bb.emit_output(values[-1][0])
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=int(12 * SCALE), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout_graphs())
+def test_sinking_random_layout_chains_keeps_values_and_adds_no_permute(mod):
+    after = _sunk(mod)
+    assert len(_permutes(after["main"])) <= len(_permutes(mod["main"]))
+    _assert_same_values(mod, after, [SHAPES["NHWC"], SHAPES["NHWC"]])

@@ -54,9 +54,10 @@ BINARY_ELEMENTWISE = (
 MAX_ROUNDS = 16
 
 
-def _axes(call: relax.Call) -> tuple[int, ...] | None:
-    """The axes of a permute_dims call with a known rank (None: a reversal of unknown rank)."""
-    if call.attrs.axes is None:
+def _axes(call: relax.Expr) -> tuple[int, ...] | None:
+    """The axes of a permute_dims call with a known rank (None: a reversal of unknown rank, or not
+    a call: rewrite_call also hands over variables bound to a matched call, `gv = lv`)."""
+    if not isinstance(call, relax.Call) or call.attrs.axes is None:
         return None
     ndim = call.args[0].ty.ndim
     return tuple(int(a) % ndim for a in call.attrs.axes)
@@ -112,7 +113,7 @@ def _sink_through_unary(func: relax.Function) -> relax.Function:
 
     def sink(orig: relax.Call, m: dict) -> relax.Expr:
         axes = _layout_axes(m[permuted])
-        if axes is None:
+        if axes is None or not isinstance(orig, relax.Call):
             return orig
         inner = relax.Call(orig.op, [m[x], *orig.args[1:]], orig.attrs)
         return relax.op.permute_dims(inner, list(axes))
@@ -136,7 +137,7 @@ def _sink_through_binary(func: relax.Function) -> relax.Function:
         b = m[right] if right in m else m[const]
         axes_a = _layout_axes(a) if left in m else None
         axes_b = _layout_axes(b) if right in m else None
-        if orig.ty.ndim != 4:
+        if not isinstance(orig, relax.Call) or orig.ty.ndim != 4:
             return orig
         if axes_a is not None and axes_b is not None:
             if axes_a != axes_b:
