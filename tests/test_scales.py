@@ -69,3 +69,17 @@ def test_a_layer_scale_folds_and_the_residual_fuses(scale_first, shape):
 def test_what_is_not_folded(why, scale, extra_use):
     mod = _block(scale, extra_use=extra_use)
     assert "relax.multiply" in _ops(tvm.IRModule({"main": fold_output_scales(mod["main"])})), why
+
+
+def test_a_scaled_gemm_returned_through_an_alias_is_folded_once():
+    """gv = lv, lv = g * (x @ W + B) (a dataflow output aliasing the scaled value): one GEMM."""
+    x = relax.Var("x", relax.TensorType((2, 8, 32), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, relax.const(W), out_dtype="float16")), relax.const(B)))
+            scaled = bb.emit(relax.op.multiply(y, relax.const(RNG.uniform(0.5, 1, (16,)).astype("float16"))))
+            out = bb.emit_output(scaled)
+        bb.emit_func_output(out)
+    folded = relax.transform.DeadCodeElimination()(tvm.IRModule({"main": fold_output_scales(bb.get()["main"])}))
+    assert _ops(folded).count("relax.matmul") == 1 and "relax.multiply" not in _ops(folded)

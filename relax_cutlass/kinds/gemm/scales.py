@@ -62,7 +62,9 @@ def fold_output_scales(func: relax.Function) -> relax.Function:
 
     def rewrite(orig: relax.Call, m: dict) -> relax.Expr:
         w_shape = static_shape(m[weight])
-        if w_shape is None or len(w_shape) != 2 or not single_use(m[gemm]):
+        # rewrite_call also offers the variable of a var-to-var binding (gv = lv): the call is
+        # rewritten where it is bound, once
+        if not isinstance(orig, relax.Call) or w_shape is None or len(w_shape) != 2 or not single_use(m[gemm]):
             return orig
         n = w_shape[1]
         g = _feature_vector(m[scale], n)
