@@ -393,6 +393,13 @@ def _load_problem(path: str) -> str:
     return f"load_module failed (exit {done.returncode}): {' | '.join(frames)[-4000:]}"
 
 
+def profile_for(model: str, spec: str) -> str:
+    """The profile= option for `model`: `spec` is one option for all ("never", "auto"), or
+    "auto:a+b" to tune only models a and b (tuning takes minutes per model on the GPU host)."""
+    option, _, names = spec.partition(":")
+    return option if not names or model in names.split("+") else "never"
+
+
 def _child(args) -> int:
     entry = next(e for e in ZOO if e.name == args.one)
     folder = Path(args.out) / entry.name
@@ -401,7 +408,9 @@ def _child(args) -> int:
         if args.phase == "build":
             folder.mkdir(parents=True, exist_ok=True)
             builds = tuple(args.builds.split(","))
-            record = build_one(entry, folder, args.torch_compile, args.arch, args.profile, builds)
+            profile = profile_for(entry.name, args.profile)
+            record = build_one(entry, folder, args.torch_compile, args.arch, profile, builds)
+            record["profile"] = profile
         else:
             record = time_one(entry, json.loads(path.read_text()), args.torch_compile)
     except Exception as err:
@@ -521,7 +530,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(e.name for e in ZOO))
     ap.add_argument("--out", default=os.environ.get("OUT", "build/zoo"))
     ap.add_argument("--arch", default="auto")
-    ap.add_argument("--profile", default="never", help="relax_cutlass profile= option (auto tunes on this GPU)")
+    ap.add_argument("--profile", default="never", help="relax_cutlass profile= (auto tunes on this GPU; auto:a+b tunes models a, b only)")
     ap.add_argument("--torch-compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per model and phase")
     ap.add_argument("--jobs", type=int, default=1, help="models built at once in the build phase")

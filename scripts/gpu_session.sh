@@ -18,7 +18,7 @@
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 #   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
-# profile= for the zoo: never (default) or auto, which tunes on the GPU: use ZOO_JOBS=1), GPU_SUITE=0 (no suite prewarm,
+# profile= for the zoo: never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
 # (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest paths),
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
