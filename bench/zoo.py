@@ -530,7 +530,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(e.name for e in ZOO))
     ap.add_argument("--out", default=os.environ.get("OUT", "build/zoo"))
     ap.add_argument("--arch", default="auto")
-    ap.add_argument("--profile", default="never", help="relax_cutlass profile= (auto tunes on this GPU; auto:a+b tunes models a, b only)")
+    ap.add_argument(
+        "--profile", default="never", help="relax_cutlass profile= (auto tunes on this GPU; auto:a+b: models a, b only)"
+    )
     ap.add_argument("--torch-compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per model and phase")
     ap.add_argument("--jobs", type=int, default=1, help="models built at once in the build phase")
