@@ -381,7 +381,8 @@ FINFO_MIN = float(np.finfo(np.float32).min)
         ({"mask_shape": "b11t"}, "B11T", "zero"),
         ({"mask_shape": "11st", "t": 24}, "11ST", "zero"),  # cross attention, one mask for the batch
         ({"mask_shape": "bnst", "mask": "float16"}, "BNST", "zero"),  # an fp16 bias, added in fp16
-        ({"mask_shape": "11st", "mask": "constant"}, "11ST", "zero"),  # a constant causal mask
+        # a constant causal mask: the kernel's own causal mask, no bias (test_causal_masks.py)
+        ({"mask_shape": "11st", "mask": "constant"}, None, "TopLeft"),
         ({"q_scale": False}, "B1ST", "zero"),  # k^T and the scores scaled
         ({"q_scale": False, "k_scale": False}, "B1ST", "zero"),  # only the scores scaled
         ({"tail": False}, "B1ST", "nan"),  # a plain softmax: a fully masked row is 0/0 in both
@@ -391,11 +392,14 @@ FINFO_MIN = float(np.finfo(np.float32).min)
 def test_masked_attention_is_offloaded_and_correct(kwargs, bias, masked_rows):
     mod = sdpa_attention(**kwargs)
     (row,) = _offloaded_attention(mod)
-    assert (row["attention"]["bias"], row["attention"]["masked_rows"]) == (bias, masked_rows)
-    assert row["kernel"].endswith("_bias")
+    if bias is None:  # `masked_rows` is then the causal mask
+        assert "bias" not in row["attention"] and row["attention"]["causal"] == masked_rows
+    else:
+        assert (row["attention"]["bias"], row["attention"]["masked_rows"]) == (bias, masked_rows)
+        assert row["kernel"].endswith("_bias")
     assert not offload_report(mod, arch="sm_90a").left_in_tvm
     # A fully masked row (the first) too, except where the graph itself gives NaN there.
-    compare_on_cpu(mod, masked_inputs(mod, full_row=masked_rows != "nan"))
+    compare_on_cpu(mod, masked_inputs(mod, full_row=masked_rows not in ("nan", "TopLeft")))
     partitioned, _ = offload_for_cpu(mod)
     assert check_regions_against_kernel_model(partitioned) == 1
 

@@ -7,6 +7,7 @@ import tvm
 
 from ...stages.profile import ProfileJob
 from .. import Profiling, RegionKind
+from .causal import constant_causal_masks
 from .emit import attention_glue_function, emit_attention_kernel
 from .masks import cast_attention_masks, scalar_where_fills
 from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
@@ -68,6 +69,8 @@ KIND = RegionKind(
     # Casts and views that frontends and mixed precision put around attention, brought to the
     # forms the patterns match (around the shared canonicalizations, in this order).
     prepare=(merge_repeated_casts, cast_attention_operands),
-    finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks),
+    # Masks computed from no input that are causal made canonical, last: each attention's mask is
+    # its own binding, which a later rewrite_call would merge into one (CSE).
+    finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks, constant_causal_masks),
     report_refused=True,
 )

@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .masks import SWAMPING_MASK
 from .patterns import _VIEW_OPS, AttentionPatternSpec
 from .records import BIAS_AXES
 from .trace import Layout, _dims, _is_one, _name, _NotAttention, _static, _Tracer
@@ -172,7 +173,7 @@ def _softmax_layout(ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
 
 
 def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> AttentionLayout:
-    tracer = _Tracer(var2val, {}, ann.get("bias"))
+    tracer = _Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
     first, second = ann["root"], ann["second"]
     # q and k^T may be scaled, in float32 between casts where the scale is no power of two
     scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype")
@@ -206,13 +207,15 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
     allowed = (*_VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.nn.softmax")
     calls = tracer.chain(second.args[0], first, (*allowed, "relax.where"))
     layout = score_layout
-    bias, bias_rank = None, 0
+    bias, bias_rank, causal = None, 0, None
     for call in calls:
         if call.same_as(ann["softmax"]):
             axis = int(call.attrs.axis)
             if axis not in (-1, len(layout) - 1) or layout[-1] != rows("T"):
                 raise _NotAttention(f"softmax over axis {axis} is not over the keys")
-        if "bias_add" in ann and call.same_as(ann["bias_add"]):
+        if "bias_add" in ann and call.same_as(ann["bias_add"]) and "causal_triu" in ann:
+            causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
+        elif "bias_add" in ann and call.same_as(ann["bias_add"]):
             bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
         layout = tracer.apply(layout, call)
     if layout != score_layout:
@@ -233,9 +236,38 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
         _scale(tracer, [*q_calls, *k_calls, *calls]),
         bias,
         bias_rank,
-        # Without a bias no score is -inf: the (checked) tail never fires.
+        # Without a bias no score is -inf, and a causal mask leaves every row a key: the
+        # (checked) tail never fires.
         masked_rows if bias is not None else "nan",
+        causal=causal,
     )
+
+
+def _causal(tracer: _Tracer, ann: dict, layout: Layout, rows_keys: tuple, add: relax.Call) -> str:
+    """TVM's causal mask name for the matched triu(-inf broadcast to (S, T), k) mask: "TopLeft" for
+    k = 1 (query i sees keys j <= i), "BottomRight" for k = 1 + T - S (T > S)."""
+    triu, fill = ann["causal_triu"], tracer.scalar_const(ann["causal_fill"])
+    value = _scalar_value(*fill) if fill is not None else None
+    float32_add = str(add.ty.dtype) == "float32"
+    if value is None or not (value == -math.inf or (float32_add and math.isfinite(value) and value <= SWAMPING_MASK)):
+        raise _NotAttention(f"the triu mask's fill {value} is not -inf (or, added in float32, <= {SWAMPING_MASK:g})")
+    if tuple(layout[-2:]) != rows_keys:
+        raise _NotAttention("the triu mask is not added where the scores are (queries, keys)")
+    mask_dims, score_dims = _dims(triu), _dims(tracer.main_arg(add))
+    rows, keys = (_static(d) for d in score_dims[-2:])
+    if rows is None or keys is None or [_static(d) for d in mask_dims[-2:]] != [rows, keys]:
+        raise _NotAttention("a causal triu mask needs static (queries, keys) sizes that are the scores'")
+    viewed = [_static(d) for d in _dims(ann["causal_mask"])[-2:]]
+    if not all(_is_one(d) for d in mask_dims[:-2]) or viewed != [rows, keys]:
+        raise _NotAttention("the triu mask's views move its (queries, keys) plane")
+    diagonal = _static(triu.args[1]) if isinstance(triu.args[1], tvm.tirx.IntImm) else None
+    offsets = {0: "TopLeft", keys - rows: "TopLeft" if keys == rows else "BottomRight"}
+    if diagonal is None or diagonal - 1 not in offsets or keys < rows:
+        raise _NotAttention(
+            f"a causal mask with diagonal {diagonal} over {rows} queries x {keys} keys is neither TVM's "
+            "TopLeft (triu k=1) nor BottomRight (k=1+keys-queries)"
+        )
+    return offsets[diagonal - 1]
 
 
 def _scale(tracer: _Tracer, calls: list[relax.Call]) -> float:

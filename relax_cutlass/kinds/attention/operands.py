@@ -56,10 +56,10 @@ class _OperandCasts:
             return self.narrow_source(value.args[0], dtype)
         return None
 
-    def chain(self, x, dtype: str) -> tuple[relax.Expr, list[relax.Call]] | None:
+    def chain(self, x, dtype: str, computed: bool) -> tuple[relax.Expr, list[relax.Call]] | None:
         """(base, [calls from base to x]) of the views and scalar scales leading to float32 `x`,
-        each intermediate used once, base the float32 copy of a `dtype` tensor (through take);
-        None otherwise."""
+        each intermediate used once, base the float32 copy of a `dtype` tensor (through take) or,
+        where `computed`, any float32 tensor; None otherwise."""
         calls: list[relax.Call] = []
         while isinstance(x, relax.Var) and self.uses.get(x, 0) == 1:
             value = self.value(x)
@@ -80,10 +80,13 @@ class _OperandCasts:
                 calls.append(value)
             else:
                 break
-        if not calls or self.narrow_source(x, dtype) is None:
-            # Only float32 copies of `dtype` values: then the views run on the same values in
-            # `dtype`, and every scale multiplies the same float32 values as before.
+        if not calls or (not computed and self.narrow_source(x, dtype) is None):
             return None
+        # A float32 copy of `dtype` values: the views run on the same values in `dtype`, and every
+        # scale multiplies the same float32 values as before (bit-identical). Values computed in
+        # float32 (q and k after a rotary embedding applied in float32) are rounded to `dtype` first
+        # instead: bit-identical through views and power-of-two scales, within one rounding (1 ulp
+        # of `dtype`, the precision the kernel reads q and k at anyway) through any other scale.
         return x, calls[::-1]
 
 
@@ -164,7 +167,10 @@ def cast_attention_operands(func: relax.Function) -> relax.Function:
     (`astype(scale(astype(x16, f32)), f16)`, a form the operand pattern reads through; the
     kernel then applies the scales' product to the scores in float32). A cast whose input is
     astype(y, f16) to float32, possibly through take (the packed q/k/v projection split by
-    index), becomes y (take of y): no cast at all."""
+    index), becomes y (take of y): no cast at all. An operand of a batched matmul computed in
+    float32 (q and k after a rotary embedding applied in float32, as transformers 5.24's Llama
+    does) is rounded to 16 bits first, then as above: bit-identical through views and power-of-two
+    scales, within one rounding through any other scale (the kernel reads q and k in 16 bits)."""
     known = _OperandCasts(func)
     plan: dict = {}
     for value in known.var2val.values():
@@ -177,7 +183,9 @@ def cast_attention_operands(func: relax.Function) -> relax.Function:
             dtype = str(cast.ty.dtype)
             if dtype not in ATTENTION_DTYPES or str(cast.args[0].ty.dtype) != "float32":
                 continue
-            found = known.chain(cast.args[0], dtype)
+            # q, k and v of attention's batched matmuls may be computed in float32 (not 2-D weights' GEMMs)
+            batched = all(len(_dims(a)) >= 3 for a in value.args)
+            found = known.chain(cast.args[0], dtype, computed=batched)
             if found is not None:
                 plan[arg] = (*found, dtype)
     if not plan:

@@ -108,10 +108,23 @@ def _safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPa
     return tail
 
 
+def _causal_mask(ann: dict) -> DFPattern:
+    """triu(fill broadcast to (S, T), k), optionally cast and given leading unit / broadcast dims:
+    the causal mask `constant_causal_masks` writes. Matched inside the region, so no mask tensor
+    is passed; the layout check reads the causal offset from it."""
+    ann["causal_fill"] = fill = is_const()
+    ann["causal_triu"] = mask = is_op("relax.triu")(is_op("relax.broadcast_to")(fill, wildcard()), wildcard())
+    mask = is_op("relax.astype")(mask) | mask
+    mask = is_op("relax.expand_dims")(mask) | is_op("relax.reshape")(mask, wildcard()) | mask
+    ann["causal_mask"] = mask = is_op("relax.broadcast_to")(mask, wildcard()) | mask
+    return mask
+
+
 @cache
 def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     """The DFPattern of `spec`, annotated query, key, value, root (the first matmul or the op),
-    and for the decomposed form [bias] (the additive mask), softmax, second (the second matmul)."""
+    and for the decomposed form [bias] (the additive mask) or [causal_*] (a causal mask matched in
+    the region), softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
     if spec.form == "op":
@@ -121,12 +134,13 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))
     scaled = is_op("relax.astype")(scaled) | scaled
     ann["bias"] = bias = wildcard()
-    bias_in = is_op("relax.astype")(bias) | bias
+    bias_in = _causal_mask(ann) | is_op("relax.astype")(bias) | bias
     ann["bias_add"] = add = is_op("relax.add")(scaled, bias_in) | is_op("relax.add")(bias_in, scaled)
     logits = add | scaled
     logits = is_op("relax.astype")(logits) | logits
     ann["softmax"] = softmax = is_op("relax.nn.softmax")(logits)
     probs = _safe_softmax_tail(logits, softmax, ann) | softmax
+    probs = is_op("relax.astype")(probs) | probs  # the cast before the views (cast_attention_operands)
     probs = _views(probs, _SCORE_VIEWS[1:])
     probs = is_op("relax.astype")(probs) | probs
     ann["second"] = second = is_op("relax.matmul")(probs, _views(v, _VALUE_VIEWS))

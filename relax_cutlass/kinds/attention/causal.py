@@ -1,0 +1,124 @@
+"""Causal masks the model computes from no input, recognized at build time.
+
+Hugging Face's decoders hand their attention a float mask built from `arange`s (cumsum,
+index_tensor, comparisons, then where(keep, 0, -inf) or finfo.min); FoldConstant leaves it, so the
+attention would read it as a (1, 1, S, T) additive bias on the SM80 kernel and TVM would rebuild it
+on every inference. `constant_causal_masks` evaluates such a mask once on the CPU and, where it
+is causal, replaces it with the canonical form `triu(-inf broadcast to (S, T), k)` that the attention
+pattern takes as a causal mask: the region then runs the kernels' own causal masking (SM90
+included), with no mask tensor at all. The decision is made on the values, so a mask that is
+causal only in form (a padding mask folded in, a sliding window) is left as it was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.analysis import get_var2val
+
+from ...rewrites.evaluate import evaluate_input_free, input_free_bindings
+from ..ir import static_shape
+from .masks import SWAMPING_MASK
+from .trace import _is_call
+
+
+def causal_offset(mask: np.ndarray, rows: int, keys: int, float32_add: bool) -> int | None:
+    """d when `mask` (broadcast to (..., rows, keys)) is the additive causal mask under which query
+    i sees exactly keys j <= i + d: 0 on those, -inf (or, added in float32, a value that swamps
+    every score, <= SWAMPING_MASK) elsewhere, alike for every batch and head. d is 0 (TVM's
+    TopLeft) or keys - rows (BottomRight); None for any other mask."""
+    if mask.ndim < 2 or mask.shape[-2:] != (rows, keys) or keys < rows:
+        return None
+    planes = mask.reshape(-1, rows, keys)
+    first = planes[0]
+    if not all(np.array_equal(first, p) for p in planes[1:]):
+        return None
+    seen = first == 0
+    hidden = np.isneginf(first) | (float32_add & np.isfinite(first) & (first <= SWAMPING_MASK))
+    if not (seen | hidden).all():
+        return None
+    i, j = np.indices((rows, keys))
+    for offset in dict.fromkeys((0, keys - rows)):
+        if np.array_equal(seen, j <= i + offset):
+            return offset
+    return None
+
+
+def causal_mask_expr(rows: int, keys: int, offset: int, dtype: str) -> relax.Expr:
+    """The canonical causal mask the attention pattern matches: -inf above diagonal `offset`.
+    (A broadcast scalar, not R.full: TVM 0.27's legalization of full fails on its dtype.)"""
+    filled = relax.op.broadcast_to(relax.const(-np.inf, dtype), relax.ShapeExpr([rows, keys]))
+    return relax.op.triu(filled, offset + 1)
+
+
+def _is_canonical(expr, var2val) -> bool:
+    value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+    return _is_call(value, "relax.triu")
+
+
+def _plan(func: relax.Function) -> dict:
+    """{add var: (index of the mask argument, (rows, keys, offset, dtype))} for each additive
+    mask in front of a softmax that is input-free and causal."""
+    var2val = get_var2val(func)
+    planned, known = {}, {}
+    for value in var2val.values():
+        if not _is_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+            continue
+        x = value.args[0]
+        add = var2val.get(x)
+        if _is_call(add, "relax.astype") and isinstance(add.args[0], relax.Var):
+            x, add = add.args[0], var2val.get(add.args[0])
+        if not _is_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
+            continue
+        free = [input_free_bindings(func, arg, var2val) is not None for arg in add.args]
+        if free.count(True) != 1:
+            continue
+        index = free.index(True)
+        mask = add.args[index]
+        if not isinstance(mask, relax.Var) or _is_canonical(mask, var2val):
+            continue
+        if mask not in known:
+            known[mask] = evaluate_input_free(func, mask, var2val)
+        values = known[mask]
+        rows, keys = static_shape(add)[-2:]
+        dtype = str(add.ty.dtype)
+        if values is None or values.dtype.kind != "f":
+            continue
+        offset = causal_offset(values.astype("float32"), rows, keys, float32_add=dtype == "float32")
+        if offset is not None:
+            planned[x] = (index, (rows, keys, offset, dtype))
+    return planned
+
+
+@relax.expr_functor.mutator
+class _CanonicalMasks(relax.PyExprMutator):
+    """Each attention gets a mask of its own: one shared by every layer would be an intermediate
+    value read outside each region, which no region may have (and inside one it costs nothing)."""
+
+    def __init__(self, planned: dict):
+        super().__init__()
+        self.planned = planned
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.planned:
+            super().visit_var_binding_(binding)
+            return
+        index, key = self.planned[binding.var]
+        mask = self.builder_.emit(causal_mask_expr(*key))
+        args = [self.visit_expr(a) for a in binding.value.args]
+        args[index] = mask
+        self.set_var_remap(binding.var, self.builder_.emit(relax.op.add(*args)))
+
+
+def constant_causal_masks(func: relax.Function) -> relax.Function:
+    """softmax(scores + mask), with `mask` computed from no input and causal in value, -> the same
+    with the canonical causal mask (`causal_mask_expr`) in its place; the old mask's bindings go
+    once nothing else reads them."""
+    try:
+        planned = _plan(func)
+    except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
+        return func
+    if not planned:
+        return func
+    return relax.analysis.remove_all_unused(_CanonicalMasks(planned).visit_expr(func))

@@ -1,0 +1,149 @@
+"""Causal masks a model computes from no input (Hugging Face's decoders: aranges, cumsum,
+index_tensor, where(keep, 0, -inf)) are evaluated at build time and, where causal in value, become
+the attention kernels' own causal mask: no mask tensor is built or read at run time."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import tvm
+from harness import build_cpu, compare_on_cpu, offload_for_cpu, random_inputs, rel_error, run_vm, serve_regions_on_cpu
+from tvm import relax
+
+import relax_cutlass
+from relax_cutlass.kinds.attention.causal import causal_offset
+from relax_cutlass.rewrites.evaluate import evaluate_input_free, input_free_bindings
+
+torch = pytest.importorskip("torch")
+
+
+def _mask(rows: int, keys: int, offset: int, masked: float = -np.inf) -> np.ndarray:
+    i, j = np.indices((rows, keys))
+    return np.where(j <= i + offset, 0.0, masked).astype("float32")
+
+
+@pytest.mark.parametrize("rows, keys", [(6, 6), (4, 9), (1, 5)])
+def test_causal_offset_reads_top_left_and_bottom_right(rows, keys):
+    assert causal_offset(_mask(rows, keys, 0)[None, None], rows, keys, float32_add=True) == 0
+    if keys > rows:
+        assert causal_offset(_mask(rows, keys, keys - rows), rows, keys, float32_add=True) == keys - rows
+    assert causal_offset(_mask(rows, keys, 1), rows, keys, float32_add=True) is None  # one key too many
+
+
+def test_causal_offset_refuses_what_is_not_causal_in_value():
+    rows = keys = 8
+    causal = _mask(rows, keys, 0)
+    window = causal.copy()
+    window[np.tril_indices(rows, -3)] = -np.inf  # sliding window of 3
+    padded = causal.copy()
+    padded[:, 6:] = -np.inf  # a padding mask folded in
+    assert causal_offset(window, rows, keys, True) is None
+    assert causal_offset(padded, rows, keys, True) is None
+    per_head = np.stack([causal, padded])[None]  # (1, 2, S, T): heads differ
+    assert causal_offset(per_head, rows, keys, True) is None
+    assert causal_offset(_mask(rows, keys, 0, masked=5.0), rows, keys, True) is None
+    assert causal_offset(causal[:, :7], rows, keys, True) is None  # another shape
+    assert causal_offset(_mask(rows, 4, 0), rows, 4, True) is None  # fewer keys than queries
+
+
+def test_a_swamping_finite_mask_value_counts_only_when_added_in_float32():
+    """finfo(float32).min (Hugging Face's eager masks) swamps every float16 score in a float32
+    add; in a float16 add it would not be a mask value at all."""
+    huge = _mask(8, 8, 0, masked=float(np.finfo("float32").min))
+    assert causal_offset(huge, 8, 8, float32_add=True) == 0
+    assert causal_offset(huge, 8, 8, float32_add=False) is None
+    assert causal_offset(_mask(8, 8, 0, masked=-1e4), 8, 8, float32_add=True) is None
+
+
+def test_input_free_values_are_evaluated_and_input_dependent_ones_are_not():
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    y = relax.Var("y", relax.TensorType((n, 4), "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            rows = bb.emit(relax.op.expand_dims(relax.op.arange(0, 4, 1, "int64"), 1))
+            cols = bb.emit(relax.op.expand_dims(relax.op.arange(0, 4, 1, "int64"), 0))
+            keep = bb.emit(relax.op.less_equal(cols, rows))
+            mask = bb.emit(relax.op.where(keep, relax.const(0.0, "float32"), relax.const(-np.inf, "float32")))
+            dependent = bb.emit(relax.op.add(mask, x))
+            symbolic = bb.emit(relax.op.zeros_like(y))
+            out = bb.emit_output(relax.op.add(dependent, relax.op.sum(symbolic, axis=[0])))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    np.testing.assert_array_equal(evaluate_input_free(func, mask), _mask(4, 4, 0))
+    assert evaluate_input_free(func, dependent) is None
+    assert input_free_bindings(func, symbolic) is None  # reads y (and has a symbolic shape)
+
+
+class _Attention(torch.nn.Module):
+    """softmax(q k^T * scale + mask) v with the mask built from aranges, as decoders build it:
+    `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value),
+    `masked` the value of a hidden key (-inf or finfo(float32).min)."""
+
+    def __init__(self, kind: str, masked: float = float("-inf")):
+        super().__init__()
+        self.kind, self.masked = kind, masked
+
+    def forward(self, q, k, v):
+        rows, keys = q.shape[-2], k.shape[-2]
+        i = torch.arange(rows)[:, None] + (keys - rows if self.kind == "bottom_right" else 0)
+        j = torch.arange(keys)[None, :]
+        keep = j <= i
+        if self.kind == "window":
+            keep = keep & (j > i - 3)
+        mask = torch.where(keep, 0.0, self.masked)[None, None]
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
+
+
+def _attention_rows(mod):
+    partitioned, rewritten = offload_for_cpu(mod)
+    rows = [r for r in relax_cutlass.offload_report(rewritten).offloaded if r["op"] == "attention"]
+    return rows, partitioned, rewritten
+
+
+@pytest.mark.parametrize(
+    "kind, masked, causal",
+    [
+        ("top_left", float("-inf"), "TopLeft"),
+        ("bottom_right", float("-inf"), "BottomRight"),
+        ("top_left", float(np.finfo("float32").min), "TopLeft"),
+        ("window", float("-inf"), None),
+    ],
+)
+def test_an_arange_built_mask_becomes_the_kernels_causal_mask(kind, masked, causal):
+    rows, keys = (16, 24) if kind == "bottom_right" else (24, 24)
+    q, k, v = torch.randn(1, 2, rows, 16), torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+    mod = relax_cutlass.from_torch(_Attention(kind, masked), (q, k, v))
+    (row,) = _attention_rows(mod)[0]
+    assert row["attention"].get("causal") == causal, row
+    assert ("bias" in row["attention"]) == (causal is None), row  # the window stays a mask tensor
+    compare_on_cpu(mod, random_inputs(mod))
+
+
+@pytest.mark.parametrize("family, impl", [("gpt2", "eager"), ("llama", "sdpa")])
+def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
+    """transformers' GPT-2 and Llama (grouped-query, rotary embedding in float32 in transformers
+    5.24) at batch 1: each layer's attention is one region with TVM's TopLeft causal mask, and
+    the model agrees with torch float64."""
+    pytest.importorskip("transformers")
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer(family, impl))
+    ids = torch.randint(0, 512, (1, 64))
+    with torch.no_grad():
+        expected = copy.deepcopy(model).double()(ids).numpy()
+    mod = relax_cutlass.from_torch(model, (ids,))
+    rows, partitioned, rewritten = _attention_rows(mod)
+    assert sum(r["calls"] for r in rows) == 2 and all(r["attention"]["causal"] == "TopLeft" for r in rows), rows
+    assert all("bias" not in r["attention"] for r in rows)
+    assert "R.less_equal" not in rewritten["main"].script()  # the mask's computation is gone
+    serve_regions_on_cpu(partitioned)
+    got = run_vm(build_cpu(rewritten), [ids.numpy()])
+    assert rel_error(got, expected) < 1e-2
