@@ -160,3 +160,21 @@ def test_a_multiply_by_an_operand_of_another_dtype_is_refused_with_the_reason():
     assert [r["pattern"] for r in refused["refused"]] == ["relax_cutlass.matmul_residual_mul_cast"]
     assert refused["refused"][0]["reasons"] == ["multiply operand dtype float16 differs from the output dtype float32"]
     assert _ops(rewritten) == ["relax.call_dps_packed", "relax.astype"]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("family, arch, opcode", [("sm80", 80, "HMMA"), ("sm90", 90, "HGMMA")])
+def test_multiply_kernels_compile(family, arch, opcode):
+    """The SM80 residual block with cutlass::multiplies and the SM90 EVT with a multiply node
+    (bias + silu, then * the other product) through nvcc (no GPU: the SASS holds the family's
+    tensor-core instructions, which compile_all's guard checked; about a minute for SM90)."""
+    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.stages.emit import emit_kernel
+    from relax_cutlass.stages.sass_check import mma_counts
+
+    epilogue = Epilogue(bias=True, activation="silu", residual=True, residual_op="multiply")
+    kernel = choose_kernel(GemmProblem(None, 1376, 256, True), epilogue, arch, family=family)
+    assert f"sm{kernel.arch}" == family and kernel.name.endswith("_bias_silu_residual_mul")
+    ((obj, _),) = compile_all([emit_kernel(kernel)], arch).values()
+    counts, _, _ = mma_counts(obj, (opcode,))
+    assert counts[opcode] > 0
