@@ -178,3 +178,33 @@ def test_multiply_kernels_compile(family, arch, opcode):
     ((obj, _),) = compile_all([emit_kernel(kernel)], arch).values()
     counts, _, _ = mma_counts(obj, (opcode,))
     assert counts[opcode] > 0
+
+
+def test_a_transformers_llama_fuses_the_multiply_of_every_layer():
+    """The zoo's Llama form (transformers' LlamaModel through torch.export, as llama_gqa and
+    llama_8b_2l): each layer's gate GEMM computes silu(acc) * up, on both kernel families."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    mod = relax_cutlass.from_torch(
+        last_hidden_state(small_transformer("llama", layers=2)), (torch.randint(0, 512, (1, 64)),)
+    )
+    for arch, prefix in (("sm_90a", "sm90_"), ("sm_80", "sm80_")):
+        report = relax_cutlass.offload_report(relax_cutlass.offload_pipeline(arch, profile="never", compile=False)(mod))
+        fused = [r for r in report.offloaded if r["epilogue"] == "silu+residual_mul"]
+        assert len(fused) == 2 and all(r["kernel"].startswith(prefix) for r in fused), str(report)
+        assert not any(r["epilogue"] == "silu" for r in report.offloaded)
+
+
+def test_the_profiler_reference_multiplies():
+    """Stage 2 of the profiler checks a multiply epilogue's kernels against act(acc + bias) * operand."""
+    from relax_cutlass.kinds.reference import _with_epilogue
+
+    acc, bias, operand = np.array([[1.0, -2.0]]), np.array([0.5, 0.5]), np.array([[3.0, 4.0]])
+    epilogue = {"bias": True, "activation": "relu", "residual": True, "residual_op": "multiply"}
+    np.testing.assert_allclose(_with_epilogue(acc, epilogue, bias, operand), [[4.5, 0.0]])
+    np.testing.assert_allclose(_with_epilogue(acc, {**epilogue, "residual_op": "add"}, bias, operand), [[4.5, 4.0]])
