@@ -15,8 +15,9 @@ Example::
     check_activation("quick_gelu", lambda x: x / (1 + np.exp(-1.702 * x)))
 
 From then on every GEMM and conv2d pattern also matches `<root> [+ bias] -> quick_gelu [+ residual
-[-> relu]] [-> cast]`, and the kernels (SM80 and SM90) evaluate `expression` in fp32 inside their
-epilogue. Register before the partition runs; the registry is per process.
+[-> relu]] [-> cast]` (a GEMM's also `[* operand]`, a gated MLP's multiply), and the kernels (SM80
+and SM90) evaluate `expression` in fp32 inside their epilogue. Register before the partition runs;
+the registry is per process.
 
 What keeps a custom activation from being silently wrong:
 
@@ -65,7 +66,9 @@ ELEMENTWISE_OPS = frozenset(
     )
 )  # fmt: skip
 # Names that already mean something in a composite's name ("dense_bias_relu_residual_add_cast").
-_RESERVED = frozenset({"identity", "bias", "residual", "add", "residual_add", "cast", "dense", "matmul", "conv2d"})
+_RESERVED = frozenset(
+    {"identity", "bias", "residual", "add", "residual_add", "mul", "residual_mul", "cast", "dense", "matmul", "conv2d"}
+)
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _EXPRESSIONS: dict[str, str] = {}  # custom activation -> its C++ expression
 

@@ -149,6 +149,7 @@ def _residual_block_values(kernel, element_c) -> dict:
         vector=min(p.alignment * bits, 128) // bits,
         activation=activation.functor,
         post_activation=post_activation.functor,
+        residual_op=epi.combine.functor,
         swizzle=t.swizzle, stages=t.stages, alignment=p.alignment,
     )  # fmt: skip
 

@@ -75,9 +75,33 @@ ACTIVATIONS: dict[str, Activation] = {
 
 
 @dataclass(frozen=True)
-class Epilogue:
-    """D = post(act(acc + bias) + residual), cast to the output dtype.
+class ResidualOp:
+    """How the epilogue combines act(acc + bias) with the residual operand: the Relax op that
+    does it in the graph, the CUTLASS functor that does it in a kernel, and its name in
+    `Epilogue.parts()` (so kernel names, tuning keys and the report tell the forms apart)."""
 
+    name: str
+    relax_op: str
+    functor: str
+    part: str
+
+
+# The residual add of ResNet/Transformer blocks, and the multiply of gated MLPs
+# (silu(x @ W_gate) * (x @ W_up): either GEMM takes the other's product as its "residual").
+RESIDUAL_OPS: dict[str, ResidualOp] = {
+    op.name: op
+    for op in (
+        ResidualOp("add", "relax.add", "cutlass::plus", "residual_add"),
+        ResidualOp("multiply", "relax.multiply", "cutlass::multiplies", "residual_mul"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """D = post(act(acc + bias) (residual_op) residual), cast to the output dtype.
+
+    `residual_op` is "add" (the residual block) or "multiply" (a gated MLP's product);
     `post` is only meaningful with a residual (the ResNet/Transformer `relu(x + f(x))` shape).
     """
 
@@ -85,6 +109,7 @@ class Epilogue:
     activation: str = "identity"
     residual: bool = False
     residual_activation: str = "identity"
+    residual_op: str = "add"
 
     def __post_init__(self) -> None:
         for name in (self.activation, self.residual_activation):
@@ -92,13 +117,22 @@ class Epilogue:
                 raise ValueError(f"unknown epilogue activation {name!r}; known: {sorted(ACTIVATIONS)}")
         if self.residual_activation != "identity" and not self.residual:
             raise ValueError("a post-residual activation needs a residual")
+        if self.residual_op not in RESIDUAL_OPS:
+            raise ValueError(f"unknown residual op {self.residual_op!r}; known: {sorted(RESIDUAL_OPS)}")
+        if self.residual_op != "add" and not self.residual:
+            raise ValueError(f"a residual op ({self.residual_op}) needs a residual")
+
+    @property
+    def combine(self) -> ResidualOp:
+        """How the residual is combined (RESIDUAL_OPS)."""
+        return RESIDUAL_OPS[self.residual_op]
 
     def parts(self) -> list[str]:
-        """The fused steps in order, e.g. ["bias", "gelu", "residual_add", "relu"]."""
+        """The fused steps in order, e.g. ["bias", "gelu", "residual_add", "relu"] or ["silu", "residual_mul"]."""
         steps = [
             ("bias", self.bias),
             (self.activation, self.activation != "identity"),
-            ("residual_add", self.residual),
+            (self.combine.part, self.residual),
             (self.residual_activation, self.residual_activation != "identity"),
         ]
         return [name for name, present in steps if present]

@@ -1,5 +1,5 @@
-"""The epilogue every CUTLASS GEMM-like kind fuses (bias, activation, residual add(+relu), cast): its
-dataflow patterns, activation patterns (built-in and registered), and legality rules."""
+"""The epilogue every CUTLASS GEMM-like kind fuses (bias, activation, residual add(+relu) or multiply,
+cast): its dataflow patterns, activation patterns (built-in and registered), and legality rules."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.relax.backend.patterns import make_residual_block_pattern
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
-from .epilogue import Epilogue
+from .epilogue import RESIDUAL_OPS, Epilogue
 from .ir import _shape, _static_int, dtype_of, same_shape
 
 SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
@@ -30,12 +30,14 @@ FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish"
 
 
 class _EpilogueSpec:
-    """The epilogue fields (bias, activation, residual, residual_relu) every pattern spec has."""
+    """The epilogue fields (bias, activation, residual, residual_relu) every pattern spec has, and
+    `residual_op` (RESIDUAL_OPS), a field only of the kinds that fuse more than the residual add."""
 
     bias: bool
     activation: str
     residual: bool
     residual_relu: bool
+    residual_op: str = "add"
 
     @property
     def epilogue(self) -> Epilogue:
@@ -44,6 +46,7 @@ class _EpilogueSpec:
             activation=self.activation,
             residual=self.residual,
             residual_activation="relu" if self.residual_relu else "identity",
+            residual_op=self.residual_op,
         )
 
 
@@ -99,13 +102,21 @@ def fused_activations() -> tuple[str, ...]:
     return FUSED_ACTIVATIONS + tuple(name for name in ACTIVATION_PATTERNS if name not in FUSED_ACTIVATIONS)
 
 
-def epilogue_specs(make, before: int = 0, after: int = 0) -> list:
+def epilogue_specs(make, before: int = 0, after: int = 0, residual_ops: tuple[str, ...] = ("add",)) -> list:
     """`make(*b, bias, activation, residual, residual_relu, *a)` for every combination (a relu after
     the residual only with a residual), largest first (stable: in product order at equal size);
-    `before` / `after`: how many boolean fields of the kind's own come first / last."""
+    `before` / `after`: how many boolean fields of the kind's own come first / last.
+
+    `residual_ops` beyond "add" (RESIDUAL_OPS; only for kinds whose emitters fuse them): the same
+    combinations with a residual and no relu after it, made with `residual_op=<op>`, each after
+    the residual-add specs of its size (so every residual-add spec keeps its place)."""
     flags = (True, False)
     axes = [*[flags] * before, flags, ("identity", *fused_activations()), flags, flags, *[flags] * after]
-    specs = [make(*values) for values in itertools.product(*axes) if values[before + 2] or not values[before + 3]]
+    combos = [values for values in itertools.product(*axes) if values[before + 2] or not values[before + 3]]
+    specs = [make(*values) for values in combos]
+    for op in residual_ops:
+        if op != "add":
+            specs += [make(*v, residual_op=op) for v in combos if v[before + 2] and not v[before + 3]]
     return sorted(specs, key=lambda s: -s.size)
 
 
@@ -114,7 +125,7 @@ def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern
 
 
 def _epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPattern:
-    """root -> [+ bias] -> [activation] -> [+ residual [-> relu]] -> [cast], shared by every op kind.
+    """root -> [+ bias] -> [activation] -> [+ or * residual [-> relu]] -> [cast], shared by every op kind.
 
     The bias add is matched in either operand order (frontends emit both)."""
     if spec.bias:
@@ -124,7 +135,9 @@ def _epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPatt
         out = _activation(spec.activation, out, ann)
     if spec.residual:
         out, ann_res = make_residual_block_pattern(
-            (out, ann), binary_op="relax.add", activation="relax.nn.relu" if spec.residual_relu else None
+            (out, ann),
+            binary_op=RESIDUAL_OPS[spec.residual_op].relax_op,
+            activation="relax.nn.relu" if spec.residual_relu else None,
         )
         ann.update(ann_res)
     if spec.cast:
@@ -163,13 +176,19 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
             )
     if spec.residual:
         res = ann["residual"]
+        # The multiply's other operand is read through the residual (C) operand: the same rules.
+        what, adjective = (
+            ("residual", "broadcast residuals")
+            if spec.residual_op == "add"
+            else (f"{spec.residual_op} operand", f"broadcast {spec.residual_op} operands")
+        )
         if not same_shape(_shape(res), out_shape):
             problems.append(
-                f"residual shape {[str(d) for d in _shape(res)]} differs from the output shape "
-                f"{[str(d) for d in out_shape]} (broadcast residuals are not fused)"
+                f"{what} shape {[str(d) for d in _shape(res)]} differs from the output shape "
+                f"{[str(d) for d in out_shape]} ({adjective} are not fused)"
             )
         if dtype_of(res) != out_dtype:
-            problems.append(f"residual dtype {dtype_of(res)} differs from the output dtype {out_dtype}")
+            problems.append(f"{what} dtype {dtype_of(res)} differs from the output dtype {out_dtype}")
     return problems + _activation_constant_problems(ann)
 
 

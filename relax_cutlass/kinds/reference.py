@@ -25,12 +25,17 @@ ACTIVATION_REFERENCE = {
 }
 
 
+# Epilogue.residual_op -> how the residual combines with act(acc + bias) (RESIDUAL_OPS).
+RESIDUAL_OP_REFERENCE = {"add": np.add, "multiply": np.multiply}
+
+
 def _with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """D = post(act(acc + bias) + residual), as kernel_spec.Epilogue defines it (float32)."""
+    """D = post(act(acc + bias) (+ or *) residual), as kinds.epilogue.Epilogue defines it (float32)."""
     y = acc + bias.astype("float32") if epilogue.get("bias") else acc
     y = ACTIVATION_REFERENCE[epilogue.get("activation", "identity")](y)
     if epilogue.get("residual"):
-        y = ACTIVATION_REFERENCE[epilogue.get("residual_activation", "identity")](y + residual.astype("float32"))
+        combined = RESIDUAL_OP_REFERENCE[epilogue.get("residual_op", "add")](y, residual.astype("float32"))
+        y = ACTIVATION_REFERENCE[epilogue.get("residual_activation", "identity")](combined)
     return y
 
 

@@ -118,6 +118,46 @@ def dense_epilogue_model(
     return bb.get()
 
 
+def gated_mlp_model(
+    m: int | str,
+    hidden: int,
+    intermediate: int,
+    *,
+    activation: str | ActivationBuilder = "silu",
+    dtype: str = "float16",
+    bias: bool = False,
+    down: bool = True,
+    up_first: bool = False,
+) -> tvm.IRModule:
+    """main(x, w_gate, w_up[, b_gate, b_up][, w_down]) = down(act(x @ w_gate^T [+ b_gate]) * (x @ w_up^T
+    [+ b_up])), the gated MLP of Llama (silu), Gemma (gelu_tanh) and GLU variants; M may be symbolic;
+    `up_first`: the up product is the multiply's first operand."""
+    m_dim = tvm.tirx.Var(m, "int64") if isinstance(m, str) else m
+    x = relax.Var("x", relax.TensorType([m_dim, hidden], dtype))
+    w_gate = relax.Var("w_gate", relax.TensorType([intermediate, hidden], dtype))
+    w_up = relax.Var("w_up", relax.TensorType([intermediate, hidden], dtype))
+    params = [x, w_gate, w_up]
+    b_gate = b_up = None
+    if bias:
+        b_gate = relax.Var("b_gate", relax.TensorType([intermediate], dtype))
+        b_up = relax.Var("b_up", relax.TensorType([intermediate], dtype))
+        params += [b_gate, b_up]
+    w_down = relax.Var("w_down", relax.TensorType([hidden, intermediate], dtype))
+    if down:
+        params.append(w_down)
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            gate = _activation_builder(activation)(bb, dense(bb, x, w_gate, b_gate))
+            up = dense(bb, x, w_up, b_up)
+            y = bb.emit(multiply(up, gate) if up_first else multiply(gate, up))
+            if down:
+                y = dense(bb, y, w_down)
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def conv2d_epilogue_model(
     n: int | str,
     h: int,

@@ -69,7 +69,7 @@ using ${name}_base = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroad
     cutlass::gemm::GemmShape<${i_m}, ${i_n}, ${i_k}>,
     cutlass::epilogue::thread::LinearCombinationResidualBlock<
         ${element}, ${element_acc}, float, ${element}, ${vector},
-        ${activation}, cutlass::plus, ${post_activation}>,
+        ${activation}, ${residual_op}, ${post_activation}>,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<${swizzle}>,
     ${stages}, cutlass::arch::OpMultiplyAdd, ${iterator}, cutlass::conv::StrideSupport::kUnity,
     ${alignment}, ${alignment}>::Kernel;

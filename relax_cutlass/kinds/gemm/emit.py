@@ -62,7 +62,7 @@ using ${name}_device = cutlass::gemm::device::GemmUniversalWithBroadcast<
     cutlass::gemm::GemmShape<${i_m}, ${i_n}, ${i_k}>,
     cutlass::epilogue::thread::LinearCombinationResidualBlock<
         ${element_c}, ${element_acc}, float, ${element_c}, ${vector},
-        ${activation}, cutlass::plus, ${post_activation}>,
+        ${activation}, ${residual_op}, ${post_activation}>,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<${swizzle}>,
     ${stages}, ${alignment}, ${alignment}, cutlass::arch::OpMultiplyAdd>;
 struct ${name}_kernel : ${name}_device::GemmKernel {};
@@ -80,7 +80,8 @@ typename Gemm::Arguments natural(
   typename Gemm::Arguments arguments = natural.transposed_problem();"""
 
 
-# D = post(act(A @ B + bias) + residual): bias is the broadcast vector, residual the C operand.
+# D = post(act(A @ B + bias) + residual) (or * residual: Epilogue.residual_op): bias is the
+# broadcast vector, residual the C operand.
 RESIDUAL_ARGUMENTS = """\
 typename Gemm::Arguments arguments(
       cutlass::gemm::GemmUniversalMode::kGemm, cutlass::gemm::GemmCoord(p->m, p->n, p->k), 1,

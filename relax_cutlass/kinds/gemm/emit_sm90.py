@@ -2,7 +2,8 @@
 epilogue visitor tree (EVT), emitted from the same `Epilogue` record as the SM80 kernels; the SM100
 family (sm100.py) is the same source with its own `CollectiveFamily`.
 
-    D = post(act(acc + bias) + C)        (each step present only if the epilogue has it)
+    D = post(act(acc + bias) + C)        (each step present only if the epilogue has it; the
+                                          C step is a multiply for Epilogue.residual_op "multiply")
 
 The EVT type and its nested argument initializer are generated from one node list, so they
 cannot disagree.
@@ -51,7 +52,7 @@ def epilogue_tree(kernel: GemmKernel) -> _Node:
         node = _compute(activation.functor, "float", [node])
     if epi.residual:
         node = _compute(
-            "cutlass::plus", "float", [node, _Node(f"cutlass::epilogue::fusion::Sm90SrcFetch<{out}>", "{}")]
+            epi.combine.functor, "float", [node, _Node(f"cutlass::epilogue::fusion::Sm90SrcFetch<{out}>", "{}")]
         )
     # The root converts to the output type (and applies the post-residual activation, if any).
     return _compute(post_activation.functor, out, [node])

@@ -28,7 +28,8 @@ from .records import GemmProblem
 
 @dataclass(frozen=True)
 class GemmPatternSpec(_EpilogueSpec):
-    """The shape of one composite: GEMM root, then bias, activation, residual add(+relu), cast."""
+    """The shape of one composite: GEMM root, then bias, activation, residual add(+relu) or
+    multiply (a gated MLP's product), cast."""
 
     b_transposed: bool  # rhs reaches the matmul through permute_dims: a (N, K) "dense" weight
     bias: bool = False
@@ -36,6 +37,7 @@ class GemmPatternSpec(_EpilogueSpec):
     residual: bool = False
     residual_relu: bool = False
     cast: bool = False
+    residual_op: str = "add"  # RESIDUAL_OPS: "add", or "multiply" (gated MLPs)
 
     @property
     def name(self) -> str:
@@ -55,8 +57,10 @@ class GemmPatternSpec(_EpilogueSpec):
 
 
 def all_gemm_specs() -> list[GemmPatternSpec]:
-    """Every supported combination (b_transposed, epilogue, cast), largest first."""
-    return epilogue_specs(GemmPatternSpec, before=1, after=1)
+    """Every supported combination (b_transposed, epilogue, cast), largest first; the residual may
+    also be a multiply (every GEMM family emits it: the SM80 residual block's binary functor, a
+    compute node of the SM90 / SM100 EVT)."""
+    return epilogue_specs(GemmPatternSpec, before=1, after=1, residual_ops=("add", "multiply"))
 
 
 @cache
