@@ -137,6 +137,17 @@ BUILDERS = {
     "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
     # a padded batch: the attention mask a tokenizer gives sentences of different lengths (issue 20)
     "bert_base_padded": _transformer("BertConfig", "BertModel", 30000, padding=True),
+    # BERT-large (24 layers, hidden 1024, 16 heads, FFN 4096) at 8 x 128: issue 20's 1.8 ms target,
+    # against torch in the same run
+    "bert_large": _transformer(
+        "BertConfig",
+        "BertModel",
+        30000,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+    ),
     "gpt2": _transformer("GPT2Config", "GPT2Model", 50000),
     "llama_gqa": _transformer(
         "LlamaConfig",
@@ -171,6 +182,7 @@ ZOO = (
     ZooModel("gpt2", "transformer", 1, 512),
     ZooModel("llama_gqa", "transformer", 1, 512),
     ZooModel("bert_base_padded", "transformer", 8, 128),
+    ZooModel("bert_large", "transformer", 8, 128),
     ZooModel("llama_8b_2l", "transformer", 1, 2048),
     ZooModel("vit_b_16", "vision", 8),
     ZooModel("mobilenet_v3_large", "vision", 32),

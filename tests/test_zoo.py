@@ -46,3 +46,10 @@ def test_error_bound_and_the_table_say_not_ok():
     }
     row = zoo.table([record]).splitlines()[-1]
     assert "5.0e-02 (1.0e-03) NOT OK" in row and "2.00x" in row
+
+
+def test_zoo_profile_option_names_the_models_it_tunes():
+    assert zoo.profile_for("resnet50", "auto") == "auto"
+    assert zoo.profile_for("resnet50", "never") == "never"
+    assert zoo.profile_for("resnet50", "auto:resnet50+convnext_tiny") == "auto"
+    assert zoo.profile_for("vit_b_16", "auto:resnet50+convnext_tiny") == "never"
