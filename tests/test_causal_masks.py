@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tvm
 from harness import build_cpu, compare_on_cpu, offload_for_cpu, random_inputs, rel_error, run_vm, serve_regions_on_cpu
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import relax
 
 import relax_cutlass
@@ -55,6 +57,32 @@ def test_a_swamping_finite_mask_value_counts_only_when_added_in_float32():
     assert causal_offset(huge, 8, 8, float32_add=True) == 0
     assert causal_offset(huge, 8, 8, float32_add=False) is None
     assert causal_offset(_mask(8, 8, 0, masked=-1e4), 8, 8, float32_add=True) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    extra=st.integers(0, 6),
+    offset=st.integers(-3, 9),
+    lead=st.sampled_from([(), (1,), (1, 1), (2, 3)]),
+    masked=st.sampled_from([-np.inf, float(np.finfo("float32").min), -1e4]),
+    float32_add=st.booleans(),
+    flip=st.one_of(st.none(), st.tuples(st.integers(0, 11), st.integers(0, 17))),
+)
+def test_causal_offset_is_exactly_the_masks_diagonal(rows, extra, offset, lead, masked, float32_add, flip):
+    """For any mask built as `j <= i + offset` (then perhaps one entry flipped), causal_offset says
+    the offset exactly when the mask is TVM's TopLeft or BottomRight in value and its hidden
+    value hides in that add; else None."""
+    keys = rows + extra
+    mask = np.broadcast_to(_mask(rows, keys, offset, masked), (*lead, rows, keys)).copy()
+    flipped = flip is not None and flip[0] < rows and flip[1] < keys
+    if flipped:
+        mask[(..., *flip)] = masked if mask[(0,) * len(lead) + flip] == 0 else 0.0
+    i, j = np.indices((rows, keys))
+    causal_entries = (j <= i + offset) ^ (np.indices((rows, keys)) == np.array(flip or (-1, -1))[:, None, None]).all(0)
+    hides = masked == -np.inf or (float32_add and masked <= -(2.0**40)) or not (mask != 0).any()
+    want = next((d for d in dict.fromkeys((0, keys - rows)) if np.array_equal(causal_entries, j <= i + d)), None)
+    assert causal_offset(mask, rows, keys, float32_add) == (want if hides else None)
 
 
 def test_input_free_values_are_evaluated_and_input_dependent_ones_are_not():
