@@ -107,7 +107,8 @@ def test_input_free_values_are_evaluated_and_input_dependent_ones_are_not():
 
 
 class _Attention(torch.nn.Module):
-    """softmax(q k^T * scale + mask) v with the mask built from aranges, as decoders build it:
+    """softmax(q k^T * scale + mask) v on (B, N, S, H) q, k, v with the mask built from aranges,
+    as decoders build it:
     `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value),
     `masked` the value of a hidden key (-inf or finfo(float32).min)."""
 
@@ -124,7 +125,8 @@ class _Attention(torch.nn.Module):
             keep = keep & (j > i - 3)
         mask = torch.where(keep, 0.0, self.masked)[None, None]
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        return torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
+        out = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
+        return out.transpose(1, 2)  # (B, S, N, H), as a model merges the heads back
 
 
 def _attention_rows(mod):
@@ -144,7 +146,7 @@ def _attention_rows(mod):
 )
 def test_an_arange_built_mask_becomes_the_kernels_causal_mask(kind, masked, causal):
     rows, keys = (16, 24) if kind == "bottom_right" else (24, 24)
-    q, k, v = torch.randn(1, 2, rows, 16), torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+    q, k, v = torch.randn(2, 2, rows, 16), torch.randn(2, 2, keys, 16), torch.randn(2, 2, keys, 16)
     mod = relax_cutlass.from_torch(_Attention(kind, masked), (q, k, v))
     (row,) = _attention_rows(mod)[0]
     assert row["attention"].get("causal") == causal, row

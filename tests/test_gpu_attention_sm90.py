@@ -171,3 +171,30 @@ def test_sm80_fallbacks_on_hopper_run_and_say_why():
     assert all(r["family"] == "sm80" and "head dims 96/96" in r["note"] for r in rows), rows
     for i, case in enumerate(cases[2:]):
         _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
+
+
+@pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("kind, s, t", [("top_left", 1000, 1000), ("bottom_right", 333, 1000)])
+def test_an_arange_built_causal_mask_runs_as_the_kernels_causal_mask(family, kind, s, t):
+    """A decoder's mask built from aranges (Hugging Face's form: where(j <= i + d, 0, finfo.min))
+    in front of a decomposed attention, as torch.export writes it: evaluated at build time and run
+    as the kernel's causal mask (SM90 by default; the SM80 kernel's run-time flag), no mask tensor."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_causal_masks import _Attention
+
+    b, n, h = 2, 8, 128
+    q, k, v = torch.randn(b, n, s, h), torch.randn(b, n, t, h), torch.randn(b, n, t, h)
+    mod = relax_cutlass.from_torch(_Attention(kind, float(np.finfo("float32").min)), (q, k, v))
+    vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
+    causal = "TopLeft" if kind == "top_left" else "BottomRight"
+    assert row["attention"]["causal"] == causal and "bias" not in row["attention"], row
+    assert row["family"] == ("sm90" if family == "auto" else "sm80"), row
+    rng = np.random.default_rng(5)
+    bnsh = [rng.uniform(-1, 1, size=x.shape).astype("float16") for x in (q, k, v)]
+    dev = tvm.cuda(0)
+    got = vm["main"](*[tvm.runtime.tensor(x, dev) for x in bnsh]).numpy().astype("float64")
+    want = sdpa_float64(*[x.transpose(0, 2, 1, 3) for x in bnsh], causal)  # (B, S, N, H) as the model's
+    assert gpu_convs.relative_error(got, want) < 2e-3
