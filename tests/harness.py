@@ -95,6 +95,18 @@ def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e
     return expected, got, rewritten
 
 
+def op_names(mod: tvm.IRModule) -> list[str]:
+    """The operator names of every call in `mod`'s main function, in post order."""
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            names.append(e.op.name)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return names
+
+
 def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
     got, expected = got.astype("float64"), expected.astype("float64")
     assert np.isfinite(got).all(), "non-finite values in the offloaded result"

@@ -7,7 +7,7 @@ with the reason."""
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
+from harness import compare_on_cpu, offload_for_cpu, op_names, random_inputs
 from tvm import relax
 
 import relax_cutlass
@@ -18,17 +18,6 @@ from relax_cutlass.kinds.gemm.patterns import all_gemm_specs
 from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem, TileConfig
 from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import bind_weights, dense_epilogue_model, gated_mlp_model, random_weights
-
-
-def _ops(mod: tvm.IRModule) -> list[str]:
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return names
 
 
 def _gated(activation="silu", m=24, hidden=64, intermediate=96, **kwargs) -> tvm.IRModule:
@@ -51,7 +40,7 @@ def test_the_gated_multiply_fuses_into_a_gemm_epilogue(activation, arch):
     fused = next(r for r in report.offloaded if r["epilogue"].endswith("residual_mul"))
     assert fused["kernel"].endswith(f"_{activation}_residual_mul") and fused["kernel"].startswith(f"sm{arch[3:5]}_")
     assert not report.left_in_tvm and not report.not_fused
-    assert "relax.multiply" not in _ops(rewritten) and f"relax.nn.{activation}" not in _ops(rewritten)
+    assert "relax.multiply" not in op_names(rewritten) and f"relax.nn.{activation}" not in op_names(rewritten)
 
 
 @pytest.mark.parametrize("up_first", [False, True])
@@ -61,7 +50,7 @@ def test_either_operand_order_and_a_symbolic_m_with_biases(up_first):
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod, m=13), rtol=2e-3, arch="sm_90a")
     epilogues = sorted(r["epilogue"] for r in relax_cutlass.offload_report(rewritten).offloaded)
     assert epilogues == ["bias", "bias+silu+residual_mul", "none"]
-    assert "relax.multiply" not in _ops(rewritten)
+    assert "relax.multiply" not in op_names(rewritten)
 
 
 def test_the_torch_exported_llama_mlp_fuses_the_multiply():
@@ -142,7 +131,7 @@ def test_a_broadcast_multiply_is_refused_with_the_reason():
     mod = _scaled_gemm((48,))
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod), rtol=2e-3, arch="sm_90a")
     assert [r["epilogue"] for r in relax_cutlass.offload_report(rewritten).offloaded] == ["none"]
-    assert "relax.multiply" in _ops(rewritten)
+    assert "relax.multiply" in op_names(rewritten)
     (reason,) = _refused(rewritten)
     assert reason.startswith("multiply operand shape") and "(broadcast multiply operands are not fused)" in reason
 
@@ -159,7 +148,7 @@ def test_a_multiply_by_an_operand_of_another_dtype_is_refused_with_the_reason():
     (refused,) = report.not_fused
     assert [r["pattern"] for r in refused["refused"]] == ["relax_cutlass.matmul_residual_mul_cast"]
     assert refused["refused"][0]["reasons"] == ["multiply operand dtype float16 differs from the output dtype float32"]
-    assert _ops(rewritten) == ["relax.call_dps_packed", "relax.astype"]
+    assert op_names(rewritten) == ["relax.call_dps_packed", "relax.astype"]
 
 
 @pytest.mark.nvcc

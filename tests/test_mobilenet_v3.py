@@ -11,7 +11,7 @@ the values.
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, random_inputs, rel_error, run_vm
+from harness import build_cpu, op_names, random_inputs, rel_error, run_vm
 from tvm import relax
 from tvm.relax.op import add, astype, divide, maximum, mean, minimum, multiply, nn
 
@@ -48,17 +48,6 @@ def test_the_builder_is_torchvisions_mobilenet_v3_large():
     assert sum(p.numel() for p in model.parameters()) == 5_483_032
 
 
-def _op_names(mod):
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return names
-
-
 def test_tvm_alone_fails_on_the_squeeze_excitation_scale(mobilenet):
     """The regression's premise, in TVM 0.27: its default CUDA build of the graph fails. When a TVM
     upgrade makes this pass, MakeGemmBroadcastsExplicit can go."""
@@ -70,8 +59,8 @@ def test_tvm_baseline_builds_and_computes_the_model(mobilenet):
     mod, x, expected = mobilenet
     baseline = tvm_baseline(mod)
     # One explicit broadcast per squeeze-excitation block, nothing else changed.
-    assert _op_names(baseline).count("relax.broadcast_to") == 2
-    assert sorted(n for n in _op_names(baseline) if n != "relax.broadcast_to") == sorted(_op_names(mod))
+    assert op_names(baseline).count("relax.broadcast_to") == 2
+    assert sorted(n for n in op_names(baseline) if n != "relax.broadcast_to") == sorted(op_names(mod))
     tvm.compile(baseline, CUDA)
     assert rel_error(run_vm(build_cpu(baseline), [x]), expected) < 1e-2  # float16 vs PyTorch's float32
 
@@ -87,7 +76,7 @@ def test_offloaded_module_builds(mobilenet):
     assert not report.left_in_tvm, str(report)
     assert any(r["op"] == "dwconv2d" for r in report.offloaded)
     assert any(r["op"] == "conv2d" and r["shapes"]["data"][-1] == 8 for r in report.offloaded)
-    assert "relax.broadcast_to" not in _op_names(offloaded)
+    assert "relax.broadcast_to" not in op_names(offloaded)
     tvm.compile(offloaded, CUDA)
 
 
@@ -126,7 +115,7 @@ def test_pipeline_rewrites_a_broadcast_conv_it_leaves_in_tvm(batch):
         tvm.compile(mod, CUDA)
     offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
     assert not relax_cutlass.offload_report(offloaded).offloaded
-    assert _op_names(offloaded).count("relax.broadcast_to") == 1
+    assert op_names(offloaded).count("relax.broadcast_to") == 1
     tvm.compile(offloaded, CUDA)
     inputs = random_inputs(mod, n=3)
     # the convs left in TVM sum in float32 now (AccumulateInFloat32), so the reference does too
@@ -154,4 +143,4 @@ def test_broadcasts_not_fed_by_a_gemm_are_left_alone():
     for mod in (pooled_only, unit_dims):
         assert MakeGemmBroadcastsExplicit()(mod).same_as(mod)
     rewritten = MakeGemmBroadcastsExplicit()(_squeeze_excitation(channels=16, squeeze=8))
-    assert _op_names(rewritten).count("relax.broadcast_to") == 1  # the scale; not the two bias adds
+    assert op_names(rewritten).count("relax.broadcast_to") == 1  # the scale; not the two bias adds

@@ -5,7 +5,7 @@ weights would lose precision or the GEMM's result is read elsewhere."""
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu
+from harness import compare_on_cpu, op_names
 from tvm import relax
 
 import relax_cutlass
@@ -34,28 +34,17 @@ def _block(scale: np.ndarray, scale_first: bool = True, extra_use: bool = False)
     return bb.get()
 
 
-def _ops(mod: tvm.IRModule) -> list[str]:
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"].body, visit)
-    return names
-
-
 @pytest.mark.parametrize("scale_first", [True, False])
 @pytest.mark.parametrize("shape", [(16,), (1, 1, 16)])
 def test_a_layer_scale_folds_and_the_residual_fuses(scale_first, shape):
     mod = _block(RNG.uniform(0.1, 1.0, shape), scale_first)
     folded = fold_output_scales(mod["main"])
-    assert "relax.multiply" not in _ops(tvm.IRModule({"main": folded}))
+    assert "relax.multiply" not in op_names(tvm.IRModule({"main": folded}))
     x, r = RNG.uniform(-1, 1, (2, 8, 32)).astype("float16"), RNG.uniform(-1, 1, (2, 8, 16)).astype("float16")
     _, _, rewritten = compare_on_cpu(mod, [x, r], rtol=2e-3, arch="sm_90a")
     report = relax_cutlass.offload_report(rewritten)
     assert [row["epilogue"] for row in report.offloaded] == ["bias+residual_add"]
-    assert "relax.multiply" not in _ops(rewritten) and "relax.add" not in _ops(rewritten)
+    assert "relax.multiply" not in op_names(rewritten) and "relax.add" not in op_names(rewritten)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +57,7 @@ def test_a_layer_scale_folds_and_the_residual_fuses(scale_first, shape):
 )
 def test_what_is_not_folded(why, scale, extra_use):
     mod = _block(scale, extra_use=extra_use)
-    assert "relax.multiply" in _ops(tvm.IRModule({"main": fold_output_scales(mod["main"])})), why
+    assert "relax.multiply" in op_names(tvm.IRModule({"main": fold_output_scales(mod["main"])})), why
 
 
 def test_a_scaled_gemm_returned_through_an_alias_is_folded_once():
@@ -82,4 +71,4 @@ def test_a_scaled_gemm_returned_through_an_alias_is_folded_once():
             out = bb.emit_output(scaled)
         bb.emit_func_output(out)
     folded = relax.transform.DeadCodeElimination()(tvm.IRModule({"main": fold_output_scales(bb.get()["main"])}))
-    assert _ops(folded).count("relax.matmul") == 1 and "relax.multiply" not in _ops(folded)
+    assert op_names(folded).count("relax.matmul") == 1 and "relax.multiply" not in op_names(folded)
