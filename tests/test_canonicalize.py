@@ -95,3 +95,22 @@ def test_other_powers_are_untouched():
         bb.emit_func_output(y)
     mod = bb.get()
     tvm.ir.assert_structural_equal(FixTvmCudaForms()(mod), mod)
+
+
+def test_a_negative_slice_axis_with_a_symbolic_bound_builds():
+    """TVM 0.27's strided_slice legalization fails on axis -1 with a symbolic end ("axis <
+    src_tensor_dim (-1 vs. 2)"), as Hugging Face's decoders slice position ids when exported with
+    a symbolic sequence length: FixTvmCudaForms gives the axis as rank - 1, same values."""
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((2, n), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.strided_slice(x, axes=[-1], begin=[1], end=[n], strides=[1]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    with pytest.raises(Exception, match="src_tensor_dim"):
+        relax.transform.LegalizeOps()(mod)
+    fixed = FixTvmCudaForms()(mod)
+    value = np.arange(14, dtype="float32").reshape(2, 7)
+    np.testing.assert_array_equal(run_vm(build_cpu(fixed), [value]), value[:, 1:])

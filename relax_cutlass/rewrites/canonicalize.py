@@ -328,14 +328,40 @@ def expand_integer_powers(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def positive_slice_axes(func: relax.Function) -> relax.Function:
+    """strided_slice over axis -k -> the same over axis rank - k.
+
+    TVM 0.27's legalization of strided_slice with a symbolic bound (the dynamic path) does not
+    normalize a negative axis and fails ("axis < src_tensor_dim (-1 vs. 2)"): Hugging Face's
+    decoders slice their position ids at axis -1, so torch.export of Llama or GPT-2 with a
+    symbolic sequence length failed in from_torch's FoldConstant, and in TVM's own build."""
+    pattern = is_op("relax.strided_slice")(wildcard(), wildcard(), wildcard(), wildcard(), wildcard())
+
+    def rewriter(orig: relax.Expr, _m: dict) -> relax.Expr:
+        x, axes, begin, end, strides = orig.args
+        rank = getattr(x.ty, "ndim", -1)
+        if not isinstance(axes, relax.Tuple) or rank is None or rank < 0:
+            return orig
+        values = [int(a) for a in axes.fields]
+        if all(a >= 0 for a in values):
+            return orig
+        positive = [a + rank if a < 0 else a for a in values]
+        return relax.op.strided_slice(
+            x, positive, list(begin.fields), list(end.fields), list(strides.fields), orig.attrs.assume_inbound
+        )
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
 class FixTvmCudaForms:
     """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over narrow
-    dtypes (abort or no build) and small integer powers (NaN for negative bases)."""
+    dtypes (abort or no build), small integer powers (NaN for negative bases) and strided slices
+    over a negative axis with a symbolic bound (no build)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        functions = {
-            gv: expand_integer_powers(widen_narrow_cumsums(func)) if isinstance(func, relax.Function) else func
-            for gv, func in mod.functions_items()
-        }
+        def fix(func: relax.Function) -> relax.Function:
+            return positive_slice_axes(expand_integer_powers(widen_narrow_cumsums(func)))
+
+        functions = {gv: fix(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()}
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
