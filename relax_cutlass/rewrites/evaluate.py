@@ -23,56 +23,63 @@ _LEAVES = (relax.ShapeExpr, tvm.tirx.IntImm, tvm.tirx.FloatImm)
 MAX_ELEMENTS = 1 << 26
 
 
-def input_free_bindings(func: relax.Function, expr: relax.Expr, var2val=None) -> list[relax.VarBinding] | None:
-    """The bindings `expr` depends on, in the function's order, when it reads no parameter and
-    every call on the way is a pure operator with static shapes; None otherwise."""
-    var2val = get_var2val(func) if var2val is None else var2val
+def _reads_no_input(node, free: set) -> bool:
+    """`node` (a binding's value) reads only constants, spelled-out shapes and scalars, and vars of
+    `free`, through pure operators with static shapes."""
+    if isinstance(node, (tvm.ir.GenericConst, *_LEAVES)):
+        return True
+    if isinstance(node, relax.Tuple):
+        return all(_reads_no_input(f, free) for f in node.fields)
+    if isinstance(node, relax.Var):
+        return node in free
+    if not isinstance(node, relax.Call) or not isinstance(node.op, tvm.ir.Op):
+        return False
+    if node.op.name.startswith("relax.call_") or node.op.get_attr("FPurity") is False:
+        return False
+    if isinstance(node.ty, relax.TensorType) and static_shape(node) is None:
+        return False
+    return all(_reads_no_input(a, free) for a in node.args)
+
+
+def input_free_vars(func: relax.Function) -> set:
+    """The vars of `func` computed from no parameter (one pass over the bindings, in order)."""
+    free: set = set()
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if isinstance(b, relax.VarBinding) and _reads_no_input(b.value, free):
+                free.add(b.var)
+    return free
+
+
+def input_free_bindings(func: relax.Function, var: relax.Var, free: set | None = None) -> list[relax.VarBinding] | None:
+    """The bindings input-free `var` depends on, in the function's order; None when `var` reads a
+    parameter (`free`: `input_free_vars(func)`, when the caller already has it)."""
+    free = input_free_vars(func) if free is None else free
+    if var not in free:
+        return None
+    var2val = get_var2val(func)
     needed: set = set()
-    stack = [expr]
+    stack = [var]
     while stack:
-        node = stack.pop()
-        if isinstance(node, (tvm.ir.GenericConst, *_LEAVES)):
-            continue
-        if isinstance(node, relax.Tuple):
-            stack.extend(node.fields)
-            continue
-        if isinstance(node, relax.Var):
-            if node in needed:
-                continue
-            value = var2val.get(node)
-            if value is None:  # a parameter, or bound by a match_cast / outside the function
-                return None
-            needed.add(node)
-            stack.append(value)
-            continue
-        if not isinstance(node, relax.Call) or not isinstance(node.op, tvm.ir.Op):
-            return None
-        if node.op.name.startswith("relax.call_") or node.op.get_attr("FPurity") is False:
-            return None
-        if isinstance(node.ty, relax.TensorType) and static_shape(node) is None:
-            return None
-        stack.extend(node.args)
-    bindings = [
-        b for block in func.body.blocks for b in block.bindings if b.var in needed and isinstance(b, relax.VarBinding)
-    ]
-    return bindings if len(bindings) == len(needed) else None
+        v = stack.pop()
+        if v not in needed:
+            needed.add(v)
+            stack.extend(relax.analysis.free_vars(var2val[v]))
+    return [b for block in func.body.blocks for b in block.bindings if b.var in needed]
 
 
-def evaluate_input_free(func: relax.Function, var: relax.Var, var2val=None) -> np.ndarray | None:
+def evaluate_input_free(func: relax.Function, var: relax.Var, free: set | None = None) -> np.ndarray | None:
     """The value of `var` (a tensor computed from no input of `func`), evaluated on the CPU; None
     when it depends on an input, is too large, or does not build or run (never an error: callers
-    then leave the graph as it is)."""
+    then leave the graph as it is). `free`: as for `input_free_bindings`."""
     shape = static_shape(var) if isinstance(var.ty, relax.TensorType) else None
     if shape is None or int(np.prod(shape)) > MAX_ELEMENTS:
         return None
-    if var2val is None:
-        var2val = get_var2val(func)
-    value = var2val.get(var)
-    if isinstance(value, tvm.ir.GenericConst):
-        return value.value.numpy()
-    bindings = input_free_bindings(func, var, var2val)
+    bindings = input_free_bindings(func, var, free)
     if not bindings:
         return None
+    if isinstance(bindings[-1].value, tvm.ir.GenericConst):
+        return bindings[-1].value.value.numpy()
     out = relax.Var("value", var.ty)
     block = relax.DataflowBlock([*bindings, relax.VarBinding(out, var)])
     probe = relax.Function([], relax.SeqExpr([block], out), var.ty)

@@ -17,7 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ...rewrites.evaluate import evaluate_input_free, input_free_bindings
+from ...rewrites.evaluate import evaluate_input_free, input_free_vars
 from ..ir import static_shape
 from .masks import SWAMPING_MASK
 from .trace import _is_call
@@ -61,6 +61,7 @@ def _plan(func: relax.Function) -> dict:
     """{add var: (index of the mask argument, (rows, keys, offset, dtype))} for each additive
     mask in front of a softmax that is input-free and causal."""
     var2val = get_var2val(func)
+    free = input_free_vars(func)
     planned, known = {}, {}
     for value in var2val.values():
         if not _is_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
@@ -71,15 +72,15 @@ def _plan(func: relax.Function) -> dict:
             x, add = add.args[0], var2val.get(add.args[0])
         if not _is_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
             continue
-        free = [input_free_bindings(func, arg, var2val) is not None for arg in add.args]
-        if free.count(True) != 1:
+        is_free = [arg in free for arg in add.args]
+        if is_free.count(True) != 1:
             continue
-        index = free.index(True)
+        index = is_free.index(True)
         mask = add.args[index]
-        if not isinstance(mask, relax.Var) or _is_canonical(mask, var2val):
+        if _is_canonical(mask, var2val):
             continue
         if mask not in known:
-            known[mask] = evaluate_input_free(func, mask, var2val)
+            known[mask] = evaluate_input_free(func, mask, free)
         values = known[mask]
         rows, keys = static_shape(add)[-2:]
         dtype = str(add.ty.dtype)
