@@ -213,10 +213,11 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
             axis = int(call.attrs.axis)
             if axis not in (-1, len(layout) - 1) or layout[-1] != rows("T"):
                 raise _NotAttention(f"softmax over axis {axis} is not over the keys")
-        if "bias_add" in ann and call.same_as(ann["bias_add"]) and "causal_triu" in ann:
-            causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
-        elif "bias_add" in ann and call.same_as(ann["bias_add"]):
-            bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
+        if "bias_add" in ann and call.same_as(ann["bias_add"]):
+            if "causal_triu" in ann:
+                causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
+            else:
+                bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
         layout = tracer.apply(layout, call)
     if layout != score_layout:
         raise _NotAttention("the probabilities reach the second matmul in another layout than the scores")
