@@ -109,7 +109,8 @@ def test_input_free_values_are_evaluated_and_input_dependent_ones_are_not():
 class _Attention(torch.nn.Module):
     """softmax(q k^T * scale + mask) v on (B, N, S, H) q, k, v with the mask built from aranges,
     as decoders build it:
-    `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value),
+    `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value), "none"
+    (`arange >= 0`: hides nothing, as Hugging Face's BERT builds it without an attention_mask),
     `masked` the value of a hidden key (-inf or finfo(float32).min)."""
 
     def __init__(self, kind: str, masked: float = float("-inf")):
@@ -123,6 +124,8 @@ class _Attention(torch.nn.Module):
         keep = j <= i
         if self.kind == "window":
             keep = keep & (j > i - 3)
+        if self.kind == "none":
+            keep = (j >= 0).expand(rows, keys)
         mask = torch.where(keep, 0.0, self.masked)[None, None]
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
         out = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
@@ -152,6 +155,40 @@ def test_an_arange_built_mask_becomes_the_kernels_causal_mask(kind, masked, caus
     assert row["attention"].get("causal") == causal, row
     assert ("bias" in row["attention"]) == (causal is None), row  # the window stays a mask tensor
     compare_on_cpu(mod, random_inputs(mod))
+
+
+def test_an_input_free_mask_of_zeros_is_dropped():
+    """A mask that hides no key is no mask: the region has neither a bias nor a causal mask (so
+    the SM90 kernel, which takes no bias, can run it), and the result is unchanged."""
+    q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+    mod = relax_cutlass.from_torch(_Attention("none"), (q, k, v))
+    (row,) = _attention_rows(mod)[0]
+    assert "bias" not in row["attention"] and "causal" not in row["attention"], row
+    compare_on_cpu(mod, random_inputs(mod))
+
+
+def test_bert_without_an_attention_mask_runs_attention_with_no_mask_tensor():
+    """Regression (bert_large in the zoo, session 18): transformers' BERT called without an
+    attention_mask adds where(arange(S) >= 0, 0, -inf), a mask of zeros, to every layer's scores;
+    read as a bias it kept BERT-large on the SM80 kernel (0.29 ms of 2.4 ms) plus a masked-rows
+    fix-up kernel per layer."""
+    pytest.importorskip("transformers")
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer("bert"))
+    ids = torch.randint(0, 512, (2, 32))
+    with torch.no_grad():
+        expected = copy.deepcopy(model).double()(ids).numpy()
+    mod = relax_cutlass.from_torch(model, (ids,))
+    rows, partitioned, rewritten = _attention_rows(mod)
+    assert sum(r["calls"] for r in rows) == 2, rows
+    assert all("bias" not in r["attention"] and "causal" not in r["attention"] for r in rows), rows
+    serve_regions_on_cpu(partitioned)
+    got = run_vm(build_cpu(rewritten), [ids.numpy()])
+    assert rel_error(got, expected) < 1e-2
 
 
 @pytest.mark.parametrize("family, impl", [("gpt2", "eager"), ("llama", "sdpa")])

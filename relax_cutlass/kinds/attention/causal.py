@@ -8,6 +8,10 @@ is causal, replaces it with the canonical form `triu(-inf broadcast to (S, T), k
 pattern takes as a causal mask: the region then runs the kernels' own causal masking (SM90
 included), with no mask tensor at all. The decision is made on the values, so a mask that is
 causal only in form (a padding mask folded in, a sliding window) is left as it was.
+
+A mask that is zero everywhere (Hugging Face's BERT without an attention_mask builds one from
+`arange(S) >= 0`) masks nothing: the add goes, and the region runs with no mask at all (so on the
+SM90 kernel, which takes no additive bias).
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ def _is_canonical(expr, var2val) -> bool:
 
 
 def _plan(func: relax.Function) -> dict:
-    """{add var: (index of the mask argument, (rows, keys, offset, dtype))} for each additive
-    mask in front of a softmax that is input-free and causal."""
+    """{add var: (index of the mask argument, (rows, keys, offset, dtype)), or None for a mask
+    of zeros that the add can drop} for each additive mask in front of a softmax that is
+    input-free and causal or zero."""
     var2val = get_var2val(func)
     free = input_free_vars(func)
     planned, known = {}, {}
@@ -86,10 +91,20 @@ def _plan(func: relax.Function) -> dict:
         dtype = str(add.ty.dtype)
         if values is None or values.dtype.kind != "f":
             continue
+        scores = add.args[1 - index]
+        if not values.any() and _same_type(scores, add):
+            planned[x] = (index, None)
+            continue
         offset = causal_offset(values.astype("float32"), rows, keys, float32_add=dtype == "float32")
         if offset is not None:
             planned[x] = (index, (rows, keys, offset, dtype))
     return planned
+
+
+def _same_type(a: relax.Expr, b: relax.Expr) -> bool:
+    """Same static shape and dtype: the add leaves `a` as it is (no broadcast, no promotion)."""
+    shape = static_shape(a)
+    return shape is not None and shape == static_shape(b) and str(a.ty.dtype) == str(b.ty.dtype)
 
 
 @relax.expr_functor.mutator
@@ -106,6 +121,9 @@ class _CanonicalMasks(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         index, key = self.planned[binding.var]
+        if key is None:  # a mask of zeros: the scores as they are
+            self.set_var_remap(binding.var, self.visit_expr(binding.value.args[1 - index]))
+            return
         mask = self.builder_.emit(causal_mask_expr(*key))
         args = [self.visit_expr(a) for a in binding.value.args]
         args[index] = mask
@@ -114,8 +132,8 @@ class _CanonicalMasks(relax.PyExprMutator):
 
 def constant_causal_masks(func: relax.Function) -> relax.Function:
     """softmax(scores + mask), with `mask` computed from no input and causal in value, -> the same
-    with the canonical causal mask (`causal_mask_expr`) in its place; the old mask's bindings go
-    once nothing else reads them."""
+    with the canonical causal mask (`causal_mask_expr`) in its place; zero in value -> softmax(scores).
+    The old mask's bindings go once nothing else reads them."""
     try:
         planned = _plan(func)
     except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
