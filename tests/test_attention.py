@@ -248,14 +248,15 @@ def _regions(partitioned: tvm.IRModule, arch: int = 90, family: str = "auto") ->
 def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.ndarray:
     """What the kernel computes from its problem record alone, in float64: each packed operand
     read through the strides its *_reads give (the bias through `bias_reads`, stride 0 where it
-    is broadcast), output (B, S, N, V); a row whose every score is -inf as `masked_rows` says."""
+    is broadcast; k and v with heads / kv_group heads, each serving kv_group query heads), output
+    (B, S, N, V); a row whose every score is -inf as `masked_rows` says."""
 
     def strides(array, reads):
         return [0 if read is None else math.prod(array.shape[read[0] + 1 :]) * read[1] * 8 for read in reads]
 
-    def view(array, reads, rows: int, dim: int):
+    def view(array, reads, rows: int, dim: int, heads: int = problem.heads):
         array = np.ascontiguousarray(array.astype("float64"))
-        return np.lib.stride_tricks.as_strided(array, (batch, rows, problem.heads, dim), strides(array, reads))
+        return np.lib.stride_tricks.as_strided(array, (batch, rows, heads, dim), strides(array, reads))
 
     def size(array, reads, axes: str, axis: str) -> int:
         """A symbolic axis's size: its dimension's extent over the other (static) axes in it."""
@@ -269,8 +270,10 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
     seq_q = problem.seq_q or size(query, problem.query_reads, "BSNH", "S")
     seq_kv = problem.seq_kv or size(key, problem.key_reads, "BTNH", "T")
     q = view(query, problem.query_reads, seq_q, problem.head_dim)
-    k = view(key, problem.key_reads, seq_kv, problem.head_dim)
-    v = view(value, problem.value_reads, seq_kv, problem.head_dim_value)
+    # grouped-query attention: kv head n // kv_group serves query head n
+    group, kv_heads = problem.kv_group, problem.kv_heads
+    k = np.repeat(view(key, problem.key_reads, seq_kv, problem.head_dim, kv_heads), group, 2)
+    v = np.repeat(view(value, problem.value_reads, seq_kv, problem.head_dim_value, kv_heads), group, 2)
     scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
     if problem.bias_reads is not None:
         array = np.ascontiguousarray(bias.astype("float64"))
@@ -485,8 +488,8 @@ def _transformers_bert(attention: str, with_mask: bool):
 def test_transformers_bert_attention_is_fused(attention, with_mask, masked_rows):
     """transformers' default sdpa attention (q and k^T scaled apart, a -inf mask, the safe
     softmax) and its eager one (a finfo.min mask), exported as they are: the attention is one
-    region with the padding mask as its bias (none without an attention_mask), and agrees with the untouched module and with torch
-    for padded sequences and for a fully masked one."""
+    region with the padding mask as its bias (none without an attention_mask), and agrees with the
+    untouched module and with torch for padded sequences and for a fully masked one."""
     import torch
 
     model, mod = _transformers_bert(attention, with_mask)

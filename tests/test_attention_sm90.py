@@ -205,14 +205,16 @@ def test_tuning_record_picks_the_schedule(tmp_path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("causal", [None, "TopLeft"])
-def test_sm90_attention_compiles_to_hgmma(causal):
-    """A head-dim-128 kernel, non-causal and causal, through nvcc for sm_90a: its SASS is sm_90a's
-    and holds wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
+@pytest.mark.parametrize("causal, kv_group", [(None, 1), ("TopLeft", 1), ("TopLeft", 4)])
+def test_sm90_attention_compiles_to_hgmma(causal, kv_group):
+    """A head-dim-128 kernel, non-causal, causal, and causal grouped-query (k/v heads read with a
+    static stride 0 across each group), through nvcc for sm_90a: its SASS is sm_90a's and holds
+    wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
     from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.sass_check import mma_counts
 
-    kernel = choose_attention_kernel(dataclasses.replace(HD128, causal=causal, batch=None, seq_q=None), 90)
+    problem = dataclasses.replace(HD128, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
+    kernel = choose_attention_kernel(problem, 90)
     assert kernel.arch == 90
     ((obj, _),) = compile_all([emit_kernel(kernel)], 90).values()
     counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))

@@ -111,13 +111,16 @@ class _Attention(torch.nn.Module):
     as decoders build it:
     `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value), "none"
     (`arange >= 0`: hides nothing, as Hugging Face's BERT builds it without an attention_mask),
-    `masked` the value of a hidden key (-inf or finfo(float32).min)."""
+    `masked` the value of a hidden key (-inf or finfo(float32).min); `group` > 1: k and v have
+    N / group heads, repeated across the query heads (`repeat`)."""
 
-    def __init__(self, kind: str, masked: float = float("-inf")):
+    def __init__(self, kind: str, masked: float = float("-inf"), group: int = 1, tile: bool = False):
         super().__init__()
-        self.kind, self.masked = kind, masked
+        self.kind, self.masked, self.group, self.tile = kind, masked, group, tile
 
     def forward(self, q, k, v):
+        if self.group > 1:  # grouped-query k and v: (B, N / group, T, H), repeated across the heads
+            k, v = (self.repeat(x) for x in (k, v))
         rows, keys = q.shape[-2], k.shape[-2]
         i = torch.arange(rows)[:, None] + (keys - rows if self.kind == "bottom_right" else 0)
         j = torch.arange(keys)[None, :]
@@ -130,6 +133,14 @@ class _Attention(torch.nn.Module):
         scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
         out = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
         return out.transpose(1, 2)  # (B, S, N, H), as a model merges the heads back
+
+    def repeat(self, x):
+        """transformers' repeat_kv (query head n reads kv head n // group), or with `tile` torch's
+        repeat (query head n reads kv head n % N_kv)."""
+        b, heads, t, h = x.shape
+        if self.tile:
+            return x.repeat(1, self.group, 1, 1)
+        return x[:, :, None].expand(b, heads, self.group, t, h).reshape(b, heads * self.group, t, h)
 
 
 def _attention_rows(mod):
@@ -211,6 +222,9 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
     assert sum(r["calls"] for r in rows) == 2 and all(r["attention"]["causal"] == "TopLeft" for r in rows), rows
     assert all("bias" not in r["attention"] for r in rows)
     assert "R.less_equal" not in rewritten["main"].script()  # the mask's computation is gone
+    if family == "llama":  # 4 query heads over 2 kv heads, read through strides: no repeat written
+        assert all(r["attention"]["kv_heads"] == 2 for r in rows), rows
+        assert "R.broadcast_to" not in rewritten["main"].script()
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), [ids.numpy()])
     assert rel_error(got, expected) < 1e-2

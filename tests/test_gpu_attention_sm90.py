@@ -192,9 +192,39 @@ def test_an_arange_built_causal_mask_runs_as_the_kernels_causal_mask(family, kin
     causal = "TopLeft" if kind == "top_left" else "BottomRight"
     assert row["attention"]["causal"] == causal and "bias" not in row["attention"], row
     assert row["family"] == ("sm90" if family == "auto" else "sm80"), row
+    _check_float32_model(vm, (q, k, v), causal)
+
+
+def _check_float32_model(vm, example, causal):
+    """The exported model takes float32 (it runs in float16 inside): fp16-exact float32 inputs,
+    checked against torch's float64 sdpa (k and v repeated to the query heads where grouped)."""
     rng = np.random.default_rng(5)
-    bnsh = [rng.uniform(-1, 1, size=x.shape).astype("float16") for x in (q, k, v)]
+    bnsh = [rng.uniform(-1, 1, size=x.shape).astype("float16").astype("float32") for x in example]
     dev = tvm.cuda(0)
     got = vm["main"](*[tvm.runtime.tensor(x, dev) for x in bnsh]).numpy().astype("float64")
-    want = sdpa_float64(*[x.transpose(0, 2, 1, 3) for x in bnsh], causal)  # (B, S, N, H) as the model's
+    group = bnsh[0].shape[1] // bnsh[1].shape[1]
+    q, k, v = bnsh[0], *(np.repeat(x, group, axis=1) for x in bnsh[1:])
+    want = sdpa_float64(*[x.transpose(0, 2, 1, 3) for x in (q, k, v)], causal)  # (B, S, N, H) as the model's
     assert gpu_convs.relative_error(got, want) < 2e-3
+
+
+@pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("kind, batch", [("top_left", 2), ("none", 1)])
+def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, batch):
+    """transformers' repeat_kv in front of the attention (8 query heads over 2 kv heads): the
+    repeat is read through strides, never written: the SM90 kernel as (kv heads, group) per batch
+    with a static stride 0, the SM80 kernel one launch per kv head."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_causal_masks import _Attention
+
+    n, group, s, h = 8, 4, 1000, 128
+    q = torch.randn(batch, n, s, h)
+    k, v = torch.randn(batch, n // group, s, h), torch.randn(batch, n // group, s, h)
+    mod = relax_cutlass.from_torch(_Attention(kind, group=group), (q, k, v))
+    vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
+    assert row["attention"]["kv_heads"] == n // group and row["family"] == ("sm90" if family == "auto" else "sm80")
+    assert row["attention"].get("causal") == ("TopLeft" if kind == "top_left" else None), row
+    _check_float32_model(vm, (q, k, v), row["attention"].get("causal"))

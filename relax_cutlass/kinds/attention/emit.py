@@ -44,6 +44,8 @@ def attention_glue_function(region: AttentionRegion) -> str:
     ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
     sizes, rank_checks, checks, strides, defined = [], [], [], {}, set()
     for role, axes in OPERAND_AXES:
+        # grouped-query keys/values hold heads / kv_group heads
+        expr["N"] = str(p.heads if role == "query" else p.kv_heads)
         rank_checks.append(f'  TRY(CheckDim(fn, "{role} rank", {role}->ndim, {ranks[role]}, {role}));')
         held: dict[int, list[str]] = {}
         for axis, (dim, factor) in zip(axes, reads[role], strict=True):
@@ -58,6 +60,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
                     defined.add(axis)
             want = " * ".join(expr[a] for a in inside) or "1"
             checks.append(f'  TRY(CheckDim(fn, "{role} dim {dim}", {role}->shape[{dim}], {want}, {role}));')
+    expr["N"] = str(p.heads)
     for axis in ("B", "S", "T"):
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
@@ -85,6 +88,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         scale=format(p.scale, ".9g"),
         bias=bias,
         causal=CAUSAL_CODE[p.causal],
+        kv_group=p.kv_group,
         launch=launch_call(region.kernel),
     )
 

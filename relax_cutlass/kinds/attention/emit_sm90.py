@@ -47,6 +47,7 @@ SM90_ATTENTION_TU = Template(
 #include <cstdint>
 #include <cstdio>
 #include <cmath>
+#include <type_traits>
 #include <cuda_runtime.h>
 #include "cutlass/cutlass.h"
 #include "cute/tensor.hpp"
@@ -130,8 +131,21 @@ using Element = $element;
 using TileShape = cute::Shape<cute::_${queries}, cute::_${keys}, cute::_${head_dim}>;
 // (rows, head dim, (batch, heads)): the head dim contiguous, the rest any stride.
 using RowStride = cute::tuple<int, cute::_1, cute::tuple<int, int>>;
+// Grouped-query attention runs the kernel's (batch, heads) modes as (kv heads, group) per batch:
+// every query head of a group reads its kv head, a static stride 0 (which CuTe leaves out of the
+// TMA descriptor), so the repeat of keys and values is never written.
+constexpr bool kGrouped = $grouped;
+using GroupedStride = cute::tuple<int, cute::_1, cute::tuple<int, cute::_0>>;
+using KVStride = std::conditional_t<kGrouped, GroupedStride, RowStride>;
+// (rows, 1, (outer, inner)) strides; the grouped ones have no inner stride (0).
+RowStride MakeStride(RowStride*, int rows, int outer, int inner) {
+  return cute::make_stride(rows, cute::_1{}, cute::make_stride(outer, inner));
+}
+GroupedStride MakeStride(GroupedStride*, int rows, int outer, int) {
+  return cute::make_stride(rows, cute::_1{}, cute::make_stride(outer, cute::_0{}));
+}
 using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
-    Element, float, float, TileShape, RowStride, RowStride, RowStride, RelaxMask<$causal>$options>;
+    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxMask<$causal>$options>;
 
 // The example's forward epilogue (a TMA store of O) without its logsumexp store.
 struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV> {
@@ -204,17 +218,29 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
       a->seq_kv > INT32_MAX || a->seq_q * o_row > INT32_MAX) {
     return "$name: batch, heads or sequence lengths past the kernel's 32-bit sizes and grid";
   }
-  const int b = static_cast<int>(a->batch), h = static_cast<int>(a->heads);
-  const int s = static_cast<int>(a->seq_q), t = static_cast<int>(a->seq_kv);
-  RowStride dq = cute::make_stride(static_cast<int>(a->q_stride_s), cute::_1{},
-                          cute::make_stride(static_cast<int>(a->q_stride_b), static_cast<int>(a->q_stride_n)));
-  RowStride dk = cute::make_stride(static_cast<int>(a->k_stride_s), cute::_1{},
-                          cute::make_stride(static_cast<int>(a->k_stride_b), static_cast<int>(a->k_stride_n)));
-  RowStride dv = cute::make_stride(static_cast<int>(a->v_stride_s), cute::_1{},
-                          cute::make_stride(static_cast<int>(a->v_stride_b), static_cast<int>(a->v_stride_n)));
+  const int64_t group = a->kv_group > 1 ? a->kv_group : 1;
+  if (kGrouped != (group > 1)) {
+    return kGrouped ? "$name: built for grouped-query attention (kv_group > 1)"
+                    : "$name: built for one key/value head per query head (kv_group 1)";
+  }
+  if (a->heads % group != 0 || !FitsStride(group * a->q_stride_n)) {
+    return "$name: the heads are no multiple of kv_group, or a group's q stride is past 2^31 elements";
+  }
+  auto i32 = [](int64_t x) { return static_cast<int>(x); };
+  const int s = i32(a->seq_q), t = i32(a->seq_kv), dv_ = i32(a->head_dim_value), g = i32(group);
+  const int qs = i32(a->q_stride_s), ks = i32(a->k_stride_s), vs = i32(a->v_stride_s);
+  const int qn = i32(a->q_stride_n), kn = i32(a->k_stride_n), vn = i32(a->v_stride_n);
+  // The kernel's (batch, heads) modes: all of them in one launch, or grouped-query attention's
+  // (kv heads, group), one launch per batch (the output's (batch, heads) have no common stride).
+  const int mode0 = kGrouped ? i32(a->heads / group) : i32(a->batch);
+  const int mode1 = kGrouped ? g : i32(a->heads);
+  const int64_t launches = kGrouped ? a->batch : 1;
+  const RowStride dq = MakeStride(static_cast<RowStride*>(nullptr), qs, kGrouped ? g * qn : i32(a->q_stride_b), qn);
+  const KVStride dk = MakeStride(static_cast<KVStride*>(nullptr), ks, kGrouped ? kn : i32(a->k_stride_b), kn);
+  const KVStride dv = MakeStride(static_cast<KVStride*>(nullptr), vs, kGrouped ? vn : i32(a->v_stride_b), vn);
   // The output is (B, S, N, V), packed.
-  RowStride d_o = cute::make_stride(static_cast<int>(o_row), cute::_1{},
-                           cute::make_stride(static_cast<int>(a->seq_q * o_row), static_cast<int>(a->head_dim_value)));
+  const RowStride d_o =
+      MakeStride(static_cast<RowStride*>(nullptr), i32(o_row), kGrouped ? g * dv_ : i32(a->seq_q * o_row), dv_);
   static int sm_counts[64] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return Fail("cudaGetDevice");
@@ -227,7 +253,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   }
   hw_info.sm_count = device < 64 ? sm_counts[device] : 0;
   typename Kernel::Arguments args{
-      {b, h, s, t, kHeadDim},
+      {mode0, mode1, s, t, kHeadDim},
       {static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
        static_cast<const Element*>(a->v), dv},
       {static_cast<Element*>(a->out), d_o, nullptr, {}},
@@ -242,9 +268,6 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     return "$name: CUTLASS's can_implement refused the problem";
   }
   if (Operation::get_workspace_size(args) != 0) return "$name: the kernel asks for a workspace it was not given";
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, nullptr);
-  params.mainloop.scale_softmax = a->scale;
-  params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
   const int smem_bytes = Kernel::SharedStorageSize;
   if (smem_bytes > 0xc000) {
     // Per device: the opt-in to more than 48 KB of shared memory is a property of the context.
@@ -257,7 +280,19 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
       if (device < 64) configured[device] = true;
     }
   }
-  if (Operation::run(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
+  for (int64_t i = 0; i < launches; ++i) {  // i: the batch, in grouped-query attention
+    typename Kernel::Arguments batch_args = args;
+    if (i > 0) {
+      batch_args.mainloop.ptr_Q += i * a->q_stride_b;
+      batch_args.mainloop.ptr_K += i * a->k_stride_b;
+      batch_args.mainloop.ptr_V += i * a->v_stride_b;
+      batch_args.epilogue.ptr_O += i * a->seq_q * o_row;
+    }
+    typename Kernel::Params params = Kernel::to_underlying_arguments(batch_args, nullptr);
+    params.mainloop.scale_softmax = a->scale;
+    params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
+    if (Operation::run(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
+  }
   return nullptr;
 }
 """
@@ -280,6 +315,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
         causal=CAUSAL_CODE[kernel.problem.causal],
         options=options,
         scheduler=scheduler,
+        grouped=str(kernel.problem.kv_group > 1).lower(),
         check_device=check_device(kernel),
     )
     return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")

@@ -62,6 +62,7 @@ KIND = RegionKind(
             "attention": list(job.key.shape),
             "scale": job.problem.scale,
             "causal": CAUSAL_CODE[job.problem.causal],
+            "kv_group": job.problem.kv_group,
         },
     ),
     report_line=report_line,

@@ -68,6 +68,7 @@ class AttentionLayout:
     bias_rank: int = 0
     masked_rows: str = "nan"
     causal: str | None = None  # relax.nn.attention's causal_mask (AttentionProblem.causal)
+    kv_group: int = 1  # query heads per key/value head (AttentionProblem.kv_group)
 
     @property
     def reads(self) -> tuple:
@@ -126,7 +127,9 @@ def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var
     """Check that the matched region is softmax(q k^T * scale) v over (B, N) and return its
     layout. Raises ValueError (with the reason) when it is not, or not in a form the kernel runs."""
     try:
-        return (_op_layout if spec.form == "op" else _softmax_layout)(ann, out, var2val)
+        if spec.form == "op":
+            return _op_layout(ann, out, var2val)
+        return _softmax_layout(ann, out, var2val, grouped=spec.form == "softmax_gqa")
     except _NotAttention as err:
         raise ValueError(str(err)) from None
 
@@ -160,33 +163,66 @@ def _scalar_value(const, cast=None) -> float:
     return float(value[0])
 
 
-def _softmax_layout(ann: dict, out: relax.Expr, var2val) -> AttentionLayout:
+def _softmax_layout(ann: dict, out: relax.Expr, var2val, grouped: bool = False) -> AttentionLayout:
     # A lone batch axis (the other of batch/heads has size 1) is heads or batch: the output's
     # layout tells which, so try both.
     try:
-        return _softmax_layout_as(ann, out, var2val, "N")
+        return _softmax_layout_as(ann, out, var2val, "N", grouped)
     except _NotAttention as first_error:
         try:
-            return _softmax_layout_as(ann, out, var2val, "B")
+            return _softmax_layout_as(ann, out, var2val, "B", grouped)
         except _NotAttention:
             raise first_error from None
 
 
-def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> AttentionLayout:
+def _kv_heads(tracer: _Tracer, layout: Layout, what: str) -> tuple[Layout, str | None, int]:
+    """Grouped-query keys/values: the operand's layout without its repeat axis, the kv-head axis
+    the repeat follows (None without a repeat), and the group size G (query heads per kv head; 1
+    without a repeat). Query head n reads kv head n // G: the repeat must sit right inside the kv
+    heads in one dimension, as transformers' repeat_kv (repeat_interleave) puts it."""
+    found = [(i, pos, a) for i, g in enumerate(layout) for pos, a in enumerate(g) if a in tracer.repeats]
+    if not found:
+        return layout, None, 1
+    if len(found) > 1:
+        raise _NotAttention(f"the {what} repeats along {len(found)} axes; grouped-query attention repeats one")
+    i, pos, axis = found[0]
+    group = layout[i]
+    if i >= len(layout) - 2 or pos != len(group) - 1 or pos == 0:
+        raise _NotAttention(
+            f"the {what}'s repeat is not right inside its heads in one dimension (grouped-query attention as "
+            "repeat_interleave: query head n reads kv head n // G); a repeat of all heads (torch's repeat) or of "
+            "a single kv head (multi-query attention) is left to TVM"
+        )
+    return (*layout[:i], group[:-1], *layout[i + 1 :]), group[pos - 1], tracer.repeats[axis]
+
+
+def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: bool = False) -> AttentionLayout:
     tracer = _Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
     first, second = ann["root"], ann["second"]
     # q and k^T may be scaled, in float32 between casts where the scale is no power of two
     scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype")
     q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
-    k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), scaled)
-    v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"))
+    # grouped-query keys and values: repeat_kv's expand_dims and repeating broadcast_to
+    tracer.repeats_allowed = grouped
+    repeat = ("relax.expand_dims",) if grouped else ()
+    k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), (*scaled, *repeat))
+    v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"), (*_VIEW_OPS, *repeat))
+    tracer.repeats_allowed = False
+    k_op, k_heads, group = _kv_heads(tracer, k_op, "key")
+    v_op, v_heads, v_group = _kv_heads(tracer, v_op, "value")
+    if grouped and not group == v_group > 1:
+        raise _NotAttention("the keys and values are not repeated alike across the query heads")
     q_role = _assign(tracer, q_names, q_op, ("S", "H"), lone, "the query")
     k_role = _assign(tracer, k_names, k_op, ("H", "T"), lone, "the key")
     v_role = _assign(tracer, v_names, v_op, ("T", "V"), lone, "the value")
+    if grouped and not (k_role.get(k_heads) == v_role.get(v_heads) == "N"):
+        raise _NotAttention("the repeated axis of the keys/values is not their heads")
     sizes: dict[str, tvm.tirx.PrimExpr] = {}
     for roles, what in ((q_role, "query"), (k_role, "key"), (v_role, "value")):
         for axis, role in roles.items():
             size = tracer.sizes[axis]
+            if role == "N" and what != "query":
+                size = size * group  # the query heads the kv heads serve
             if role in sizes and not tracer.equal(sizes[role], size):
                 raise _NotAttention(f"the {what}'s {role} size {size} differs from {sizes[role]}")
             sizes.setdefault(role, size)
@@ -241,6 +277,7 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str) -> Attent
         # (checked) tail never fires.
         masked_rows if bias is not None else "nan",
         causal=causal,
+        kv_group=group,
     )
 
 

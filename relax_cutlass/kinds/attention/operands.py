@@ -14,7 +14,8 @@ from .masks import BlockScopedMutator, _from_matmul
 from .patterns import ATTENTION_DTYPES
 from .trace import _dims, _is_call
 
-_OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to")
+# expand_dims: the first step of transformers' repeat_kv (grouped-query keys and values)
+_OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims")
 _SCALES = ("relax.multiply", "relax.divide")
 
 
@@ -129,6 +130,8 @@ class _CastOperands(relax.PyExprMutator):
                 low = relax.op.reshape(low, call.args[1])
             elif op == "relax.broadcast_to":
                 low = relax.op.broadcast_to(low, call.args[1])
+            elif op == "relax.expand_dims":
+                low = relax.op.expand_dims(low, call.attrs.axis)
             elif wide or not _in_float16(call, dtype):
                 if not wide:
                     low, wide = self.builder_.emit(relax.op.astype(low, "float32")), True

@@ -20,13 +20,15 @@ _VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
 
 @dataclass(frozen=True)
 class AttentionPatternSpec:
-    """One attention composite: `form` "op" (R.nn.attention) or "softmax" (decomposed)."""
+    """One attention composite: `form` "op" (R.nn.attention), "softmax" (decomposed) or
+    "softmax_gqa" (decomposed, with keys and values repeated across groups of query heads in the
+    region: the kernel reads each kv head for its whole group, and the repeat is never written)."""
 
     form: str
 
     @property
     def name(self) -> str:
-        return f"{CODEGEN}.attention" + ("" if self.form == "op" else "_softmax")
+        return f"{CODEGEN}.attention" + ("" if self.form == "op" else f"_{self.form}")
 
     @property
     def size(self) -> int:
@@ -37,7 +39,9 @@ class AttentionPatternSpec:
         return Epilogue()
 
 
-ATTENTION_SPECS = (AttentionPatternSpec("softmax"), AttentionPatternSpec("op"))
+# Grouped-query first: where its layout is refused (a repeat the kernel cannot read through
+# strides), the plain decomposed pattern still takes the attention, the repeat left to TVM.
+ATTENTION_SPECS = (AttentionPatternSpec("softmax_gqa"), AttentionPatternSpec("softmax"), AttentionPatternSpec("op"))
 
 
 def _scale_of(x: DFPattern) -> DFPattern:
@@ -68,8 +72,23 @@ def _views(x: DFPattern, ops: tuple[str, ...]) -> DFPattern:
         if op == "scale":
             x = _operand_scaled(x)
         else:
-            x = (is_op(op)(x) if op == "relax.permute_dims" else is_op(op)(x, wildcard())) | x
+            x = _view(op, x) | x
     return x
+
+
+def _view(op: str, x: DFPattern) -> DFPattern:
+    return is_op(op)(x) if op in ("relax.permute_dims", "relax.expand_dims") else is_op(op)(x, wildcard())
+
+
+def _repeated_kv(x: DFPattern) -> DFPattern:
+    """transformers' `repeat_kv` of (B, N_kv, T, H) keys or values: expand_dims to (B, N_kv, 1, T, H),
+    broadcast_to (B, N_kv, G, T, H), reshape to (B, N_kv * G, T, H)."""
+    for op in _REPEAT_KV:
+        x = _view(op, x)
+    return x
+
+
+_REPEAT_KV = ("relax.expand_dims", "relax.broadcast_to", "relax.reshape")
 
 
 # The views seen between a head-split q/k/v and its matmul: torch.export writes
@@ -127,10 +146,11 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     the region), softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
+    k_seen, v_seen = (_repeated_kv(k), _repeated_kv(v)) if spec.form == "softmax_gqa" else (k, v)
     if spec.form == "op":
         ann["root"] = out = is_op("relax.nn.attention")(q, k, v)
         return out, ann
-    ann["root"] = scores = is_op("relax.matmul")(_views(q, _OPERAND_VIEWS), _views(k, _OPERAND_VIEWS))
+    ann["root"] = scores = is_op("relax.matmul")(_views(q, _OPERAND_VIEWS), _views(k_seen, _OPERAND_VIEWS))
     scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))
     scaled = is_op("relax.astype")(scaled) | scaled
     ann["bias"] = bias = wildcard()
@@ -143,5 +163,5 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     probs = is_op("relax.astype")(probs) | probs  # the cast before the views (cast_attention_operands)
     probs = _views(probs, _SCORE_VIEWS[1:])
     probs = is_op("relax.astype")(probs) | probs
-    ann["second"] = second = is_op("relax.matmul")(probs, _views(v, _VALUE_VIEWS))
+    ann["second"] = second = is_op("relax.matmul")(probs, _views(v_seen, _VALUE_VIEWS))
     return _views(second, _OUTPUT_VIEWS), ann

@@ -113,4 +113,5 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
         bias_reads=layout.bias,
         masked_rows=layout.masked_rows,
         causal=layout.causal,
+        kv_group=layout.kv_group,
     )

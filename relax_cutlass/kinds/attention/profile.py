@@ -37,27 +37,31 @@ PROFILE_ATTENTION = Template("""\
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
     void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
   const char* fn = "relax_cutlass_profile_${index}";
-  TRY(CheckArgCount(fn, num_args, 8, "q, k, v, out, shape, scale, causal, iterations"));
+  TRY(CheckArgCount(fn, num_args, 9, "q, k, v, out, shape, scale, causal, kv_group, iterations"));
   const DLTensor *q, *k, *v, *out;
   const int64_t* shape;
   double scale;
-  int64_t causal, iterations;
+  int64_t causal, kv_group, iterations;
   TRY(TensorArg(fn, ffi_args, 0, "q", &q));
   TRY(TensorArg(fn, ffi_args, 1, "k", &k));
   TRY(TensorArg(fn, ffi_args, 2, "v", &v));
   TRY(TensorArg(fn, ffi_args, 3, "out", &out));
-  // shape: batch, seq_q, seq_kv, heads, head_dim, head_dim_value; q, k, v, out packed BSNH
+  // shape: batch, seq_q, seq_kv, heads, head_dim, head_dim_value; q, k, v, out packed BSNH, k and v
+  // with heads / kv_group heads
   TRY(ShapeArg(fn, ffi_args, 4, "shape", 6, &shape));
   TRY(FloatArg(fn, ffi_args, 5, "scale", &scale));
   TRY(IntArg(fn, ffi_args, 6, "causal", &causal));
-  TRY(IntArg(fn, ffi_args, 7, "iterations", &iterations));
+  TRY(IntArg(fn, ffi_args, 7, "kv_group", &kv_group));
+  TRY(IntArg(fn, ffi_args, 8, "iterations", &iterations));
   const int64_t b = shape[0], s = shape[1], t = shape[2], n = shape[3], h = shape[4], dv = shape[5];
+  const int64_t nk = n / (kv_group > 1 ? kv_group : 1);
   RelaxCutlassAttentionArgs args{b, n, s, t, h, dv,
                                  Data(q), s * n * h, n * h, h,
-                                 Data(k), t * n * h, n * h, h,
-                                 Data(v), t * n * dv, n * dv, dv,
+                                 Data(k), t * nk * h, nk * h, h,
+                                 Data(v), t * nk * dv, nk * dv, dv,
                                  const_cast<void*>(Data(out)), static_cast<float>(scale)};
   args.causal = static_cast<int32_t>(causal);  // records.CAUSAL_CODE
+  args.kv_group = kv_group;
   return TimeLaunches(out, iterations, result, [&](void* stream) { return ${kernel}_run(&args, stream); });
 }
 """)

@@ -41,6 +41,10 @@ class AttentionProblem:
 
     `causal` is TVM's causal mask (see the field).
 
+    `kv_group` is G of grouped-query attention: `heads` query heads share each of heads / G key
+    and value heads, query head n reading kv head n // G (1: every head has its own). `key_reads`
+    and `value_reads` then give the kv heads' axis for the heads.
+
     `bias_reads`, when the scores get an additive mask/bias before the softmax, gives the same
     for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
     reads it in `element`. `masked_rows` is what a row whose every score is -inf gives: "nan"
@@ -65,6 +69,11 @@ class AttentionProblem:
     # j iff j <= i + offset, offset 0 (TopLeft) or |seq_q - seq_kv| (BottomRight; TVM's
     # legalization, which differs from flash-attention's bottom-right alignment when seq_q > seq_kv).
     causal: str | None = None
+    kv_group: int = 1
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads // self.kv_group
 
     @property
     def alignment(self) -> int:
@@ -105,9 +114,10 @@ class AttentionKernel:
         element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
         if self.arch == 90:
             causal = {None: "", "TopLeft": "_causal_tl", "BottomRight": "_causal_br"}[self.problem.causal]
+            grouped = "_gqa" if self.problem.kv_group > 1 else ""
             return (
                 f"sm90_fmha_{element}_{self.schedule}_q{self.queries_per_block}_k{self.keys_per_block}_"
-                f"h{self.max_head_dim}{causal}"
+                f"h{self.max_head_dim}{causal}{grouped}"
             )
         return (
             f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
@@ -145,6 +155,8 @@ class AttentionRegion(Region):
             attention["masked_rows"] = p.masked_rows
         if p.causal is not None:
             attention["causal"] = p.causal
+        if p.kv_group > 1:
+            attention["kv_heads"] = p.kv_heads
         # "mnk" of one head's first product, for the report's common columns.
         mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
         return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})
@@ -153,7 +165,9 @@ class AttentionRegion(Region):
 def report_line(r: dict) -> str:
     a = r["attention"]
     return (
-        f"  [offloaded] attention B={a['batch']} N={a['heads']} S={a['seq_q']} S_kv={a['seq_kv']} "
+        f"  [offloaded] attention B={a['batch']} N={a['heads']} "
+        + (f"N_kv={a['kv_heads']} " if "kv_heads" in a else "")
+        + f"S={a['seq_q']} S_kv={a['seq_kv']} "
         f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
         + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
         + (f"causal={a['causal']} " if "causal" in a else "")
@@ -167,14 +181,15 @@ def report_line(r: dict) -> str:
 def attention_key(problem: AttentionProblem, arch: int, family: int = 80) -> TuningKey:
     """The key of a fused attention problem with static sizes on one kernel family (80: examples/41,
     90: examples/88). The kernels read q, k and v through strides, so one timing on BSNH tensors
-    serves every layout; a causal mask is part of the geometry (it halves the work)."""
+    serves every layout; a causal mask is part of the geometry (it halves the work), and grouped-query
+    keys/values of the layout (G query heads read each)."""
     p = problem
     return TuningKey(
         arch=arch,
         op="attention",
         shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
         geometry=() if p.causal is None else (CAUSAL_CODE[p.causal],),
-        layout="bsnh",
+        layout="bsnh" if p.kv_group == 1 else f"bsnh_kv_group{p.kv_group}",
         element=p.element,
         element_out=p.element,
         accumulator=p.element_accumulator,

@@ -23,8 +23,11 @@ def checked_rows(s: int, rng: np.random.Generator) -> np.ndarray:
 def attention_reference(q, k, v, scale: float, causal: int, rows: np.ndarray) -> np.ndarray:
     """softmax(q k^T * scale) v in float32 at query rows `rows` of BSNH q / k / v: (B, len(rows), N,
     V); under TVM's causal mask when `causal` (1 TopLeft, 2 BottomRight: query i sees key j iff
-    j <= i + offset, offset 0 or |S - T|)."""
+    j <= i + offset, offset 0 or |S - T|). k and v may have fewer heads than q (grouped-query
+    attention: query head n reads kv head n // (N / N_kv))."""
     s, t = q.shape[1], k.shape[1]
+    group = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
     qf = q[:, rows].astype("float32").transpose(0, 2, 1, 3)  # (B, N, R, H)
     kf = k.astype("float32").transpose(0, 2, 3, 1)  # (B, N, H, T)
     scores = np.matmul(qf, kf) * scale  # (B, N, R, T)
@@ -42,9 +45,10 @@ def problem(job: dict, rng: np.random.Generator, tvm, dev):
     """q, k, v as packed BSNH tensors; the reference (`attention_reference`) at a sample of query rows, as
     (index into the output, values) for the runner's check."""
     b, s, t, n, h, dv = job["attention"]
+    group = job.get("kv_group", 1)  # grouped-query attention: k and v have n / group heads
     q = rng.uniform(-1, 1, size=(b, s, n, h)).astype(job["dtype"])
-    k = rng.uniform(-1, 1, size=(b, t, n, h)).astype(job["dtype"])
-    v = rng.uniform(-1, 1, size=(b, t, n, dv)).astype(job["dtype"])
+    k = rng.uniform(-1, 1, size=(b, t, n // group, h)).astype(job["dtype"])
+    v = rng.uniform(-1, 1, size=(b, t, n // group, dv)).astype(job["dtype"])
     causal = job.get("causal", 0)  # manifests written before causal attention have none
     rows = checked_rows(s, rng)
     want = ((slice(None), rows), attention_reference(q, k, v, job["scale"], causal, rows))
@@ -52,6 +56,6 @@ def problem(job: dict, rng: np.random.Generator, tvm, dev):
     shape = tvm_ffi.Shape(job["attention"])
 
     def call(fn, out, _split_k, iterations):
-        return fn(*tensors, out, shape, float(job["scale"]), causal, iterations)
+        return fn(*tensors, out, shape, float(job["scale"]), causal, group, iterations)
 
     return (b, s, n, dv), want, call

@@ -29,6 +29,9 @@ struct RelaxCutlassAttentionArgs {
   // TVM's causal mask (relax.nn.attention's causal_mask): 0 none, 1 TopLeft, 2 BottomRight. Query
   // i sees key j iff j <= i + offset, offset 0 (TopLeft) or |seq_q - seq_kv| (BottomRight).
   int32_t causal;
+  // Grouped-query attention: query head n reads key/value head n / kv_group, k and v having
+  // heads / kv_group heads (their *_stride_n steps between those); 0 or 1: one kv head per head.
+  int64_t kv_group;
 };
 """
 
@@ -77,9 +80,12 @@ __global__ void FixMaskedRows(RelaxCutlassAttentionArgs a, const float* lse, int
   for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < rows;
        row += int64_t(gridDim.x) * blockDim.x) {
     const int64_t s = row % a.seq_q, n = row / a.seq_q % a.heads, b = row / a.seq_q / a.heads;
-    if (lse[(b * a.heads + n) * lse_dim + s] != -INFINITY) continue;
+    // Grouped-query attention ran one launch per kv head, each writing (B, G) rows of logsumexp.
+    const int64_t g = a.kv_group > 1 ? a.kv_group : 1;
+    const int64_t lse_row = g > 1 ? ((n / g) * a.batch + b) * g + n % g : b * a.heads + n;
+    if (lse[lse_row * lse_dim + s] != -INFINITY) continue;
     T* out = static_cast<T*>(a.out) + ((b * a.seq_q + s) * a.heads + n) * a.head_dim_value;
-    const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + n * a.v_stride_n;
+    const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + (n / g) * a.v_stride_n;
     for (int64_t d = 0; d < a.head_dim_value; ++d) {
       float sum = 0.0f;
       if (a.masked_rows == 2) {
@@ -139,6 +145,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     p.bias_strideH = a->bias_stride_n;
     p.bias_strideM = static_cast<int32_t>(a->bias_stride_s);
   }
+  if (a->kv_group > 1 && a->heads % a->kv_group != 0) return "$name: the heads are no multiple of kv_group";
   if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
   void* workspace = nullptr;
   if (Attention::kNeedsOutputAccumulatorBuffer) {
@@ -173,8 +180,27 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     }
     p.logsumexp_ptr = lse;
   }
-  kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem_bytes, stream>>>(p);
-  cudaError_t launched = cudaPeekAtLastError();
+  // Grouped-query attention: one launch per kv head, over its group of query heads, which all
+  // read it (head stride 0); one launch over every head otherwise.
+  const int64_t group = a->kv_group > 1 ? a->kv_group : 1;
+  cudaError_t launched = cudaSuccess;
+  for (int64_t i = 0; i < a->heads / group && launched == cudaSuccess; ++i) {
+    typename Attention::Params launch = p;
+    if (group > 1) {
+      launch.num_heads = static_cast<int32_t>(group);
+      launch.query_ptr += i * group * a->q_stride_n;
+      launch.key_ptr += i * a->k_stride_n;
+      launch.value_ptr += i * a->v_stride_n;
+      launch.k_strideH = 0;
+      launch.v_strideH = 0;
+      launch.output_ptr += i * group * a->head_dim_value;
+      if (a->bias != nullptr) launch.attn_bias_ptr += i * group * a->bias_stride_n;
+      if (workspace != nullptr) launch.output_accum_ptr += i * a->batch * a->seq_q * group * a->head_dim_value;
+      if (lse != nullptr) launch.logsumexp_ptr = lse + i * a->batch * group * lse_dim;
+    }
+    kernel<<<launch.getBlocksGrid(), launch.getThreadsGrid(), smem_bytes, stream>>>(launch);
+    launched = cudaPeekAtLastError();
+  }
   if (launched == cudaSuccess && lse != nullptr) {
     const int64_t rows = a->batch * a->heads * a->seq_q;
     const int blocks = static_cast<int>(rows / 256 + 1 < 4096 ? rows / 256 + 1 : 4096);
@@ -209,6 +235,7 @@ $shape_checks
       $operands,
       const_cast<void*>(Data(out)), ${scale}f${bias}};
   args.causal = $causal;
+  args.kv_group = $kv_group;
 """
     + GLUE_FUNCTION_TAIL
 )

@@ -55,6 +55,10 @@ class _Tracer:
         self.sizes = sizes
         self.bias = bias  # the additive bias (a region input), if any: the add continues past it
         self.children: dict[str, tuple[str, str]] = {}  # axis -> its two sub-axes, once split
+        # Axes a broadcast_to made by repeating data (grouped-query keys/values): axis -> the
+        # times each element repeats. Only while `repeats_allowed` (the k/v of a "softmax_gqa" match).
+        self.repeats: dict[str, int] = {}
+        self.repeats_allowed = False
         self.analyzer = tvm.sym.Analyzer()
 
     def equal(self, a, b) -> bool:
@@ -129,12 +133,32 @@ class _Tracer:
             return tuple(layout[a] for a in order)
         if op == "relax.reshape":
             return self.regroup(layout, _dims(call), call)
+        if op == "relax.expand_dims":
+            rank = len(layout) + len(call.attrs.axis)
+            new = sorted(int(a) % rank for a in call.attrs.axis)
+            rest = iter(layout)
+            return tuple(() if i in new else next(rest) for i in range(rank))
         if op == "relax.broadcast_to":
-            before, after = _dims(call.args[0]), _dims(call)
-            if len(before) != len(after) or not all(self.equal(a, b) for a, b in zip(before, after, strict=True)):
-                raise _NotAttention(f"broadcast_to {[str(d) for d in after]} repeats data (only a no-op one is fused)")
-            return layout
+            return self.broadcast(layout, _dims(call.args[0]), _dims(call))
         return layout  # elementwise: astype, the scale, softmax (its axis is checked apart)
+
+    def broadcast(self, layout: Layout, before: list, after: list) -> Layout:
+        """A broadcast_to: a no-op one, or (`repeats_allowed`) one that repeats a unit dimension
+        G times, which becomes a new axis held in `repeats` (read with stride 0)."""
+        if len(before) != len(after):
+            raise _NotAttention(f"broadcast_to {[str(d) for d in after]} adds dimensions")
+        out = list(layout)
+        for i, (a, b) in enumerate(zip(before, after, strict=True)):
+            if self.equal(a, b):
+                continue
+            times = _static(b)
+            if not (self.repeats_allowed and _is_one(a) and times is not None and not layout[i]):
+                raise _NotAttention(f"broadcast_to {[str(d) for d in after]} repeats data (only a no-op one is fused)")
+            axis = f"repeat{len(self.repeats)}"
+            self.sizes[axis] = tvm.tirx.IntImm("int64", times)
+            self.repeats[axis] = times
+            out[i] = (axis,)
+        return tuple(out)
 
     def regroup(self, layout: Layout, new_dims: list, call) -> Layout:
         """A reshape: the same axes in the same order, grouped into the new dimensions. A static
