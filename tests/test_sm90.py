@@ -9,7 +9,13 @@ from relax_cutlass.kinds.epilogue import ACTIVATIONS, Epilogue
 from relax_cutlass.kinds.gemm.emit_sm90 import epilogue_tree
 from relax_cutlass.kinds.gemm.profile import gemm_candidates
 from relax_cutlass.kinds.gemm.records import SPLIT_K_MIN_ITERATIONS, GemmKernel, GemmProblem, TileConfig
-from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.kinds.gemm.select import (
+    SM90_MAX_ACCUMULATOR_REGISTERS,
+    SM90_SMALL_TILES,
+    accumulator_registers,
+    candidate_tiles_sm90,
+    choose_kernel,
+)
 from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
@@ -64,6 +70,64 @@ def test_split_k_is_profiled_where_tiles_under_fill_the_gpu():
     assert small[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
     large = [t.describe() for t in gemm_candidates(GemmProblem(8192, 1024, 4096, True), 90, 90, 6)]
     assert not any(name.endswith("_splitk") for name in large)
+
+
+SMALL_TILES = ["tb64x128x64_c2x1x1_pingpong", "tb128x64x64_c1x2x1_cooperative", "tb128x64x64_c1x2x1_pingpong"]
+SMALL_TILES_OTHER_CLUSTER = [
+    "tb64x128x64_c1x2x1_pingpong", "tb128x64x64_c2x1x1_cooperative", "tb128x64x64_c2x1x1_pingpong"
+]  # fmt: skip
+
+DEFAULT_LEVEL_FP32 = [  # the generator's default level, in candidate_tiles_sm90's order
+    "tb64x256x64_c1x2x1_pingpong",
+    "tb64x256x64_c2x1x1_pingpong",
+    "tb128x128x64_c1x2x1_cooperative",
+    "tb128x128x64_c1x2x1_cooperative_splitk",
+    "tb128x128x64_c1x2x1_cooperative_streamk",
+    "tb128x128x64_c1x2x1_pingpong",
+    "tb128x128x64_c2x1x1_cooperative",
+    "tb128x128x64_c2x1x1_cooperative_splitk",
+    "tb128x128x64_c2x1x1_cooperative_streamk",
+    "tb128x128x64_c2x1x1_pingpong",
+    "tb128x256x64_c1x2x1_cooperative",
+    "tb128x256x64_c1x2x1_cooperative_splitk",
+    "tb128x256x64_c1x2x1_cooperative_streamk",
+    "tb128x256x64_c2x1x1_cooperative",
+    "tb128x256x64_c2x1x1_cooperative_splitk",
+    "tb128x256x64_c2x1x1_cooperative_streamk",
+    "tb256x128x64_c1x2x1_cooperative",
+    "tb256x128x64_c1x2x1_cooperative_splitk",
+    "tb256x128x64_c1x2x1_cooperative_streamk",
+    "tb256x128x64_c2x1x1_cooperative",
+    "tb256x128x64_c2x1x1_cooperative_splitk",
+    "tb256x128x64_c2x1x1_cooperative_streamk",
+]
+
+
+@pytest.mark.parametrize("accumulator", ["float32", "float16"])
+def test_small_tiles_come_after_the_default_level_configurations(accumulator):
+    """64x128 ping-pong and 128x64 cooperative / ping-pong come from the generator's level 1112,
+    appended: the default level's configurations keep their names and order (the 22 fp32 ones as
+    they were), so no existing choice or emitted kernel changes."""
+    names = [t.describe() for t in candidate_tiles_sm90(accumulator)]
+    assert set(names[-6:]) == set(SMALL_TILES + SMALL_TILES_OTHER_CLUSTER)
+    if accumulator == "float32":
+        assert names[:-6] == DEFAULT_LEVEL_FP32
+    small = [t for t in candidate_tiles_sm90(accumulator) if t.threadblock in SM90_SMALL_TILES]
+    assert len(small) == 6 and all(t.scheduler == "default" for t in small)
+    assert all(accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS for t in small)
+
+
+def test_small_tiles_emit_their_cta_tile_and_schedule():
+    problem = GemmProblem(1024, 1024, 1024, True)
+    pingpong = choose_kernel(problem, Epilogue(bias=True), 90, tile="tb64x128x64_c2x1x1_pingpong")
+    text = emit_kernel(pingpong).text
+    assert "using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;" in text
+    assert "ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>" in text
+    assert "KernelTmaWarpSpecializedPingpong" in text and "Sm90RowBroadcast<0, TileShape" in text
+    cooperative = choose_kernel(problem, Epilogue(), 90, tile="tb128x64x64_c1x2x1_cooperative")
+    text = emit_kernel(cooperative).text
+    assert "using TileShape = cute::Shape<cute::_128, cute::_64, cute::_64>;" in text
+    assert "KernelTmaWarpSpecializedCooperative" in text
 
 
 @pytest.mark.parametrize("m", [128, 1, "m"])
