@@ -20,6 +20,7 @@ from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.stages.profile import DEFAULT_MAX_CANDIDATES
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 
@@ -115,6 +116,35 @@ def test_small_tiles_come_after_the_default_level_configurations(accumulator):
     small = [t for t in candidate_tiles_sm90(accumulator) if t.threadblock in SM90_SMALL_TILES]
     assert len(small) == 6 and all(t.scheduler == "default" for t in small)
     assert all(accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS for t in small)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (1024, 1024, 4096), (128, 1024, 4096)])
+def test_small_tiles_are_profiled_where_128x128_tiles_under_fill_the_gpu(m, n, k):
+    """BERT-large at batch 8: N = 1024 is 64 CTAs of 128x128 on 132 SMs. The profiler's default
+    limit times the heuristic's kernel first, then split-K, then each small tile and schedule."""
+    problem = GemmProblem(m, n, k, True)
+    names = [t.describe() for t in gemm_candidates(problem, 90, 90, DEFAULT_MAX_CANDIDATES)]
+    assert names[0] == choose_kernel(problem, Epilogue(), 90).tile.describe() == "tb128x128x64_c2x1x1_cooperative"
+    assert names[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
+    assert set(SMALL_TILES) <= set(names)
+    every = [t.describe() for t in gemm_candidates(problem, 90, 90, 100)]
+    assert set(SMALL_TILES_OTHER_CLUSTER) <= set(every)
+
+
+def test_small_tiles_are_not_profiled_on_large_problems():
+    """Where 128x128 tiles fill more than half of the SMs the pools are what they were."""
+    names = [t.describe() for t in gemm_candidates(GemmProblem(2048, 14336, 4096, True), 90, 90, 6)]
+    assert names == [
+        "tb256x128x64_c1x2x1_cooperative",
+        "tb128x256x64_c1x2x1_cooperative",
+        "tb128x256x64_c2x1x1_cooperative",
+        "tb256x128x64_c2x1x1_cooperative",
+        "tb128x128x64_c1x2x1_cooperative",
+        "tb128x128x64_c1x2x1_pingpong",
+    ]
+    for m, n, k in [(1024, 4096, 1024), (8192, 1024, 4096), (4096, 4096, 1024), (2048, 1024, 1024)]:
+        pool = gemm_candidates(GemmProblem(m, n, k, True), 90, 90, 100)
+        assert not any(t.threadblock in SM90_SMALL_TILES for t in pool)
 
 
 def test_small_tiles_emit_their_cta_tile_and_schedule():
@@ -234,7 +264,9 @@ def test_choice_does_not_depend_on_the_hash_seed():
         "from relax_cutlass.kinds.gemm.select import choose_kernel;"
         "from relax_cutlass.kinds.gemm.records import GemmProblem; from relax_cutlass.kinds.epilogue import Epilogue;"
         "print([choose_kernel(GemmProblem(m, n, k, True), Epilogue(bias=True), a).name"
-        " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))])"
+        " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))]);"
+        "from relax_cutlass.kinds.gemm.profile import gemm_candidates;"
+        "print([t.describe() for t in gemm_candidates(GemmProblem(1024, 1024, 1024, True), 90, 90, 100)])"
     )
     runs = {
         subprocess.run(
