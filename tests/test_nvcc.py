@@ -80,6 +80,29 @@ def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
         assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
 
 
+def test_sm90_small_tiles_compile_to_wgmma():
+    """The SM90 CTA tiles below 128x128 (select.SM90_SMALL_TILES, cutlass_library's level 1112): a
+    64x128 ping-pong kernel with the bias EVT (its row broadcast tiled 64x128) and a 128x64
+    cooperative one (two consumer warp groups of 64x64), compiled for sm_90a and checked by the
+    guard (wgmma's HGMMA)."""
+    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.gemm.records import GemmProblem
+    from relax_cutlass.kinds.gemm.select import choose_kernel
+    from relax_cutlass.stages.sass_check import mma_counts
+
+    problem = GemmProblem(1024, 1024, 1024, True)
+    kernels = [
+        choose_kernel(problem, Epilogue(bias=True), 90, tile="tb64x128x64_c2x1x1_pingpong"),
+        choose_kernel(problem, Epilogue(), 90, tile="tb128x64x64_c1x2x1_cooperative"),
+    ]
+    assert [k.tile.schedule for k in kernels] == ["pingpong", "cooperative"]
+    objects = compile_all([emit_kernel(k) for k in kernels], 90)
+    for kernel in kernels:
+        counts, sass, _ = mma_counts(objects[kernel.name][0], MMA_OPCODES)
+        print(f"{kernel.name}: {counts}")
+        assert sass == ["sm_90a"] and counts["HGMMA"] > 0 and counts["HMMA"] == counts["UTCHMMA"] == 0
+
+
 def test_sm100_conv_compiles_to_tcgen05():
     """A CUTLASS 3.x SM100 conv (TMA im2col + tcgen05, a 2-SM MMA) with the bias + residual + relu
     EVT, as offload_pipeline picks it for sm_100a, compiled and checked by the guard (UTCHMMA)."""

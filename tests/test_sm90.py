@@ -9,11 +9,18 @@ from relax_cutlass.kinds.epilogue import ACTIVATIONS, Epilogue
 from relax_cutlass.kinds.gemm.emit_sm90 import epilogue_tree
 from relax_cutlass.kinds.gemm.profile import gemm_candidates
 from relax_cutlass.kinds.gemm.records import SPLIT_K_MIN_ITERATIONS, GemmKernel, GemmProblem, TileConfig
-from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
+from relax_cutlass.kinds.gemm.select import (
+    SM90_MAX_ACCUMULATOR_REGISTERS,
+    SM90_SMALL_TILES,
+    accumulator_registers,
+    candidate_tiles_sm90,
+    choose_kernel,
+)
 from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.stages.profile import DEFAULT_MAX_CANDIDATES
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 
@@ -64,6 +71,93 @@ def test_split_k_is_profiled_where_tiles_under_fill_the_gpu():
     assert small[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
     large = [t.describe() for t in gemm_candidates(GemmProblem(8192, 1024, 4096, True), 90, 90, 6)]
     assert not any(name.endswith("_splitk") for name in large)
+
+
+SMALL_TILES = ["tb64x128x64_c2x1x1_pingpong", "tb128x64x64_c1x2x1_cooperative", "tb128x64x64_c1x2x1_pingpong"]
+SMALL_TILES_OTHER_CLUSTER = [
+    "tb64x128x64_c1x2x1_pingpong", "tb128x64x64_c2x1x1_cooperative", "tb128x64x64_c2x1x1_pingpong"
+]  # fmt: skip
+
+DEFAULT_LEVEL_FP32 = [  # the generator's default level, in candidate_tiles_sm90's order
+    "tb64x256x64_c1x2x1_pingpong",
+    "tb64x256x64_c2x1x1_pingpong",
+    "tb128x128x64_c1x2x1_cooperative",
+    "tb128x128x64_c1x2x1_cooperative_splitk",
+    "tb128x128x64_c1x2x1_cooperative_streamk",
+    "tb128x128x64_c1x2x1_pingpong",
+    "tb128x128x64_c2x1x1_cooperative",
+    "tb128x128x64_c2x1x1_cooperative_splitk",
+    "tb128x128x64_c2x1x1_cooperative_streamk",
+    "tb128x128x64_c2x1x1_pingpong",
+    "tb128x256x64_c1x2x1_cooperative",
+    "tb128x256x64_c1x2x1_cooperative_splitk",
+    "tb128x256x64_c1x2x1_cooperative_streamk",
+    "tb128x256x64_c2x1x1_cooperative",
+    "tb128x256x64_c2x1x1_cooperative_splitk",
+    "tb128x256x64_c2x1x1_cooperative_streamk",
+    "tb256x128x64_c1x2x1_cooperative",
+    "tb256x128x64_c1x2x1_cooperative_splitk",
+    "tb256x128x64_c1x2x1_cooperative_streamk",
+    "tb256x128x64_c2x1x1_cooperative",
+    "tb256x128x64_c2x1x1_cooperative_splitk",
+    "tb256x128x64_c2x1x1_cooperative_streamk",
+]
+
+
+@pytest.mark.parametrize("accumulator", ["float32", "float16"])
+def test_small_tiles_come_after_the_default_level_configurations(accumulator):
+    """64x128 ping-pong and 128x64 cooperative / ping-pong come from the generator's level 1112,
+    appended: the default level's configurations keep their names and order (the 22 fp32 ones as
+    they were), so no existing choice or emitted kernel changes."""
+    names = [t.describe() for t in candidate_tiles_sm90(accumulator)]
+    assert set(names[-6:]) == set(SMALL_TILES + SMALL_TILES_OTHER_CLUSTER)
+    if accumulator == "float32":
+        assert names[:-6] == DEFAULT_LEVEL_FP32
+    small = [t for t in candidate_tiles_sm90(accumulator) if t.threadblock in SM90_SMALL_TILES]
+    assert len(small) == 6 and all(t.scheduler == "default" for t in small)
+    assert all(accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS for t in small)
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (1024, 1024, 4096), (128, 1024, 4096)])
+def test_small_tiles_are_profiled_where_128x128_tiles_under_fill_the_gpu(m, n, k):
+    """BERT-large at batch 8: N = 1024 is 64 CTAs of 128x128 on 132 SMs. The profiler's default
+    limit times the heuristic's kernel first, then split-K, then each small tile and schedule."""
+    problem = GemmProblem(m, n, k, True)
+    names = [t.describe() for t in gemm_candidates(problem, 90, 90, DEFAULT_MAX_CANDIDATES)]
+    assert names[0] == choose_kernel(problem, Epilogue(), 90).tile.describe() == "tb128x128x64_c2x1x1_cooperative"
+    assert names[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
+    assert set(SMALL_TILES) <= set(names)
+    every = [t.describe() for t in gemm_candidates(problem, 90, 90, 100)]
+    assert set(SMALL_TILES_OTHER_CLUSTER) <= set(every)
+
+
+def test_small_tiles_are_not_profiled_on_large_problems():
+    """Where 128x128 tiles fill more than half of the SMs the pools are what they were."""
+    names = [t.describe() for t in gemm_candidates(GemmProblem(2048, 14336, 4096, True), 90, 90, 6)]
+    assert names == [
+        "tb256x128x64_c1x2x1_cooperative",
+        "tb128x256x64_c1x2x1_cooperative",
+        "tb128x256x64_c2x1x1_cooperative",
+        "tb256x128x64_c2x1x1_cooperative",
+        "tb128x128x64_c1x2x1_cooperative",
+        "tb128x128x64_c1x2x1_pingpong",
+    ]
+    for m, n, k in [(1024, 4096, 1024), (8192, 1024, 4096), (4096, 4096, 1024), (2048, 1024, 1024)]:
+        pool = gemm_candidates(GemmProblem(m, n, k, True), 90, 90, 100)
+        assert not any(t.threadblock in SM90_SMALL_TILES for t in pool)
+
+
+def test_small_tiles_emit_their_cta_tile_and_schedule():
+    problem = GemmProblem(1024, 1024, 1024, True)
+    pingpong = choose_kernel(problem, Epilogue(bias=True), 90, tile="tb64x128x64_c2x1x1_pingpong")
+    text = emit_kernel(pingpong).text
+    assert "using TileShape = cute::Shape<cute::_64, cute::_128, cute::_64>;" in text
+    assert "ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>" in text
+    assert "KernelTmaWarpSpecializedPingpong" in text and "Sm90RowBroadcast<0, TileShape" in text
+    cooperative = choose_kernel(problem, Epilogue(), 90, tile="tb128x64x64_c1x2x1_cooperative")
+    text = emit_kernel(cooperative).text
+    assert "using TileShape = cute::Shape<cute::_128, cute::_64, cute::_64>;" in text
+    assert "KernelTmaWarpSpecializedCooperative" in text
 
 
 @pytest.mark.parametrize("m", [128, 1, "m"])
@@ -170,7 +264,9 @@ def test_choice_does_not_depend_on_the_hash_seed():
         "from relax_cutlass.kinds.gemm.select import choose_kernel;"
         "from relax_cutlass.kinds.gemm.records import GemmProblem; from relax_cutlass.kinds.epilogue import Epilogue;"
         "print([choose_kernel(GemmProblem(m, n, k, True), Epilogue(bias=True), a).name"
-        " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))])"
+        " for a in (80, 90) for m, k, n in ((1024, 4096, 1024), (1000, 384, 256), (8192, 8192, 8192))]);"
+        "from relax_cutlass.kinds.gemm.profile import gemm_candidates;"
+        "print([t.describe() for t in gemm_candidates(GemmProblem(1024, 1024, 1024, True), 90, 90, 100)])"
     )
     runs = {
         subprocess.run(

@@ -9,6 +9,7 @@ from ..epilogue import Epilogue
 from .records import SPLIT_K_MIN_ITERATIONS, GemmProblem, TileConfig
 from .select import (
     SM90_HEURISTIC_TILES,
+    SM90_SMALL_TILES,
     _rank_sm80,
     _smem_bytes,
     candidate_tiles,
@@ -22,6 +23,13 @@ from .sm100 import candidate_tiles_sm100, rank_sm100
 
 SPLIT_K_TILE = ((128, 128, 64), (1, 2, 1))  # the SM90 split-K candidate's CTA tile and cluster
 
+# The cluster each small SM90 tile (select.SM90_SMALL_TILES) is timed on first, so that the default
+# limit times every tile and schedule once: the one whose two CTAs share (TMA-multicast) the larger
+# operand tile, B's 128 columns for 64x128 (2x1), A's 128 rows for 128x64 (1x2), as 256x128 does
+# with its 1x2 cluster (the heuristic's measured tie-break). Not measured for these tiles: the
+# other clusters follow them in the ranking, within a larger limit.
+SMALL_TILE_CLUSTERS = {(64, 128, 64): (2, 1, 1), (128, 64, 64): (1, 2, 1)}
+
 
 def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) -> list[TileConfig]:
     """The heuristic's own choice, then the configurations the wave model ranks next, up to `limit`.
@@ -29,7 +37,9 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
     Profiling thereby corrects the model's ranking among plausible kernels (and can only improve on
     the heuristic, whose kernel is always timed) instead of timing hopeless ones. SM90: the CTA
     tiles of the measured sweep (docs/kernel-selection.md; 256x256 spills) with both schedules,
-    both cluster shapes and stream-K; SM100: every static-cluster configuration, data-parallel
+    both cluster shapes and stream-K, and where 128x128 tiles fill at most half of the SMs the
+    64x128 / 128x64 tiles (select.SM90_SMALL_TILES) right after the heuristic's choice (and
+    split-K, `_splits_usefully`); SM100: every static-cluster configuration, data-parallel
     first, ranked by its wave model; SM80: every tile that fits shared memory.
     """
     if family == 100:
@@ -37,10 +47,11 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         chosen = choose_kernel(problem, Epilogue(), arch).tile
         rank = lambda t: (t.scheduler != "default", rank_sm100(problem, t, arch, problem.m or 1024))  # noqa: E731
     elif family == 90:
+        small = _small_tiles_useful(problem, arch)
         pool = [
             t
             for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
-            if t.threadblock in SM90_HEURISTIC_TILES
+            if t.threadblock in SM90_HEURISTIC_TILES or (small and t.threadblock in SM90_SMALL_TILES)
         ]
         chosen = choose_kernel(problem, Epilogue(), arch).tile
         # Data-parallel tiles first: stream-K and split-K scheduling lost to them on every large
@@ -55,12 +66,27 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
         rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
     ranked = [chosen] + sorted((t for t in pool if t != chosen), key=rank)
+    front = []
     if family == 90 and _splits_usefully(problem, arch):
         # Split-K is never the heuristic's choice (measured slower on BERT-large's shapes), but an
         # under-filled problem with a long main loop is where it can win: always time it there.
-        split = next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE)
-        ranked = [ranked[0], split] + [t for t in ranked[1:] if t != split]
+        front.append(next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE))
+    if family == 90 and small:
+        # Nor are the small tiles (the heuristic stays as measured until they are), but where
+        # 128x128 tiles leave half the SMs idle their twice as many CTAs may win: time each tile
+        # and schedule on its first cluster within the default limit, then the other clusters.
+        front += sorted(
+            (t for t in pool if t.threadblock in SM90_SMALL_TILES),
+            key=lambda t: (t.cluster != SMALL_TILE_CLUSTERS[t.threadblock], rank(t)),
+        )
+    ranked = [ranked[0]] + front + [t for t in ranked[1:] if t not in front]
     return ranked[:limit]
+
+
+def _small_tiles_useful(problem: GemmProblem, arch: int) -> bool:
+    """128x128 tiles fill at most half of the SMs, so the small tiles' twice as many CTAs still
+    fit in one wave."""
+    return under_fills(problem.m or 1024, problem.n, (128, 128), arch)
 
 
 def _splits_usefully(problem: GemmProblem, arch: int) -> bool:

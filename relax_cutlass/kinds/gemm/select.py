@@ -60,32 +60,36 @@ class _Collector:
     compute_capabilities_feature_set = ["90a"]
     selected_kernels: list = []
 
-    def __init__(self):
+    def __init__(self, instantiation_level: int | None = None):
         self.operations = []
+        self.instantiation_level = instantiation_level
 
     def append(self, operation):
         self.operations.append(operation)
 
     def get_instantiation_level(self, pruned_level=0, default_level=111, exhaustive_level=9992):
-        return default_level  # the generator's default set of cluster shapes and schedules
+        # None: the generator's default set of cluster shapes and schedules
+        return default_level if self.instantiation_level is None else self.instantiation_level
 
 
 @functools.cache
-def _generated(generator_name: str) -> tuple:
-    """Every operation one cutlass_library generator function emits (run once per process)."""
+def _generated(generator_name: str, instantiation_level: int | None = None) -> tuple:
+    """Every operation one cutlass_library generator function emits (run once per process), at
+    its default instantiation level unless one is given (SM90 generators read it; see
+    SM90_SMALL_TILES_LEVEL)."""
     load_cutlass_library()
     from cutlass_library import generator
 
-    collector = _Collector()
+    collector = _Collector(instantiation_level)
     getattr(generator, generator_name)(collector, "13.0")
     return tuple(collector.operations)
 
 
-def _gemms(generator_name: str, kind: str, element: str, accumulator: str):
+def _gemms(generator_name: str, kind: str, element: str, accumulator: str, instantiation_level: int | None = None):
     """The GEMM operations of `kind` ("Universal" / "Universal3x") for these input/accumulator types."""
     from cutlass_library.library import GemmKind
 
-    for op in _generated(generator_name):
+    for op in _generated(generator_name, instantiation_level):
         if (
             getattr(op, "gemm_kind", None) == getattr(GemmKind, kind)
             and op.A.element == data_type(element)
@@ -115,13 +119,21 @@ def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileCon
 
 SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecializedPingpong": "pingpong"}
 
+# CTA tiles below 128x128, for problems whose 128x128 tiles under-fill the GPU (BERT-large at
+# batch 8, M = N = 1024: 64 CTAs on the H200's 132 SMs; these tiles make 128): each with the
+# schedules listed, persistent data-parallel scheduler only (no stream-K / split-K variants).
+# cutlass_library emits them only above its default instantiation level: 1112 is no pruning (the
+# default drops 16-bit tiles up to 64x128x64), 1x2 / 2x1 clusters, MMA multipliers 2x1x4 and
+# 1x1x4, wgmma N shapes that are powers of 2. That level's narrower tiles (64x16 to 64x64, 128x16,
+# 128x32) are not taken.
+SM90_SMALL_TILES_LEVEL = 1112
+SM90_SMALL_TILES = {(64, 128, 64): ("pingpong",), (128, 64, 64): ("cooperative", "pingpong")}
 
-@functools.cache
-def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
-    """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
-    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler, and
-    for every stream-K one its split-K variant (the same scheduler in another run-time mode)."""
-    tiles = {
+
+def _sm90_configs(accumulator: str, element: str, instantiation_level: int | None = None) -> dict:
+    """The distinct SM90 configurations (as TileConfigs, insertion-ordered keys) of
+    `GenerateSM90_TensorOp_16b_WGMMA_gemm` at `instantiation_level`."""
+    return {
         TileConfig(
             threadblock=tuple(op.tile_description.tile_shape),
             instruction=tuple(op.tile_description.math_instruction.instruction_shape),
@@ -129,11 +141,32 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
             schedule=SM90_SCHEDULES[op.kernel_schedule.name],
             scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
         ): None
-        for op in _gemms("GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator)
+        for op in _gemms(
+            "GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator, instantiation_level
+        )
         if op.kernel_schedule.name in SM90_SCHEDULES
     }
+
+
+@functools.cache
+def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
+    """Distinct SM90 16-bit wgmma configurations of `GenerateSM90_TensorOp_16b_WGMMA_gemm`:
+    CTA tile, cluster, cooperative / ping-pong schedule, default / stream-K tile scheduler, and
+    for every stream-K one its split-K variant (the same scheduler in another run-time mode);
+    then, after them (so the default level's configurations keep their order), the
+    `SM90_SMALL_TILES` configurations of its level `SM90_SMALL_TILES_LEVEL`."""
+    tiles = _sm90_configs(accumulator, element)
     tiles.update({dataclasses.replace(t, scheduler="splitk"): None for t in tiles if t.scheduler == "streamk"})
-    return _stable(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
+    default = _stable(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
+    small = _stable(
+        t
+        for t in _sm90_configs(accumulator, element, SM90_SMALL_TILES_LEVEL)
+        if t.scheduler == "default"
+        and t.schedule in SM90_SMALL_TILES.get(t.threadblock, ())
+        and accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS
+        and t not in tiles
+    )
+    return default + small
 
 
 # Accumulator registers per thread an SM90 configuration may need. A ping-pong warp group holds a
