@@ -199,6 +199,27 @@ def test_a_slice_the_bounds_do_not_prove_in_bounds_is_left_clamped():
     tvm.ir.assert_structural_equal(FixTvmCudaForms()(mod), mod)
 
 
+def test_from_torch_names_an_op_tvm_infers_no_shape_for():
+    """Without the Dim's lower bound the packed-sequence check's subtract keeps no shape; from_torch
+    then says which op and what to do, where TVM's build would fail on an unlowered operator."""
+    from relax_cutlass.frontend import _require_shapes
+
+    s = tvm.tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType((1, s), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            out = bb.emit_output(_position_diff(bb, ids))
+        bb.emit_func_output(out)
+    fixed = FixTvmCudaForms()(bb.get())
+    assert fixed["main"].ret_ty.shape is None
+    with pytest.raises(RuntimeError) as raised:
+        _require_shapes(fixed, "from_torch")
+    message = str(raised.value)
+    assert message.startswith("from_torch: TVM infers no shape for 1 elementwise op(s)")
+    assert "relax.subtract((1, max(min(1, s) + s - 1, 0)), (1, s))" in message and "min=2, max=" in message
+
+
 def test_open_and_negative_slice_ends_are_resolved_under_the_dims_bounds():
     """x[:, 1:] - x[:, :-1] (torch.diff) as torch.export writes it: the open end is 2**63 - 1 and the
     other end -1. TVM's clamped lengths differ in form and the subtract gets no shape; under the

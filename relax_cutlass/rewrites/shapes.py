@@ -23,10 +23,12 @@ what cannot be proven is left as it was.
 
 from __future__ import annotations
 
+import re
+
 import tvm
 from tvm import relax
 
-__all__ = ["BoundSymbolicShapes", "bound_symbolic_shapes", "shape_var_analyzer"]
+__all__ = ["BoundSymbolicShapes", "bound_symbolic_shapes", "shape_var_analyzer", "shapeless_broadcasts"]
 
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 
@@ -165,3 +167,45 @@ class BoundSymbolicShapes:
             for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+# Relax's broadcasting elementwise ops: with operands of known shapes, a result of unknown shape
+# means TVM could not prove two of their dims equal (or one of them 1), and it cannot legalize it.
+_BROADCASTING_OPS = frozenset(
+    f"relax.{name}"
+    for name in (
+        "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum",
+        "mod", "floor_mod", "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+        "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+        "left_shift", "right_shift", "where",
+    )
+)  # fmt: skip
+
+
+def _dim_text(dim) -> str:
+    """A dim as a reader writes it: max(min(1, s) + s - 1, 0), not TVMScript's T.max(T.min(T.int64(1), ..."""
+    return re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", str(dim)).replace("T.", "")
+
+
+def _has_shape(expr: relax.Expr) -> bool:
+    return isinstance(expr.ty, relax.TensorType) and isinstance(expr.ty.shape, relax.ShapeExpr)
+
+
+def shapeless_broadcasts(func: relax.Function) -> list[str]:
+    """The broadcasting elementwise calls of `func` whose operands have shapes and whose result has
+    none, written out (op and operand shapes): calls TVM cannot legalize, so the module cannot be
+    built."""
+    found = []
+
+    def visit(expr):
+        if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
+            return
+        if expr.op.name not in _BROADCASTING_OPS or _has_shape(expr):
+            return
+        tensors = [a for a in expr.args if isinstance(a.ty, relax.TensorType)]
+        if tensors and all(_has_shape(a) for a in tensors):
+            shapes = ", ".join(f"({', '.join(_dim_text(d) for d in a.ty.shape.values)})" for a in tensors)
+            found.append(f"{expr.op.name}({shapes})")
+
+    relax.analysis.post_order_visit(func, visit)
+    return found
