@@ -103,9 +103,14 @@ def _inbound_slice(analyzer: tvm.sym.Analyzer, call: relax.Call) -> relax.Call |
 
 
 def _simplified(analyzer: tvm.sym.Analyzer, shape: relax.ShapeExpr) -> relax.ShapeExpr | None:
-    """`shape` with its values simplified under the dim bounds, where that changes any; else None."""
-    values = [analyzer.simplify(v) for v in shape.values]
-    if all(tvm.ir.prim.expr_deep_equal(a, b) for a, b in zip(values, shape.values, strict=True)):
+    """`shape` with each value the bounds simplify further than TVM alone does (min(s, 512) -> s)
+    simplified; None where there is none (1 + s stays as written, so a second pass changes nothing)."""
+    plain = tvm.sym.Analyzer()
+    values = []
+    for value in shape.values:
+        bounded = analyzer.simplify(value)
+        values.append(value if tvm.ir.prim.expr_deep_equal(bounded, plain.simplify(value)) else bounded)
+    if all(a.same_as(b) for a, b in zip(values, shape.values, strict=True)):
         return None
     return relax.ShapeExpr(values)
 
