@@ -158,8 +158,28 @@ def import_float32(
     weights = {p.name: v for p, v in zip(mod["main"].params[inputs:], params.get("main", []), strict=True)}
     mod = relax.transform.BindParams("main", weights)(mod)
     # Forms TVM's own CUDA build gets wrong (values unchanged), so that TVM's build of the module is
-    # right too, not only the offloaded one.
-    return FixTvmCudaForms()(mod)
+    # right too, not only the offloaded one; symbolic shapes made exact under the Dims' bounds.
+    mod = FixTvmCudaForms()(mod)
+    _require_shapes(mod, caller)
+    return mod
+
+
+def _require_shapes(mod: tvm.IRModule, caller: str) -> None:
+    """Raise where an elementwise op over symbolic dims has no shape, which TVM cannot legalize
+    (its FoldConstant would fail with "emit_te now only supports Tensor that has ShapeExpr shape")."""
+    from tvm import relax
+
+    from .rewrites.shapes import shapeless_broadcasts
+
+    found = [c for _, f in mod.functions_items() if isinstance(f, relax.Function) for c in shapeless_broadcasts(f)]
+    if found:
+        raise RuntimeError(
+            f"{caller}: TVM infers no shape for {len(found)} elementwise op(s) whose operands' symbolic "
+            f"dims it cannot prove equal, first {found[0]}, and cannot build the module. relax_cutlass "
+            "proves what the exported Dims' bounds allow (BoundSymbolicShapes); give each torch.export.Dim "
+            "the range the model supports (torch.export.Dim('seq', min=2, max=...)), or export those "
+            "dims static (no dynamic_shapes)"
+        )
 
 
 def from_torch(
@@ -179,7 +199,9 @@ def from_torch(
     exported, and the model itself is not changed. The module's inputs and outputs keep the
     framework model's float32 (ToMixedPrecision casts at the edges), so it is fed the same
     arrays as the PyTorch model. `dynamic_shapes` is passed to torch.export (symbolic batch or
-    sequence). `convert_layout=False` keeps NCHW convolutions (they then stay in TVM).
+    sequence); the Dims' ranges (min, max) make the symbolic shapes exact where TVM's inference
+    alone cannot (`BoundSymbolicShapes`), and the module serves the sizes within them.
+    `convert_layout=False` keeps NCHW convolutions (they then stay in TVM).
 
     Returns the module, ready for `relax_cutlass.offload_pipeline(...)` or TVM's own build.
     """

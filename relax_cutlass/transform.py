@@ -3,12 +3,14 @@
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
 from .rewrites.layout import ConvertToNHWC
+from .rewrites.shapes import BoundSymbolicShapes
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
 from .stages.partition import PartitionForCutlass
 
 __all__ = [
     "AccumulateInFloat32",
+    "BoundSymbolicShapes",
     "ConvertToNHWC",
     "CutlassCodegen",
     "FixTvmCudaForms",

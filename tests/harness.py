@@ -83,6 +83,16 @@ def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRM
     return partitioned, rewritten
 
 
+def offload_pipeline_on_cpu(mod: tvm.IRModule, arch: str = "sm_90a", **options) -> tvm.IRModule:
+    """`relax_cutlass.offload_pipeline(arch, compile=False, **options)` of `mod`, each extern
+    served on the CPU by its region's composite (partitioned for the same arch): the module the
+    pipeline gives `tvm.compile`, runnable here."""
+    t = relax_cutlass.transform
+    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
+    serve_regions_on_cpu(t.LiftConstants()(t.PartitionForCutlass(arch)(t.ConvertToNHWC()(canonical))))
+    return relax_cutlass.offload_pipeline(arch, compile=False, **options)(mod)
+
+
 def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e-2, **options):
     """Offload `mod`, run both versions on CPU, assert they agree; returns (expected, got, rewritten)."""
     expected = run_vm(build_cpu(mod), inputs)

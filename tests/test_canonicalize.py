@@ -6,6 +6,7 @@ import tvm
 from harness import build_cpu, run_vm
 from tvm import relax
 
+from relax_cutlass.rewrites.shapes import bound_symbolic_shapes
 from relax_cutlass.transform import FixTvmCudaForms
 
 
@@ -114,3 +115,131 @@ def test_a_negative_slice_axis_with_a_symbolic_bound_builds():
     fixed = FixTvmCudaForms()(mod)
     value = np.arange(14, dtype="float32").reshape(2, 7)
     np.testing.assert_array_equal(run_vm(build_cpu(fixed), [value]), value[:, 1:])
+
+
+def _dims(ty) -> list:
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values]
+
+
+def _bounded_function(params, body, bounds):
+    """main(params) -> body(bb, *params), with torch.export's Dim ranges as TVM's torch frontend
+    records them ({name: (min, max)})."""
+    attrs = {
+        "tir_var_lower_bound": {name: low for name, (low, _) in bounds.items()},
+        "tir_var_upper_bound": {name: high for name, (_, high) in bounds.items()},
+    }
+    bb = relax.BlockBuilder()
+    with bb.function("main", params, attrs=attrs):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _position_diff(bb, ids):
+    """transformers' find_packed_sequence_indices as torch.export writes it: torch.diff of the
+    position ids with their first value less one prepended."""
+    s = ids.ty.shape.values[1]
+    first = bb.emit(relax.op.strided_slice(ids, axes=[1], begin=[0], end=[1]))
+    prepended = bb.emit(relax.op.concat([bb.emit(relax.op.subtract(first, relax.const(1, "int64"))), ids], axis=-1))
+    later = bb.emit(relax.op.strided_slice(prepended, axes=[1], begin=[1], end=[s + 1]))
+    earlier = bb.emit(relax.op.strided_slice(prepended, axes=[1], begin=[0], end=[s]))
+    return relax.op.subtract(later, earlier)
+
+
+def test_slices_of_a_symbolic_length_are_exact_under_the_dims_bounds():
+    """Llama's and GPT-2's packed-sequence check with a symbolic sequence length s: TVM clamps the
+    slices' lengths (min(1, s), then min(s, min(1, s) + s) and max(min(1, s) + s - 1, 0)), cannot
+    prove the last two equal without the Dim's lower bound, and infers the subtract no shape, which
+    it cannot legalize. With the bounds the slices are proven in bounds: (1, s), built, same values."""
+    s = tvm.tirx.Var("s", "int64")
+    mod = _bounded_function([relax.Var("ids", relax.TensorType((1, s), "int64"))], _position_diff, {"s": (2, 4096)})
+    assert mod["main"].ret_ty.shape is None  # TVM alone: no shape, and no legalization of it
+    with pytest.raises(Exception, match="cannot emit this Relax operator"):
+        build_cpu(mod)
+    fixed = FixTvmCudaForms()(mod)
+    assert _dims(fixed["main"].ret_ty) == [1, "s"]
+    assert bound_symbolic_shapes(fixed["main"]).same_as(fixed["main"])  # nothing left to prove
+    vm = build_cpu(fixed)
+    for n in (2, 9):
+        ids = np.array([[3, 4, 5, 0, 1, 2, 3, 4, 5][:n]], dtype="int64")
+        np.testing.assert_array_equal(run_vm(vm, [ids]), np.diff(ids, prepend=ids[:, :1] - 1))
+
+
+def test_a_shape_clamped_by_a_position_table_is_exact_under_the_dims_bounds():
+    """BERT's position ids with a symbolic sequence length s: a (1, 512) buffer sliced at [0:s],
+    min(s, 512) long, a reshape to that clamped length, the embeddings of it added to the token
+    embeddings (s long): no shape. With s <= 512 the slice and the reshape are s long."""
+    s = tvm.tirx.Var("s", "int64")
+    table = np.arange(512, dtype="int64").reshape(1, 512)
+    weights = np.random.default_rng(0).standard_normal((512, 8)).astype("float32")
+
+    def body(bb, ids):
+        positions = bb.emit(relax.op.strided_slice(relax.const(table), axes=[1], begin=[0], end=[s]))
+        flat = bb.emit(relax.op.reshape(positions, relax.ShapeExpr([tvm.tirx.min(s, 512)])))
+        token = bb.emit(relax.op.take(relax.const(weights), relax.op.reshape(ids, [s]), axis=0))
+        return relax.op.add(token, bb.emit(relax.op.take(relax.const(weights), flat, axis=0)))
+
+    mod = _bounded_function([relax.Var("ids", relax.TensorType((1, s), "int64"))], body, {"s": (2, 512)})
+    assert mod["main"].ret_ty.shape is None
+    fixed = FixTvmCudaForms()(mod)
+    assert _dims(fixed["main"].ret_ty) == ["s", 8]
+    assert bound_symbolic_shapes(fixed["main"]).same_as(fixed["main"])
+    vm = build_cpu(fixed)
+    for n in (3, 512):
+        ids = np.arange(n, dtype="int64").reshape(1, n) % 7
+        np.testing.assert_allclose(run_vm(vm, [ids]), weights[ids[0]] + weights[:n], rtol=1e-6)
+
+
+def test_a_slice_the_bounds_do_not_prove_in_bounds_is_left_clamped():
+    """A slice of [0:8] on a length that may be 2 needs its clamp: FixTvmCudaForms leaves it."""
+    s = tvm.tirx.Var("s", "int64")
+
+    def body(bb, x):
+        return relax.op.strided_slice(x, axes=[1], begin=[0], end=[8])
+
+    mod = _bounded_function([relax.Var("x", relax.TensorType((1, s), "float32"))], body, {"s": (2, 4096)})
+    tvm.ir.assert_structural_equal(FixTvmCudaForms()(mod), mod)
+
+
+def test_from_torch_names_an_op_tvm_infers_no_shape_for():
+    """Without the Dim's lower bound the packed-sequence check's subtract keeps no shape; from_torch
+    then says which op and what to do, where TVM's build would fail on an unlowered operator."""
+    from relax_cutlass.frontend import _require_shapes
+
+    s = tvm.tirx.Var("s", "int64")
+    ids = relax.Var("ids", relax.TensorType((1, s), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            out = bb.emit_output(_position_diff(bb, ids))
+        bb.emit_func_output(out)
+    fixed = FixTvmCudaForms()(bb.get())
+    assert fixed["main"].ret_ty.shape is None
+    with pytest.raises(RuntimeError) as raised:
+        _require_shapes(fixed, "from_torch")
+    message = str(raised.value)
+    assert message.startswith("from_torch: TVM infers no shape for 1 elementwise op(s)")
+    assert "relax.subtract((1, max(min(1, s) + s - 1, 0)), (1, s))" in message and "min=2, max=" in message
+
+
+def test_open_and_negative_slice_ends_are_resolved_under_the_dims_bounds():
+    """x[:, 1:] - x[:, :-1] (torch.diff) as torch.export writes it: the open end is 2**63 - 1 and the
+    other end -1. TVM's clamped lengths differ in form and the subtract gets no shape; under the
+    Dim's lower bound both slices are s - 1 long."""
+    s = tvm.tirx.Var("s", "int64")
+
+    def body(bb, x):
+        later = bb.emit(relax.op.strided_slice(x, axes=[1], begin=[1], end=[2**63 - 1], strides=[1]))
+        earlier = bb.emit(relax.op.strided_slice(x, axes=[-1], begin=[0], end=[-1], strides=[1]))
+        return relax.op.subtract(later, earlier)
+
+    mod = _bounded_function([relax.Var("x", relax.TensorType((1, s), "float32"))], body, {"s": (2, 4096)})
+    assert mod["main"].ret_ty.shape is None
+    fixed = FixTvmCudaForms()(mod)
+    one, length = fixed["main"].ret_ty.shape.values
+    assert int(one) == 1 and tvm.sym.Analyzer().can_prove_equal(length, s - 1)
+    vm = build_cpu(fixed)
+    for n in (2, 11):
+        x = np.random.default_rng(n).standard_normal((1, n)).astype("float32")
+        np.testing.assert_array_equal(run_vm(vm, [x]), np.diff(x))

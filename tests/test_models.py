@@ -348,3 +348,36 @@ def test_from_torch_in_bfloat16(name):
     offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
     rows = relax_cutlass.offload_report(offloaded).offloaded
     assert rows and all(row["dtypes"]["out"] in ("bfloat16", "float32") for row in rows)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
+    """Llama, GPT-2 and BERT exported with a symbolic sequence length (a torch.export.Dim) could not
+    be built: TVM's shape inference, which knows nothing of the Dim's range, kept clamps such as
+    min(1, s) in the lengths of strided slices (transformers' packed-sequence check in Llama and
+    GPT-2; BERT's position ids, min(s, 512)), then inferred no shape for the subtract or add of two
+    of them, and FoldConstant failed to legalize it. Under the Dim's bounds the shapes are exact;
+    the offloaded module computes the un-offloaded one's result (and torch's, to fp16) at sequence
+    lengths other than the example's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm, small_transformer
+
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer(family, layers=1))
+    seq = torch.export.Dim("seq", min=2, max=512)  # BERT's position ids bound it to 512
+    example = (torch.randint(0, 512, (1, 16)),)
+    mod = relax_cutlass.from_torch(model, example, dynamic_shapes={"input_ids": {1: seq}})
+    (length,) = [d for d in mod["main"].params[0].ty.shape.values if isinstance(d, tvm.tirx.Var)]
+    assert mod["main"].ret_ty.fields[0].shape.values[1].same_as(length)  # an exact output type
+    offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
+    assert relax_cutlass.offload_report(offloaded).offloaded
+    reference, vm = build_cpu(mod), build_cpu(offloaded)
+    for n in (3, 37):
+        ids = torch.randint(0, 512, (1, n))
+        with torch.no_grad():
+            expected = model(ids).numpy()
+        want, got = run_vm(reference, [ids.numpy()]), run_vm(vm, [ids.numpy()])
+        assert got.shape == want.shape == (1, n, 128)
+        assert rel_error(got, want) < 1e-2
+        assert rel_error(got, expected) < 1e-2

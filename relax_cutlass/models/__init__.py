@@ -319,7 +319,11 @@ def to_float16(
     from ..rewrites.fold import FoldWeightsInNumpy
     from ..rewrites.layout import ConvertToNHWC
     from ..rewrites.retype import RetypeFloat16
+    from ..rewrites.shapes import BoundSymbolicShapes
 
+    # symbolic shapes exact under the exported Dims' bounds, or FoldConstant cannot legalize the
+    # module (rewrites/shapes.py; from_torch's import has applied it already)
+    mod = BoundSymbolicShapes()(mod)
     mod = UnbroadcastWeights()(mod)  # before FoldConstant could materialize a broadcast weight
     if convert_layout:
         mod = ConvertToNHWC()(mod)

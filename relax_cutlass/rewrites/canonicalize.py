@@ -25,6 +25,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from ..kinds.ir import same_shape, static_shape
+from .shapes import bound_symbolic_shapes
 
 
 def _pattern():
@@ -356,12 +357,13 @@ def positive_slice_axes(func: relax.Function) -> relax.Function:
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
 class FixTvmCudaForms:
     """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over narrow
-    dtypes (abort or no build), small integer powers (NaN for negative bases) and strided slices
-    over a negative axis with a symbolic bound (no build)."""
+    dtypes (abort or no build), small integer powers (NaN for negative bases), strided slices
+    over a negative axis with a symbolic bound (no build), and symbolic shapes that only the
+    exported Dims' bounds make exact (`bound_symbolic_shapes`: no shape, no build)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         def fix(func: relax.Function) -> relax.Function:
-            return positive_slice_axes(expand_integer_powers(widen_narrow_cumsums(func)))
+            return bound_symbolic_shapes(positive_slice_axes(expand_integer_powers(widen_narrow_cumsums(func))))
 
         functions = {gv: fix(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()}
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
