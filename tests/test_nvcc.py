@@ -273,7 +273,8 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
     attention_fn = lib.get_function(manifest["jobs"][2]["candidates"][0]["function"])
     q, out = tensor(2, 64, 4, 64), tensor(2, 64, 4, 64)
     with pytest.raises(Exception, match="no usable CUDA device|built for sm_80"):
-        attention_fn(q, q, q, out, tvm_ffi.Shape(manifest["jobs"][2]["attention"]), 0.125, 0, 1)
+        # scale, causal, kv_group, iterations
+        attention_fn(q, q, q, out, tvm_ffi.Shape(manifest["jobs"][2]["attention"]), 0.125, 0, 1, 1)
 
 
 @pytest.mark.parametrize(
