@@ -45,7 +45,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
     sizes, rank_checks, checks, strides, defined = [], [], [], {}, set()
     for role, axes in OPERAND_AXES:
         # grouped-query keys/values hold heads / kv_group heads
-        expr["N"] = str(p.heads if role == "query" else p.kv_heads)
+        held_expr = expr | {"N": str(p.heads if role == "query" else p.kv_heads)}
         rank_checks.append(f'  TRY(CheckDim(fn, "{role} rank", {role}->ndim, {ranks[role]}, {role}));')
         held: dict[int, list[str]] = {}
         for axis, (dim, factor) in zip(axes, reads[role], strict=True):
@@ -55,12 +55,11 @@ def attention_glue_function(region: AttentionRegion) -> str:
             inside = held.get(dim, [])
             for axis in inside:  # a symbolic axis is defined by the first dimension holding it
                 if static[axis] is None and axis not in defined:
-                    others = "".join(f" / {expr[a]}" for a in inside if a != axis)
+                    others = "".join(f" / {held_expr[a]}" for a in inside if a != axis)
                     sizes.append(f"  const int64_t {names[axis]} = {role}->shape[{dim}]{others};")
                     defined.add(axis)
-            want = " * ".join(expr[a] for a in inside) or "1"
+            want = " * ".join(held_expr[a] for a in inside) or "1"
             checks.append(f'  TRY(CheckDim(fn, "{role} dim {dim}", {role}->shape[{dim}], {want}, {role}));')
-    expr["N"] = str(p.heads)
     for axis in ("B", "S", "T"):
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
