@@ -77,19 +77,24 @@ def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRM
     reshapes folded and NCHW convs brought to NHWC first, broadcasts of what stays in TVM made
     explicit last, as offload_pipeline does)."""
     t = relax_cutlass.transform
-    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
-    partitioned = t.LiftConstants()(t.PartitionForCutlass()(t.ConvertToNHWC()(canonical)))
+    partitioned = partition_for_cpu(mod)
     rewritten = t.MakeGemmBroadcastsExplicit()(t.CutlassCodegen(compile=False, **options)(partitioned))
     return partitioned, rewritten
+
+
+def partition_for_cpu(mod: tvm.IRModule, *arch: str) -> tvm.IRModule:
+    """The partitioned and lifted module of `mod` (for `arch`, if given), after the rewrites that
+    offload_pipeline runs before partitioning."""
+    t = relax_cutlass.transform
+    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
+    return t.LiftConstants()(t.PartitionForCutlass(*arch)(t.ConvertToNHWC()(canonical)))
 
 
 def offload_pipeline_on_cpu(mod: tvm.IRModule, arch: str = "sm_90a", **options) -> tvm.IRModule:
     """`relax_cutlass.offload_pipeline(arch, compile=False, **options)` of `mod`, each extern
     served on the CPU by its region's composite (partitioned for the same arch): the module the
     pipeline gives `tvm.compile`, runnable here."""
-    t = relax_cutlass.transform
-    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
-    serve_regions_on_cpu(t.LiftConstants()(t.PartitionForCutlass(arch)(t.ConvertToNHWC()(canonical))))
+    serve_regions_on_cpu(partition_for_cpu(mod, arch))
     return relax_cutlass.offload_pipeline(arch, compile=False, **options)(mod)
 
 
