@@ -220,3 +220,40 @@ def test_sm90_attention_compiles_to_hgmma(causal, kv_group):
     counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))
     print(f"{kernel.name}: {counts}")
     assert sass == ["sm_90a"] and counts["HGMMA"] > 0 and counts["HMMA"] == 0
+
+
+@pytest.mark.parametrize("m_blocks, pairs, section", [(1, 1, 1), (32, 64, 12), (32, 64, 64), (7, 5, 2), (3, 10, 4)])
+def test_causal_block_order_visits_every_block_once_heaviest_first(tmp_path, m_blocks, pairs, section):
+    """The causal SM90 kernels' block order (emit_sm90.CAUSAL_ORDER, the C++ they include), built
+    with the host compiler: every (query block, pair) once; within a section the query blocks from
+    the last (heaviest) down, and sections in order (a partial last one too)."""
+    import shutil
+    import subprocess
+
+    from relax_cutlass.kinds.attention.emit_sm90 import CAUSAL_ORDER
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    main = f"""#define CUTLASS_HOST_DEVICE inline
+#include <cstdio>
+{CAUSAL_ORDER}
+int main() {{
+  for (int i = 0; i < {m_blocks * pairs}; ++i) {{
+    RelaxCausalOrder at = relax_causal_order(i, {m_blocks}, {pairs}, {section});
+    std::printf("%d %d\\n", at.m_block, at.pair);
+  }}
+}}
+"""
+    (tmp_path / "order.cc").write_text(main)
+    subprocess.run([cxx, "-O1", "-o", str(tmp_path / "order"), str(tmp_path / "order.cc")], check=True)
+    out = subprocess.run([str(tmp_path / "order")], check=True, capture_output=True, text=True).stdout
+    visits = [tuple(map(int, line.split())) for line in out.splitlines()]
+    assert sorted(visits) == [(m, p) for m in range(m_blocks) for p in range(pairs)]
+    expected = [
+        (m, p)
+        for first in range(0, pairs, section)
+        for m in reversed(range(m_blocks))
+        for p in range(first, min(first + section, pairs))
+    ]
+    assert visits == expected

@@ -38,6 +38,98 @@ SM90_SCHEDULES = {
     ),
 }
 
+# Causal attention's query blocks do unequal work (block m of a TopLeft mask reads m + 1 key
+# tiles), and the example's schedulers hand them out in order, lightest first within each head: the
+# last wave then holds the heaviest blocks and most SMs idle while they finish (seq 4096, head dim
+# 128: 0.99x torch's sdpa on the H200). Causal kernels hand the blocks out heaviest first instead
+# (longest-processing-time order, as FlashAttention 3's scheduler does), taking the (batch, head)
+# pairs a section at a time, a section's keys and values filling at most half of the L2, so the
+# blocks running together still share them. `RelaxCausalOrder` is plain C++ (the CPU tests compile
+# it with the host compiler and check that it visits every block once).
+CAUSAL_ORDER = """\
+// Block `index` of `m_blocks` query blocks x `pairs` (batch, head) pairs, `section` pairs at a
+// time: within a section the query blocks from the last (the heaviest, causal) to the first, the
+// section's pairs fastest.
+struct RelaxCausalOrder {
+  int m_block;
+  int pair;
+};
+CUTLASS_HOST_DEVICE RelaxCausalOrder relax_causal_order(int index, int m_blocks, int pairs, int section) {
+  const int section_blocks = section * m_blocks;
+  const int first = index / section_blocks * section;
+  const int rest = index - first * m_blocks;
+  const int size = pairs - first < section ? pairs - first : section;
+  return {m_blocks - 1 - rest / size, first + rest % size};
+}
+"""
+
+CAUSAL_SCHEDULER = Template(
+    """\
+$order
+// The example's IndividualTileScheduler (kPersistent false: one block per CTA) or
+// PersistentTileScheduler (true: a CTA per SM, striding over the blocks), in RelaxCausalOrder.
+template <bool kPersistent>
+struct RelaxCausalTileScheduler {
+  struct Params {
+    int blocks;
+    int m_blocks;
+    int pairs;
+    int heads;
+    int section;
+    int sm_count;
+  };
+
+  int index;
+  Params params;
+
+  CUTLASS_DEVICE RelaxCausalTileScheduler(Params const& p) : index(blockIdx.x), params(p) {}
+
+  template <class ProblemSize, class ClusterShape, class TileShape>
+  static Params to_underlying_arguments(ProblemSize const& problem_size, cutlass::KernelHardwareInfo hw_info,
+                                        ClusterShape const& cluster_shape, TileShape const& tile_shape) {
+    const int m_blocks = cutlass::round_up(cute::ceil_div(cute::get<2>(problem_size), cute::get<0>(tile_shape)),
+                                           cute::size<0>(cluster_shape));
+    const int pairs = cute::get<0>(problem_size) * cute::get<1>(problem_size);
+    // The bytes of keys and values one pair reads (grouped-query pairs share their group's).
+    int64_t pair_bytes = int64_t(cute::get<3>(problem_size)) * cute::get<4>(problem_size) * 2 * sizeof($element);
+    if constexpr ($grouped) pair_bytes /= cute::get<1>(problem_size);
+    static int l2_bytes[64] = {};
+    const int device = hw_info.device_id;
+    if (device >= 0 && device < 64 && l2_bytes[device] == 0 &&
+        cudaDeviceGetAttribute(&l2_bytes[device], cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+      l2_bytes[device] = 0;
+    }
+    const int64_t l2 = device >= 0 && device < 64 && l2_bytes[device] > 0 ? l2_bytes[device] : (32 << 20);
+    int64_t section = l2 / 2 / (pair_bytes > 0 ? pair_bytes : 1);
+    section = section < 1 ? 1 : (section > pairs ? pairs : section);
+    return Params{m_blocks * pairs, m_blocks, pairs, int(cute::get<1>(problem_size)), int(section),
+                  hw_info.sm_count > 0 ? hw_info.sm_count : 1};
+  }
+
+  static dim3 get_grid_shape(Params const& params) {
+    if constexpr (kPersistent) return dim3(params.blocks < params.sm_count ? params.blocks : params.sm_count, 1, 1);
+    return dim3(params.blocks, 1, 1);
+  }
+
+  CUTLASS_DEVICE bool is_valid() { return index < params.blocks; }
+
+  CUTLASS_DEVICE auto get_block_coord() {
+    const RelaxCausalOrder at = relax_causal_order(index, params.m_blocks, params.pairs, params.section);
+    return cute::make_coord(at.m_block, cute::_0{}, cute::make_coord(at.pair / params.heads, at.pair % params.heads));
+  }
+
+  CUTLASS_DEVICE RelaxCausalTileScheduler& operator++() {
+    index += gridDim.x;
+    return *this;
+  }
+};
+"""
+)
+CAUSAL_SCHEDULERS = {
+    "cooperative": "RelaxCausalTileScheduler<false>",
+    "pingpong": "RelaxCausalTileScheduler<true>",
+}
+
 SM90_ATTENTION_TU = Template(
     """\
 // relax_cutlass generated kernel: $name
@@ -144,7 +236,7 @@ RowStride MakeStride(RowStride*, int rows, int outer, int inner) {
 GroupedStride MakeStride(GroupedStride*, int rows, int outer, int) {
   return cute::make_stride(rows, cute::_1{}, cute::make_stride(outer, cute::_0{}));
 }
-using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+${causal_scheduler}using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
     Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxMask<$causal>$options>;
 
 // The example's forward epilogue (a TMA store of O) without its logsumexp store.
@@ -305,17 +397,24 @@ def sm90_fmha_dir():
 
 def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
     options, scheduler = SM90_SCHEDULES[kernel.schedule]
+    element = CUTLASS_ELEMENT[kernel.problem.element]
+    grouped = str(kernel.problem.kv_group > 1).lower()
+    causal_scheduler = ""
+    if kernel.problem.causal is not None:
+        scheduler = CAUSAL_SCHEDULERS[kernel.schedule]
+        causal_scheduler = CAUSAL_SCHEDULER.substitute(order=CAUSAL_ORDER, element=element, grouped=grouped)
     text = SM90_ATTENTION_TU.substitute(
         name=kernel.name,
         attention_args=ATTENTION_ARGS,
-        element=CUTLASS_ELEMENT[kernel.problem.element],
+        element=element,
+        causal_scheduler=causal_scheduler,
         queries=kernel.queries_per_block,
         keys=kernel.keys_per_block,
         head_dim=kernel.max_head_dim,
         causal=CAUSAL_CODE[kernel.problem.causal],
         options=options,
         scheduler=scheduler,
-        grouped=str(kernel.problem.kv_group > 1).lower(),
+        grouped=grouped,
         check_device=check_device(kernel),
     )
     return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")
