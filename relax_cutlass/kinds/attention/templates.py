@@ -183,8 +183,9 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   // Grouped-query attention: one launch per kv head, over its group of query heads, which all
   // read it (head stride 0); one launch over every head otherwise.
   const int64_t group = a->kv_group > 1 ? a->kv_group : 1;
+  const int64_t launches = group > 1 ? a->heads / group : 1;
   cudaError_t launched = cudaSuccess;
-  for (int64_t i = 0; i < a->heads / group && launched == cudaSuccess; ++i) {
+  for (int64_t i = 0; i < launches && launched == cudaSuccess; ++i) {
     typename Attention::Params launch = p;
     if (group > 1) {
       launch.num_heads = static_cast<int32_t>(group);
