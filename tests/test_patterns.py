@@ -44,14 +44,17 @@ def test_spec_names_are_unique_and_round_trip():
     assert all(s.name.startswith("relax_cutlass.") for s in specs)  # never collides with TVM's "cutlass."
 
 
-@pytest.mark.parametrize("activation", ["identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "gelu_decomposed"])
+@pytest.mark.parametrize(
+    "activation",
+    ["identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "gelu_decomposed", "gelu_tanh_decomposed"],
+)
 @pytest.mark.parametrize("residual,residual_relu", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("transposed", [True, False])
 def test_each_epilogue_fuses_into_one_region(activation, residual, residual_relu, transposed):
     mod = dense_epilogue_model(
         64, 32, 16, activation=activation, residual=residual, residual_relu=residual_relu, transposed=transposed
     )
-    act = "gelu" if activation == "gelu_decomposed" else activation
+    act = {"gelu_decomposed": "gelu", "gelu_tanh_decomposed": "gelu_tanh"}.get(activation, activation)
     parts = ["dense" if transposed else "matmul", "bias"] + ([act] if act != "identity" else [])
     parts += ["residual_add"] * residual + ["relu"] * residual_relu
     assert composites(partition(mod)) == ["relax_cutlass." + "_".join(parts)]
@@ -101,6 +104,14 @@ def test_decomposed_gelu_forms_fuse(divide, fp32_erf, order):
 def test_wrong_gelu_constant_is_not_fused_as_gelu():
     variant = dict(divide=False, fp32_erf=True, order=0, half=0.6)
     mod = _model_with(lambda bb, y: _gelu_variant(bb, y, variant))
+    assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
+
+
+def test_wrong_tanh_gelu_constant_is_not_fused_as_gelu_tanh():
+    """0.05 x^3 instead of GPT-2's 0.044715 x^3 is some other function: the GEMM keeps its bias only."""
+    from relax_cutlass.models import gelu_tanh_decomposed
+
+    mod = _model_with(lambda bb, y: gelu_tanh_decomposed(bb, y, cubic=0.05))
     assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
 
 

@@ -10,7 +10,7 @@ from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
 from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
 
 
-@pytest.mark.parametrize("activation", ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed"])
+@pytest.mark.parametrize("activation", ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed", "gelu_tanh_decomposed"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_every_epilogue_matches_the_original(activation, residual):
     mod = dense_epilogue_model(48, 32, 16, activation=activation, residual=residual)
@@ -36,7 +36,7 @@ def test_small_bert_layer_matches():
 EPILOGUE = st.fixed_dictionaries(
     {
         "bias": st.booleans(),
-        "activation": st.sampled_from(["identity", *FUSED_ACTIVATIONS, "gelu_decomposed"]),
+        "activation": st.sampled_from(["identity", *FUSED_ACTIVATIONS, "gelu_decomposed", "gelu_tanh_decomposed"]),
         "residual": st.booleans(),
         "residual_relu": st.booleans(),
         "transposed": st.booleans(),

@@ -68,6 +68,26 @@ def _gelu_erf_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     return mul(mul(x, c_half), one_plus) | mul(mul(x, one_plus), c_half) | mul(x, mul(one_plus, c_half))
 
 
+def _gelu_tanh_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
+    """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))): GPT-2's NewGELUActivation (and
+    every `transformers` model with "gelu_new"), with x^3 as the multiplies FixTvmCudaForms makes
+    of `x ** 3`; tanh may run in fp32 between two casts. The four scalar constants are annotated
+    so the check can verify their values."""
+    c_cubic, c_inner, c_one, c_half = is_const(), is_const(), is_const(), is_const()
+    ann.update(gelu_tanh_cubic=c_cubic, gelu_tanh_inner=c_inner, gelu_tanh_one=c_one, gelu_tanh_half=c_half)
+    mul, add = is_op("relax.multiply"), is_op("relax.add")
+
+    def by(a: DFPattern, c: DFPattern) -> DFPattern:
+        return mul(a, c) | mul(c, a)
+
+    square = mul(x, x)
+    cubic = by(mul(square, x) | mul(x, square), c_cubic)
+    inner = by(add(x, cubic) | add(cubic, x), c_inner)
+    tanh = is_op("relax.tanh")(inner) | is_op("relax.astype")(is_op("relax.tanh")(is_op("relax.astype")(inner)))
+    one_plus = add(tanh, c_one) | add(c_one, tanh)
+    return mul(by(x, c_half), one_plus) | mul(one_plus, by(x, c_half)) | by(mul(x, one_plus) | mul(one_plus, x), c_half)
+
+
 def _hardswish_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     """x * clip(x + 3, 0, 6) / 6, as the PyTorch frontend writes Hardswish (Relax has no op); the
     clip may also be the minimum(maximum(., 0), 6) that ConvertToNHWC turns it into."""
@@ -86,7 +106,7 @@ def _hardswish_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
 ACTIVATION_PATTERNS: dict[str, Callable[[DFPattern, dict[str, DFPattern]], DFPattern]] = {
     "relu": lambda x, ann: is_op("relax.nn.relu")(x),
     "gelu": lambda x, ann: is_op("relax.nn.gelu")(x) | _gelu_erf_decomposed(x, ann),
-    "gelu_tanh": lambda x, ann: is_op("relax.nn.gelu_tanh")(x),
+    "gelu_tanh": lambda x, ann: is_op("relax.nn.gelu_tanh")(x) | _gelu_tanh_decomposed(x, ann),
     "silu": lambda x, ann: is_op("relax.nn.silu")(x) | is_op("relax.multiply")(x, is_op("relax.sigmoid")(x)),
     "sigmoid": lambda x, ann: is_op("relax.sigmoid")(x),
     "hardswish": lambda x, ann: _hardswish_decomposed(x, ann),
@@ -205,6 +225,14 @@ def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
     if "gelu_inner" in ann:
         inner = math.sqrt(2.0) if "gelu_scaled_div" in ann else 1.0 / math.sqrt(2.0)
         expected |= {"gelu_inner": (inner, "erf gelu"), "gelu_one": (1.0, "erf gelu"), "gelu_half": (0.5, "erf gelu")}
+    if "gelu_tanh_inner" in ann:
+        what = "tanh gelu"
+        expected |= {
+            "gelu_tanh_cubic": (0.044715, what),
+            "gelu_tanh_inner": (math.sqrt(2.0 / math.pi), what),
+            "gelu_tanh_one": (1.0, what),
+            "gelu_tanh_half": (0.5, what),
+        }
     if "hardswish_three" in ann:
         expected |= {"hardswish_three": (3.0, "hardswish"), "hardswish_six": (6.0, "hardswish")}
     if "hardswish_low" in ann:

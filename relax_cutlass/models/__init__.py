@@ -25,6 +25,9 @@ ACTIVATION_BUILDERS = {
     "hardswish": lambda bb, x: _hardswish(bb, x),
     # What frontends and FoldConstant leave of an erf gelu: 0.5*x*(1+erf(x/sqrt(2))), erf in fp32.
     "gelu_decomposed": lambda bb, x: _gelu_decomposed(bb, x),
+    # GPT-2's NewGELUActivation, 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3))), x^3 as the multiplies
+    # FixTvmCudaForms makes of x ** 3, the constants rounded to the element type as an export does.
+    "gelu_tanh_decomposed": lambda bb, x: gelu_tanh_decomposed(bb, x),
     # QuickGELU, x * sigmoid(1.702 x), as CLIP exports it: not built in (tutorial 02 registers it).
     "quick_gelu": lambda bb, x: quick_gelu(bb, x),
 }
@@ -52,6 +55,16 @@ def _gelu_decomposed(bb: relax.BlockBuilder, x: relax.Expr) -> relax.Expr:
     e = bb.emit(astype(erf(bb.emit(astype(scaled, "float32"))), dtype))
     one_plus = bb.emit(relax.op.add(e, _scalar(1.0, dtype)))
     return bb.emit(multiply(bb.emit(multiply(x, _scalar(0.5, dtype))), one_plus))
+
+
+def gelu_tanh_decomposed(bb: relax.BlockBuilder, x: relax.Expr, cubic: float = 0.044715) -> relax.Expr:
+    """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + cubic * x^3))) as torch.export writes GPT-2's gelu."""
+    dtype = x.ty.dtype
+    half = bb.emit(multiply(x, _scalar(0.5, dtype)))
+    cube = bb.emit(multiply(bb.emit(multiply(x, x)), x))
+    inner = bb.emit(relax.op.add(x, bb.emit(multiply(cube, _scalar(cubic, dtype)))))
+    t = bb.emit(relax.op.tanh(bb.emit(multiply(inner, _scalar(math.sqrt(2 / math.pi), dtype)))))
+    return bb.emit(multiply(half, bb.emit(relax.op.add(t, _scalar(1.0, dtype)))))
 
 
 def quick_gelu(bb: relax.BlockBuilder, x: relax.Expr, scale: float = 1.702) -> relax.Expr:
