@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..ir import static_shape
+from ..ir import rewrite_planned_bindings, static_shape
 from .trace import _is_call, _known_dims, _static
 
 # Views a take's packed tensor may be reached through from the projection.
@@ -120,20 +120,10 @@ def _same_part(var: relax.Var, source: relax.Expr, lo: int, hi: int) -> bool:
     return same and _static(part[-1]) == hi - lo
 
 
-@relax.expr_functor.mutator
-class _Slices(relax.PyExprMutator):
-    def __init__(self, plan: dict):
-        super().__init__()
-        self.plan = plan
-
-    def visit_var_binding_(self, binding):
-        if binding.var not in self.plan:
-            super().visit_var_binding_(binding)
-            return
-        source, lo, hi = self.plan[binding.var]
-        last = len(_known_dims(source)) - 1
-        sliced = relax.op.strided_slice(self.visit_expr(source), axes=[last], begin=[lo], end=[hi])
-        self.set_var_remap(binding.var, self.builder_.emit(sliced))
+def _slice(mutator, _binding, planned) -> relax.Expr:
+    source, lo, hi = planned
+    last = len(_known_dims(source)) - 1
+    return mutator.builder_.emit(relax.op.strided_slice(mutator.visit_expr(source), axes=[last], begin=[lo], end=[hi]))
 
 
 def packed_projection_slices(func: relax.Function) -> relax.Function:
@@ -155,4 +145,4 @@ def packed_projection_slices(func: relax.Function) -> relax.Function:
             plan[var] = found
     if not plan:
         return func
-    return relax.analysis.remove_all_unused(_Slices(plan).visit_expr(func))
+    return rewrite_planned_bindings(func, plan, _slice)
