@@ -254,9 +254,12 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
     def strides(array, reads):
         return [0 if read is None else math.prod(array.shape[read[0] + 1 :]) * read[1] * 8 for read in reads]
 
-    def view(array, reads, rows: int, dim: int, heads: int = problem.heads):
+    def view(array, reads, rows: int, dim: int, heads: int = problem.heads, role: str = ""):
         array = np.ascontiguousarray(array.astype("float64"))
-        return np.lib.stride_tricks.as_strided(array, (batch, rows, heads, dim), strides(array, reads))
+        # a part of a packed projection: read from its first element of the sliced dim on
+        offset = sum(first * math.prod(array.shape[d + 1 :]) for r, d, first, _ in problem.slices if r == role)
+        shape = (batch, rows, heads, dim)
+        return np.lib.stride_tricks.as_strided(array.reshape(-1)[offset:], shape, strides(array, reads))
 
     def size(array, reads, axes: str, axis: str) -> int:
         """A symbolic axis's size: its dimension's extent over the other (static) axes in it."""
@@ -269,11 +272,11 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
     batch = problem.batch or size(query, problem.query_reads, "BSNH", "B")
     seq_q = problem.seq_q or size(query, problem.query_reads, "BSNH", "S")
     seq_kv = problem.seq_kv or size(key, problem.key_reads, "BTNH", "T")
-    q = view(query, problem.query_reads, seq_q, problem.head_dim)
+    q = view(query, problem.query_reads, seq_q, problem.head_dim, role="query")
     # grouped-query attention: kv head n // kv_group serves query head n
     group, kv_heads = problem.kv_group, problem.kv_heads
-    k = np.repeat(view(key, problem.key_reads, seq_kv, problem.head_dim, kv_heads), group, 2)
-    v = np.repeat(view(value, problem.value_reads, seq_kv, problem.head_dim_value, kv_heads), group, 2)
+    k = np.repeat(view(key, problem.key_reads, seq_kv, problem.head_dim, kv_heads, "key"), group, 2)
+    v = np.repeat(view(value, problem.value_reads, seq_kv, problem.head_dim_value, kv_heads, "value"), group, 2)
     scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
     if problem.bias_reads is not None:
         array = np.ascontiguousarray(bias.astype("float64"))
@@ -306,7 +309,7 @@ def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int 
     checked = 0
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
-        _, roles, problem, composite, _ = analyze(func, symbol)
+        _, roles, problem, composite, aliases = analyze(func, symbol)
         if not isinstance(problem, AttentionProblem):
             continue
         composite = _static_view_shapes(composite.without_attr("Composite"))
@@ -326,6 +329,7 @@ def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int 
                 args.append(tvm.runtime.tensor(inputs[-1]))
         expected = build_cpu(tvm.IRModule({"main": composite}))["main"](*args).numpy()
         by_role = dict(zip(roles, inputs, strict=True))
+        by_role |= {alias: by_role[role] for alias, role in aliases}  # q, k, v of one packed projection
         got = kernel_model(problem, by_role["query"], by_role["key"], by_role["value"], by_role.get("bias"))
         got = got.reshape(expected.shape)
         nan = np.isnan(expected)

@@ -250,3 +250,38 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
     example = [x.numpy() for x in (q, k, v)]
     # The SM90 kernel: one launch per batch; the SM80 kernel: one per kv head.
     assert _attention_launches(vm, "main", example) == (batch if family == "auto" else n // group)
+
+
+@pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("model", ["vit", "gpt2"])
+def test_packed_projection_is_read_in_place(family, model):
+    """q, k and v sliced out of one packed projection (torch's nn.MultiheadAttention in a ViT;
+    GPT-2's split), read in place at their offsets by both kernel families (session 19: built and
+    checked on the CPU only): the whole model against torch in float64."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_models import vit
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    if model == "vit":  # head dim 64: the SM90 kernel's
+        module, example = vit(image=64, patch=16, hidden=128, layers=2, heads=2), (torch.randn(2, 3, 64, 64),)
+    else:  # head dim 32: the SM80 kernel either way
+        module, example = last_hidden_state(small_transformer("gpt2", "eager")), (torch.randint(0, 512, (2, 64)),)
+    mod = relax_cutlass.from_torch(module, example)
+    offloaded = relax_cutlass.offload_pipeline(
+        "sm_90a", profile="never", **({} if family == "auto" else {"family": family})
+    )(mod)
+    rows = [r for r in relax_cutlass.offload_report(offloaded).offloaded if r["op"] == "attention"]
+    assert rows and all(set(r["attention"]["packed"]) == {"query", "key", "value"} for r in rows), rows
+    vm = relax.VirtualMachine(tvm.compile(offloaded, gpu_convs.cuda_target()), tvm.cuda(0))
+    out = vm["main"](*[tvm.runtime.tensor(x.numpy(), tvm.cuda(0)) for x in example])
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = module.double()(*[x.double() if x.is_floating_point() else x for x in example])
+    want = (want[0] if isinstance(want, tuple) else want).numpy()
+    assert gpu_convs.relative_error(got, want) < 1e-2

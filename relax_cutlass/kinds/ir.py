@@ -79,3 +79,23 @@ def use_counts(func: relax.Function) -> dict:
 
     relax.analysis.post_order_visit(func.body, count)
     return uses
+
+
+@relax.expr_functor.mutator
+class _PlannedBindings(relax.PyExprMutator):
+    def __init__(self, plan: dict, rewrite):
+        super().__init__()
+        self.plan, self.rewrite = plan, rewrite
+
+    def visit_var_binding_(self, binding):
+        if binding.var not in self.plan:
+            super().visit_var_binding_(binding)
+            return
+        self.set_var_remap(binding.var, self.rewrite(self, binding, self.plan[binding.var]))
+
+
+def rewrite_planned_bindings(func: relax.Function, plan: dict, rewrite) -> relax.Function:
+    """`func` with each binding whose var is a key of `plan` replaced: the var stands for what
+    `rewrite(mutator, binding, plan[var])` returns (built with `mutator.visit_expr` and
+    `mutator.builder_.emit`); the bindings nothing reads any more go."""
+    return relax.analysis.remove_all_unused(_PlannedBindings(plan, rewrite).visit_expr(func))

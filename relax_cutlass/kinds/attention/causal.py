@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ...rewrites.evaluate import evaluate_input_free, input_free_vars
-from ..ir import static_shape
+from ..ir import rewrite_planned_bindings, static_shape
 from .masks import SWAMPING_MASK
 from .trace import _is_call
 
@@ -107,27 +107,16 @@ def _same_type(a: relax.Expr, b: relax.Expr) -> bool:
     return shape is not None and shape == static_shape(b) and str(a.ty.dtype) == str(b.ty.dtype)
 
 
-@relax.expr_functor.mutator
-class _CanonicalMasks(relax.PyExprMutator):
+def _canonical_mask(mutator, binding, planned) -> relax.Expr:
     """Each attention gets a mask of its own: one shared by every layer would be an intermediate
     value read outside each region, which no region may have (and inside one it costs nothing)."""
-
-    def __init__(self, planned: dict):
-        super().__init__()
-        self.planned = planned
-
-    def visit_var_binding_(self, binding):
-        if binding.var not in self.planned:
-            super().visit_var_binding_(binding)
-            return
-        index, key = self.planned[binding.var]
-        if key is None:  # a mask of zeros: the scores as they are
-            self.set_var_remap(binding.var, self.visit_expr(binding.value.args[1 - index]))
-            return
-        mask = self.builder_.emit(causal_mask_expr(*key))
-        args = [self.visit_expr(a) for a in binding.value.args]
-        args[index] = mask
-        self.set_var_remap(binding.var, self.builder_.emit(relax.op.add(*args)))
+    index, key = planned
+    if key is None:  # a mask of zeros: the scores as they are
+        return mutator.visit_expr(binding.value.args[1 - index])
+    mask = mutator.builder_.emit(causal_mask_expr(*key))
+    args = [mutator.visit_expr(a) for a in binding.value.args]
+    args[index] = mask
+    return mutator.builder_.emit(relax.op.add(*args))
 
 
 def constant_causal_masks(func: relax.Function) -> relax.Function:
@@ -140,4 +129,4 @@ def constant_causal_masks(func: relax.Function) -> relax.Function:
         return func
     if not planned:
         return func
-    return relax.analysis.remove_all_unused(_CanonicalMasks(planned).visit_expr(func))
+    return rewrite_planned_bindings(func, planned, _canonical_mask)

@@ -7,7 +7,7 @@ import os
 import tempfile
 
 from ...stages.compile import Source, _pkg_dir, cache_dir
-from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
+from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
 from ..epilogue import CUTLASS_ELEMENT
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
@@ -42,6 +42,9 @@ def attention_glue_function(region: AttentionRegion) -> str:
     expr = {axis: str(v) if v is not None else names[axis] for axis, v in static.items()}
     reads = {"query": p.query_reads, "key": p.key_reads, "value": p.value_reads}
     ranks = {role: len(shape) for role, shape in zip(region.arg_roles, region.arg_shapes, strict=True)}
+    # q, k and v sliced out of one packed projection: one parameter in several roles
+    ranks |= {alias: ranks[role] for alias, role in region.role_aliases}
+    sliced = {(role, dim): (first, whole) for role, dim, first, whole in p.slices}
     sizes, rank_checks, checks, strides, defined = [], [], [], {}, set()
     for role, axes in OPERAND_AXES:
         # grouped-query keys/values hold heads / kv_group heads
@@ -59,14 +62,21 @@ def attention_glue_function(region: AttentionRegion) -> str:
                     sizes.append(f"  const int64_t {names[axis]} = {role}->shape[{dim}]{others};")
                     defined.add(axis)
             want = " * ".join(held_expr[a] for a in inside) or "1"
+            if (role, dim) in sliced:  # the operand is a part of this dim
+                want = str(sliced[(role, dim)][1])
             checks.append(f'  TRY(CheckDim(fn, "{role} dim {dim}", {role}->shape[{dim}], {want}, {role}));')
     for axis in ("B", "S", "T"):
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
     operands = []
+    element_bytes = {"float16": 2, "bfloat16": 2}[p.element]
     for role, axes in OPERAND_AXES:
         b, rows, n = (strides[(role, a)] for a in axes[:3])
-        operands.append(f"Data({role}), {b}, {rows}, {n}")
+        data = f"Data({role})"
+        for (sliced_role, dim), (first, _) in sliced.items():
+            if sliced_role == role:  # its part starts `first` elements into the dim
+                data = f"static_cast<const char*>({data}) + {first} * PackedStride({role}, {dim}) * {element_bytes}"
+        operands.append(f"{data}, {b}, {rows}, {n}")
     bias = ""
     if p.bias_reads is not None:
         bias_checks, bias_strides = _attention_bias(p, ranks["bias"], expr)
@@ -76,7 +86,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         operand_arrays=operand_arrays(region),
         symbol=region.symbol,
         unpack=unpack_args(region),
-        checks=tensor_checks(region, ("query", "key", "value", "out"), {"bias": 16}),
+        checks=role_aliases(region) + tensor_checks(region, ("query", "key", "value", "out"), {"bias": 16}),
         rank_checks="\n".join(rank_checks),
         sizes="\n".join(sizes),
         shape_checks="\n".join(checks),

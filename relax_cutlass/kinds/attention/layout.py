@@ -69,6 +69,7 @@ class AttentionLayout:
     masked_rows: str = "nan"
     causal: str | None = None  # relax.nn.attention's causal_mask (AttentionProblem.causal)
     kv_group: int = 1  # query heads per key/value head (AttentionProblem.kv_group)
+    slices: tuple = ()  # (role, dim, first, whole) of a sliced parameter dim (AttentionProblem.slices)
 
     @property
     def reads(self) -> tuple:
@@ -200,13 +201,15 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
     tracer = _Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
     first, second = ann["root"], ann["second"]
     # q and k^T may be scaled, in float32 between casts where the scale is no power of two
-    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype")
+    # q, k and v may each be a strided_slice of one packed projection (`packed_projection_slices`)
+    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype", "relax.strided_slice")
     q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
     # grouped-query keys and values: repeat_kv's expand_dims and repeating broadcast_to
     tracer.repeats_allowed = grouped
     repeat = ("relax.expand_dims",) if grouped else ()
     k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), (*scaled, *repeat))
-    v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"), (*_VIEW_OPS, *repeat))
+    v_views = (*_VIEW_OPS, "relax.strided_slice", *repeat)
+    v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"), v_views)
     tracer.repeats_allowed = False
     k_op, k_heads, group = _kv_heads(tracer, k_op, "key")
     v_op, v_heads, v_group = _kv_heads(tracer, v_op, "value")
@@ -278,6 +281,12 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
         masked_rows if bias is not None else "nan",
         causal=causal,
         kv_group=group,
+        slices=tuple(
+            (role, dim, *tracer.slices[root])
+            for role, names in (("query", q_names), ("key", k_names), ("value", v_names))
+            for dim, root in enumerate(names)
+            if root in tracer.slices
+        ),
     )
 
 

@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..ir import use_counts
+from ..ir import rewrite_planned_bindings, use_counts
 from .masks import BlockScopedMutator, _from_matmul
 from .patterns import ATTENTION_DTYPES
 from .trace import _dims, _is_call
@@ -229,19 +229,9 @@ def merge_repeated_casts(func: relax.Function) -> relax.Function:
     return relax.analysis.remove_all_unused(rewritten)
 
 
-@relax.expr_functor.mutator
-class _SplitOutputs(relax.PyExprMutator):
-    def __init__(self, plan: dict):
-        super().__init__()
-        self.plan = plan
-
-    def visit_var_binding_(self, binding):
-        if binding.var not in self.plan:
-            super().visit_var_binding_(binding)
-            return
-        heads_first = self.visit_expr(self.plan[binding.var])
-        bsnv = self.builder_.emit(relax.op.permute_dims(heads_first, [0, 2, 1, 3]))
-        self.set_var_remap(binding.var, self.builder_.emit(relax.op.permute_dims(bsnv, [1, 0, 2, 3])))
+def _split_output(mutator, binding, heads_first) -> relax.Expr:
+    bsnv = mutator.builder_.emit(relax.op.permute_dims(mutator.visit_expr(heads_first), [0, 2, 1, 3]))
+    return mutator.builder_.emit(relax.op.permute_dims(bsnv, [1, 0, 2, 3]))
 
 
 def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
@@ -272,4 +262,4 @@ def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
             plan[var] = x
     if not plan:
         return func
-    return relax.analysis.remove_all_unused(_SplitOutputs(plan).visit_expr(func))
+    return rewrite_planned_bindings(func, plan, _split_output)

@@ -25,14 +25,21 @@ class AttentionPatternSpec:
     region: the kernel reads each kv head for its whole group, and the repeat is never written)."""
 
     form: str
+    # q, k and v may be parts of one packed projection, read in place (`_packed`). Its own spec,
+    # tried first: where such a region is refused, the plain one still fuses the attention (the
+    # parts then written by TVM).
+    packed: bool = False
 
     @property
     def name(self) -> str:
-        return f"{CODEGEN}.attention" + ("" if self.form == "op" else f"_{self.form}")
+        form = "" if self.form == "op" else f"_{self.form}"
+        return f"{CODEGEN}.attention{form}" + ("_packed" if self.packed else "")
 
     @property
     def size(self) -> int:
-        return 100  # before every GEMM pattern: its matmuls must not be taken one by one
+        # before every GEMM pattern: its matmuls must not be taken one by one; a packed one before
+        # the plain one (it takes the slices too), and reported where refused
+        return 101 if self.packed else 100
 
     @property
     def epilogue(self) -> Epilogue:
@@ -41,7 +48,13 @@ class AttentionPatternSpec:
 
 # Grouped-query first: where its layout is refused (a repeat the kernel cannot read through
 # strides), the plain decomposed pattern still takes the attention, the repeat left to TVM.
-ATTENTION_SPECS = (AttentionPatternSpec("softmax_gqa"), AttentionPatternSpec("softmax"), AttentionPatternSpec("op"))
+ATTENTION_SPECS = (
+    AttentionPatternSpec("softmax_gqa", packed=True),
+    AttentionPatternSpec("softmax_gqa"),
+    AttentionPatternSpec("softmax", packed=True),
+    AttentionPatternSpec("softmax"),
+    AttentionPatternSpec("op"),
+)
 
 
 def _scale_of(x: DFPattern) -> DFPattern:
@@ -89,6 +102,15 @@ def _repeated_kv(x: DFPattern) -> DFPattern:
 
 
 _REPEAT_KV = ("relax.expand_dims", "relax.broadcast_to", "relax.reshape")
+
+
+def _packed(x: DFPattern) -> DFPattern:
+    """x, or its part of a packed q/k/v projection: strided_slice(x) (`packed_projection_slices`
+    writes GPT-2's split and nn.MultiheadAttention's unflatten-and-take so), then the views that
+    split the heads off it ((B, S, N, H), or nn.MultiheadAttention's (S, B*N, H) -> (B*N, S, H)
+    -> (B, N, S, H))."""
+    sliced = is_op("relax.strided_slice")(x, varg_default_wildcard=True)
+    return _views(sliced, ("relax.reshape", "relax.permute_dims", "relax.reshape"))
 
 
 # The views seen between a head-split q/k/v and its matmul: torch.export writes
@@ -146,11 +168,13 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     the region), softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
-    k_seen, v_seen = (_repeated_kv(k), _repeated_kv(v)) if spec.form == "softmax_gqa" else (k, v)
+    q_seen, k_seen, v_seen = (_packed(x) for x in (q, k, v)) if spec.packed else (q, k, v)
+    if spec.form == "softmax_gqa":
+        k_seen, v_seen = _repeated_kv(k_seen), _repeated_kv(v_seen)
     if spec.form == "op":
         ann["root"] = out = is_op("relax.nn.attention")(q, k, v)
         return out, ann
-    ann["root"] = scores = is_op("relax.matmul")(_views(q, _OPERAND_VIEWS), _views(k_seen, _OPERAND_VIEWS))
+    ann["root"] = scores = is_op("relax.matmul")(_views(q_seen, _OPERAND_VIEWS), _views(k_seen, _OPERAND_VIEWS))
     scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))
     scaled = is_op("relax.astype")(scaled) | scaled
     ann["bias"] = bias = wildcard()

@@ -77,6 +77,14 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
         if any(len(symbolic) > 1 for symbolic in held.values()):
             merged_symbolic.append(f"the {what} merges two symbolic axes into one dimension")
     problems += outer_head_dims + merged_symbolic
+    for role, dim, first, _ in layout.slices:
+        # the kernels load 16-byte vectors (TMA: a 16-byte aligned base); the dim's stride is
+        # checked at run time, the part's first element here where it is the innermost dim
+        rank = dict(zip(("query", "key", "value"), layout.ranks, strict=True))[role]
+        if dim == rank - 1 and first % 8:
+            problems.append(
+                f"the {role} starts at element {first} of its packed projection's rows, no 16-byte boundary"
+            )
     if layout.bias is not None:
         if layout.bias[3] != (layout.bias_rank - 1, 1):
             problems.append("the additive mask/bias is not contiguous along the keys (the kernel reads rows of it)")
@@ -114,4 +122,5 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
         masked_rows=layout.masked_rows,
         causal=layout.causal,
         kv_group=layout.kv_group,
+        slices=layout.slices,
     )

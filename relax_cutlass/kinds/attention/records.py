@@ -45,6 +45,10 @@ class AttentionProblem:
     and value heads, query head n reading kv head n // G (1: every head has its own). `key_reads`
     and `value_reads` then give the kv heads' axis for the heads.
 
+    `slices` gives, for an operand that is a part of a larger parameter (q, k and v sliced out
+    of one packed projection), (role, dimension, first element, the dimension's whole size): the
+    kernel reads that dimension from its `first` element on, the other reads unchanged.
+
     `bias_reads`, when the scores get an additive mask/bias before the softmax, gives the same
     for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
     reads it in `element`. `masked_rows` is what a row whose every score is -inf gives: "nan"
@@ -70,6 +74,7 @@ class AttentionProblem:
     # legalization, which differs from flash-attention's bottom-right alignment when seq_q > seq_kv).
     causal: str | None = None
     kv_group: int = 1
+    slices: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def kv_heads(self) -> int:
@@ -157,6 +162,9 @@ class AttentionRegion(Region):
             attention["causal"] = p.causal
         if p.kv_group > 1:
             attention["kv_heads"] = p.kv_heads
+        if p.slices:
+            # q, k and v read in place out of one packed projection: role -> (dim, first, whole)
+            attention["packed"] = {role: [dim, first, whole] for role, dim, first, whole in p.slices}
         # "mnk" of one head's first product, for the report's common columns.
         mnk = [attention["seq_q"], attention["seq_kv"], p.head_dim]
         return self._row("attention", mnk, {"attention": attention, "flops": p.flops()})

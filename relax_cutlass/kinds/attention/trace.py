@@ -59,6 +59,9 @@ class _Tracer:
         # times each element repeats. Only while `repeats_allowed` (the k/v of a "softmax_gqa" match).
         self.repeats: dict[str, int] = {}
         self.repeats_allowed = False
+        # Parameter axes a strided_slice cut (q, k and v out of one packed projection): axis ->
+        # (first element, the axis's whole size); its part is the axis's one child.
+        self.slices: dict[str, tuple[int, int]] = {}
         self.analyzer = tvm.sym.Analyzer()
 
     def equal(self, a, b) -> bool:
@@ -140,6 +143,8 @@ class _Tracer:
             return tuple(() if i in new else next(rest) for i in range(rank))
         if op == "relax.broadcast_to":
             return self.broadcast(layout, _dims(call.args[0]), _dims(call))
+        if op == "relax.strided_slice":
+            return self.slice(layout, call)
         return layout  # elementwise: astype, the scale, softmax (its axis is checked apart)
 
     def broadcast(self, layout: Layout, before: list, after: list) -> Layout:
@@ -159,6 +164,28 @@ class _Tracer:
             self.repeats[axis] = times
             out[i] = (axis,)
         return tuple(out)
+
+    def slice(self, layout: Layout, call: relax.Call) -> Layout:
+        """A strided_slice of one whole, static axis of the tensor (the part of a packed q/k/v
+        projection an operand is): the axis becomes its part, read at an offset (`slices`)."""
+        axes, begin, end = (list(call.args[i]) if len(call.args) > i else [] for i in (1, 2, 3))
+        strides = list(call.args[4]) if len(call.args) > 4 else []
+        if len(axes) != 1 or any(_static(v) != 1 for v in strides):
+            raise _NotAttention("a strided_slice of more than one axis, or with steps, is not fused")
+        dim = _static(axes[0]) % len(layout)
+        lo, hi = _static(begin[0]), _static(end[0])
+        group = layout[dim]
+        if len(group) != 1 or group[0] in self.children or lo is None or hi is None:
+            raise _NotAttention("a strided_slice of a merged, split or symbolic axis is not fused")
+        axis = group[0]
+        whole = _static(self.sizes[axis])
+        if whole is None or not 0 <= lo < hi <= whole:
+            raise _NotAttention(f"strided_slice [{lo}:{hi}] of axis {axis} is out of its static range")
+        part = f"{axis}.slice"
+        self.sizes[part] = tvm.tirx.IntImm("int64", hi - lo)
+        self.children[axis] = (part,)
+        self.slices[axis] = (lo, whole)
+        return (*layout[:dim], (part,), *layout[dim + 1 :])
 
     def regroup(self, layout: Layout, new_dims: list, call) -> Layout:
         """A reshape: the same axes in the same order, grouped into the new dimensions. A static
