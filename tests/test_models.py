@@ -385,3 +385,40 @@ def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
         assert got.shape == want.shape == (1, n, 128)
         assert rel_error(got, want) < 1e-2
         assert rel_error(got, expected) < 1e-2
+
+
+def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
+    """Falcon's multi-query attention takes its key and value heads out of the fused projection
+    as `fused[..., [-2], :]` and `[..., [-1], :]`; TVM's frontend writes `take(mode="fast")`, which
+    read before the tensor: NaN outputs in float16 (session 19, a sibling of GPT-2's packed
+    projection). FixTvmCudaForms wraps the constant indices as torch does."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
+
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
+    config = transformers.FalconConfig(**sizes, multi_query=True, new_decoder_architecture=False)
+    model = last_hidden_state(transformers.FalconModel(config).eval())
+    ids = torch.randint(0, 512, (2, 64))
+    mod = relax_cutlass.from_torch(model, (ids,))
+    with torch.no_grad():
+        expected = model(ids).numpy()
+    got = run_vm(build_cpu(mod), [ids.numpy()])
+    assert np.isfinite(got).all() and rel_error(got, expected) < 1e-2
+    offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
+    assert rel_error(run_vm(build_cpu(offloaded), [ids.numpy()]), expected) < 1e-2
+
+
+def test_negative_constant_take_indices_are_wrapped():
+    from relax_cutlass.rewrites.canonicalize import wrap_negative_take_indices
+
+    x = relax.Var("x", relax.TensorType((3, 5), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.take(x, relax.const(np.array([-1, 0, -5], "int64")), axis=1, mode="fast"))
+        bb.emit_func_output(out)
+    func = wrap_negative_take_indices(bb.get()["main"])
+    (take,) = [b.value for b in func.body.blocks[0].bindings]
+    np.testing.assert_array_equal(take.args[1].value.numpy(), [4, 0, 0])

@@ -354,16 +354,47 @@ def positive_slice_axes(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def wrap_negative_take_indices(func: relax.Function) -> relax.Function:
+    """take(x, constant indices) with a negative index -> the same with index + n (n: x's size on
+    the axis), as torch reads it.
+
+    TVM's PyTorch frontend writes indexing with a list (`index.Tensor`, `index_select`) as
+    `take(..., mode="fast")`, which does not wrap a negative index: it reads before the tensor.
+    Falcon's multi-query attention takes its key and value heads out of the fused projection as
+    `fused[..., [-2], :]` and `[..., [-1], :]`: TVM's build, on the CPU and the GPU alike, read
+    garbage there (NaN outputs in float16, silently wrong ones in bfloat16)."""
+    x, indices = wildcard(), is_const()
+    pattern = is_op("relax.take")(x, indices)
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        values = m[indices].value.numpy()
+        if values.dtype.kind not in "iu" or not (values < 0).any():
+            return orig
+        shape = static_shape(m[x])
+        if shape is None:
+            return orig
+        axis = orig.attrs.axis
+        n = int(np.prod(shape)) if axis is None else shape[int(axis) % len(shape)]
+        wrapped = np.where(values < 0, values + n, values)
+        if not ((wrapped >= 0) & (wrapped < n)).all():
+            return orig  # out of range in torch too: an error there, left as it is
+        return relax.op.take(m[x], relax.const(wrapped.astype(values.dtype)), axis, mode=orig.attrs.mode)
+
+    return rewrite_call(pattern, rewriter, func)
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
 class FixTvmCudaForms:
-    """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over narrow
-    dtypes (abort or no build), small integer powers (NaN for negative bases), strided slices
+    """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: constant negative take
+    indices (read out of bounds), cumsums over narrow dtypes (abort or no build), small integer
+    powers (NaN for negative bases), strided slices
     over a negative axis with a symbolic bound (no build), and symbolic shapes that only the
     exported Dims' bounds make exact (`bound_symbolic_shapes`: no shape, no build)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         def fix(func: relax.Function) -> relax.Function:
-            return bound_symbolic_shapes(positive_slice_axes(expand_integer_powers(widen_narrow_cumsums(func))))
+            fixed = expand_integer_powers(widen_narrow_cumsums(wrap_negative_take_indices(func)))
+            return bound_symbolic_shapes(positive_slice_axes(fixed))
 
         functions = {gv: fix(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()}
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
