@@ -173,6 +173,30 @@ BUILDERS = {
         num_hidden_layers=2,
         vocab_size=32000,
     ),
+    # Siblings of GPT-2's packed projection (session 19): Falcon's fused projection with multi-query
+    # attention (its key/value heads taken with negative indices: NaN in TVM's float16 build before
+    # FixTvmCudaForms wrapped them) and GPT-NeoX's (Pythia's) per-head interleaved q/k/v
+    "falcon_mq": _transformer(
+        "FalconConfig",
+        "FalconModel",
+        32000,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_hidden_layers=4,
+        vocab_size=32000,
+        multi_query=True,
+        new_decoder_architecture=False,
+    ),
+    "gpt_neox": _transformer(
+        "GPTNeoXConfig",
+        "GPTNeoXModel",
+        32000,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_attention_heads=16,
+        num_hidden_layers=8,
+        vocab_size=32000,
+    ),
 }
 
 ZOO = (
@@ -189,6 +213,8 @@ ZOO = (
     ZooModel("convnext_tiny", "vision", 32),
     ZooModel("resnext50_32x4d", "vision", 32),
     ZooModel("efficientnet_b0", "vision", 32),
+    ZooModel("falcon_mq", "transformer", 1, 512),
+    ZooModel("gpt_neox", "transformer", 1, 512),
 )
 
 BUILDS = ("relax_cutlass", "relax_cutlass_graph", "tvm_default", "tvm_default_graph")
