@@ -32,12 +32,8 @@ _MAX_ELEMENTS = 1 << 26
 
 
 def _apply_view(index: np.ndarray, call: relax.Call) -> np.ndarray:
-    op = call.op.name
-    if op == "relax.reshape":
-        return index.reshape(static_shape(call))
-    if op == "relax.expand_dims":
-        return index.reshape(static_shape(call))
-    if op == "relax.squeeze":
+    """The view `call` of an index array: reshape, expand_dims and squeeze keep the element order."""
+    if call.op.name != "relax.permute_dims":
         return index.reshape(static_shape(call))
     axes = call.attrs.axes
     return index.transpose([int(a) for a in axes] if axes is not None else None)
