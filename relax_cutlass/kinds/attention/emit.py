@@ -8,7 +8,7 @@ import tempfile
 
 from ...stages.compile import Source, _pkg_dir, cache_dir
 from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
-from ..epilogue import CUTLASS_ELEMENT
+from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
 from .records import BIAS_AXES, BIAS_VECTOR, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
@@ -69,7 +69,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         if static[axis] is not None:
             sizes.append(f"  const int64_t {names[axis]} = {static[axis]};")
     operands = []
-    element_bytes = {"float16": 2, "bfloat16": 2}[p.element]
+    element_bytes = DTYPE_BITS[p.element] // 8
     for role, axes in OPERAND_AXES:
         b, rows, n = (strides[(role, a)] for a in axes[:3])
         data = f"Data({role})"
