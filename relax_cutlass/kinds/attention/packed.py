@@ -39,27 +39,23 @@ def _apply_view(index: np.ndarray, call: relax.Call) -> np.ndarray:
     return index.transpose([int(a) for a in axes] if axes is not None else None)
 
 
-def _last_axis_slice(source: relax.Expr, part: np.ndarray) -> tuple[int, int] | None:
-    """(lo, hi) when `part` (an index array of `source`'s elements) is source[..., lo:hi]."""
-    shape = static_shape(source)
-    if shape is None or part.ndim != len(shape) or tuple(part.shape[:-1]) != tuple(shape[:-1]):
-        return None
-    if not part.size:
+def _last_axis_slice(index: np.ndarray, part: np.ndarray) -> tuple[int, int] | None:
+    """(lo, hi) when `part` (taken from the index array of P's elements, `index`) is P[..., lo:hi]."""
+    if not part.size or part.ndim != index.ndim or part.shape[:-1] != index.shape[:-1]:
         return None
     lo = int(part.reshape(-1)[0])  # the flat index of P[0, ..., 0, lo]
     hi = lo + part.shape[-1]
-    if hi > shape[-1] or (lo, hi) == (0, shape[-1]):
+    if hi > index.shape[-1] or (lo, hi) == (0, index.shape[-1]):
         return None
-    index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     return (lo, hi) if np.array_equal(part, index[..., lo:hi]) else None
 
 
 def _take_as_slice(value: relax.Call, var2val) -> tuple[relax.Expr, int, int] | None:
     """(P, lo, hi) when take(X, i, axis) is P[..., lo:hi], X a chain of views of P."""
     data, indices = value.args[0], value.args[1]
-    if not isinstance(indices, tvm.ir.GenericConst) or indices.value.numpy().size != 1:
+    if not isinstance(indices, tvm.ir.GenericConst) or indices.value.numpy().shape != ():
         return None
-    if indices.value.numpy().ndim != 0 or static_shape(value) is None:
+    if value.attrs.axis is None or static_shape(value) is None:
         return None
     calls, expr = [], data
     while isinstance(expr, relax.Var) and any(_is_call(var2val.get(expr), op) for op in _PACKING_VIEWS):
@@ -70,14 +66,12 @@ def _take_as_slice(value: relax.Call, var2val) -> tuple[relax.Expr, int, int] | 
         return None
     if any(static_shape(c) is None for c in calls):
         return None
-    index = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    source = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    viewed = source
     for call in reversed(calls):
-        index = _apply_view(index, call)
-    axis = int(value.attrs.axis) if value.attrs.axis is not None else None
-    if axis is None:
-        return None
-    part = np.take(index, int(indices.value.numpy()), axis=axis)
-    found = _last_axis_slice(expr, part)
+        viewed = _apply_view(viewed, call)
+    part = np.take(viewed, int(indices.value.numpy()), axis=int(value.attrs.axis))
+    found = _last_axis_slice(source, part)
     return (expr, *found) if found is not None else None
 
 
