@@ -77,11 +77,11 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
         if any(len(symbolic) > 1 for symbolic in held.values()):
             merged_symbolic.append(f"the {what} merges two symbolic axes into one dimension")
     problems += outer_head_dims + merged_symbolic
+    ranks = dict(zip(("query", "key", "value"), layout.ranks, strict=True))
     for role, dim, first, _ in layout.slices:
         # the kernels load 16-byte vectors (TMA: a 16-byte aligned base); the dim's stride is
         # checked at run time, the part's first element here where it is the innermost dim
-        rank = dict(zip(("query", "key", "value"), layout.ranks, strict=True))[role]
-        if dim == rank - 1 and first % 8:
+        if dim == ranks[role] - 1 and first % 8:
             problems.append(
                 f"the {role} starts at element {first} of its packed projection's rows, no 16-byte boundary"
             )
