@@ -253,6 +253,38 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
 
 
 @pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("form, batch", [("causal", 2), ("padding", 2)])
+def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family, form, batch):
+    """Falcon's multi-query attention (one kv head broadcast over 8 query heads by sdpa, causal or
+    with a padding mask; session 20): one region, one launch per batch (SM90) or per call (SM80),
+    against torch in float64."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_gqa import _MultiQuery
+
+    n, s, h = 8, 1000, 128
+    q, k, v = torch.randn(batch, n, s, h), torch.randn(batch, 1, s, h), torch.randn(batch, 1, s, h)
+    keep = torch.ones(batch, s, dtype=torch.bool)
+    keep[-1, s // 3 :] = False
+    module = _MultiQuery(form)
+    mod = relax_cutlass.from_torch(module, (q, k, v, keep))
+    vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
+    assert row["attention"]["kv_heads"] == 1 and row["attention"]["heads"] == n, row
+    rng = np.random.default_rng(6)
+    inputs = [rng.uniform(-1, 1, size=x.shape).astype("float16").astype("float32") for x in (q, k, v)]
+    inputs.append(keep.numpy())
+    out = vm["main"](*[tvm.runtime.tensor(x, tvm.cuda(0)) for x in inputs])
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = module(*[torch.from_numpy(x).double() if x.dtype != bool else torch.from_numpy(x) for x in inputs])
+    assert gpu_convs.relative_error(got, want.numpy()) < 2e-3
+    launches = _attention_launches(vm, "main", inputs)
+    assert launches == (batch if row["family"] == "sm90" else 1), (row["family"], launches)
+
+
+@pytest.mark.parametrize("family", ["auto", "sm80"])
 @pytest.mark.parametrize("model", ["vit", "gpt2"])
 def test_packed_projection_is_read_in_place(family, model):
     """q, k and v sliced out of one packed projection (torch's nn.MultiheadAttention in a ViT;

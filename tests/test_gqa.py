@@ -75,3 +75,42 @@ def test_profiling_reference_repeats_the_kv_heads():
     repeated = attention_reference(q, np.repeat(k, 4, axis=2), np.repeat(v, 4, axis=2), 0.25, 1, rows)
     np.testing.assert_allclose(grouped, repeated, rtol=1e-6)
     assert want.shape == (2, len(index[1]), 8, 16)
+
+
+class _MultiQuery(torch.nn.Module):
+    """Multi-query attention as Falcon writes it: torch's scaled_dot_product_attention of (B, N, S, H)
+    queries with (B, 1, T, H) keys and values (sdpa broadcasts the one kv head over the query heads),
+    causal, with a boolean padding mask, or with the kv head broadcast by an explicit `expand`."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+
+    def forward(self, q, k, v, keep):
+        f = torch.nn.functional.scaled_dot_product_attention
+        if self.form == "causal":
+            out = f(q, k, v, is_causal=True)
+        elif self.form == "padding":
+            out = f(q, k, v, attn_mask=keep[:, None, None, :])
+        else:  # "expand": the repeat written out, then plain attention
+            k, v = (x.expand(-1, q.shape[1], -1, -1) for x in (k, v))
+            out = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1) @ v
+        return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("form, batch", [("causal", 1), ("causal", 2), ("padding", 2), ("expand", 3)])
+def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(form, batch):
+    """Falcon's multi-query attention (one kv head broadcast to all query heads) stayed in TVM:
+    the broadcast was refused as a repeat of data (session 20, the zoo's falcon_mq). It is grouped-
+    query attention with G = N: one region, the kv head read for every query head, never written."""
+    heads, rows, h = 4, 24, 16
+    q = torch.randn(batch, heads, rows, h)
+    k, v = torch.randn(batch, 1, rows, h), torch.randn(batch, 1, rows, h)
+    keep = torch.ones(batch, rows, dtype=torch.bool)
+    keep[-1, rows // 2 :] = False
+    mod = relax_cutlass.from_torch(_MultiQuery(form), (q, k, v, keep))
+    (row,), partitioned, rewritten = _attention_rows(mod)
+    assert row["attention"]["heads"] == heads and row["attention"]["kv_heads"] == 1, row
+    assert "relax.broadcast_to" not in op_names(rewritten)  # the repeat is read, not written
+    compare_on_cpu(mod, random_inputs(mod))
+    assert check_regions_against_kernel_model(partitioned) == 1

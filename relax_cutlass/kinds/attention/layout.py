@@ -176,25 +176,49 @@ def _softmax_layout(ann: dict, out: relax.Expr, var2val, grouped: bool = False) 
             raise first_error from None
 
 
-def _kv_heads(tracer: _Tracer, layout: Layout, what: str) -> tuple[Layout, str | None, int]:
-    """Grouped-query keys/values: the operand's layout without its repeat axis, the kv-head axis
-    the repeat follows (None without a repeat), and the group size G (query heads per kv head; 1
-    without a repeat). Query head n reads kv head n // G: the repeat must sit right inside the kv
-    heads in one dimension, as transformers' repeat_kv (repeat_interleave) puts it."""
+def _kv_heads(tracer: _Tracer, layout: Layout, what: str) -> tuple[Layout, str | None, int, tuple | None]:
+    """Grouped-query keys/values: the operand's layout without its repeat axis, the axis the repeat
+    follows in its dimension (None where it leads it), the group size G (query heads per kv head; 1
+    without a repeat) and where the repeat sat ((dimension, position), None without one). Query
+    head n reads kv head n // G: the repeat must sit right inside the kv heads in one dimension, as
+    transformers' repeat_kv (repeat_interleave) puts it; or, multi-query attention (one kv head:
+    Falcon's broadcast of it to every query head), stand where the query's heads stand."""
     found = [(i, pos, a) for i, g in enumerate(layout) for pos, a in enumerate(g) if a in tracer.repeats]
     if not found:
-        return layout, None, 1
+        return layout, None, 1, None
     if len(found) > 1:
         raise _NotAttention(f"the {what} repeats along {len(found)} axes; grouped-query attention repeats one")
     i, pos, axis = found[0]
     group = layout[i]
-    if i >= len(layout) - 2 or pos != len(group) - 1 or pos == 0:
+    if i >= len(layout) - 2 or pos != len(group) - 1:
         raise _NotAttention(
             f"the {what}'s repeat is not right inside its heads in one dimension (grouped-query attention as "
-            "repeat_interleave: query head n reads kv head n // G); a repeat of all heads (torch's repeat) or of "
-            "a single kv head (multi-query attention) is left to TVM"
+            "repeat_interleave: query head n reads kv head n // G); a repeat of all heads (torch's repeat) is "
+            "left to TVM"
         )
-    return (*layout[:i], group[:-1], *layout[i + 1 :]), group[pos - 1], tracer.repeats[axis]
+    before = group[pos - 1] if pos else None
+    return (*layout[:i], group[:-1], *layout[i + 1 :]), before, tracer.repeats[axis], (i, pos)
+
+
+def _batch_roles(layout: Layout, roles: dict[str, str], repeat: tuple | None = None) -> tuple:
+    """The roles of the operand's batch dimensions; a multi-query repeat (`repeat`: where it sat)
+    counts as the heads it serves."""
+    batch = [[roles[a] for a in g] for g in layout[:-2]]
+    if repeat is not None:
+        batch[repeat[0]].insert(repeat[1], "N")
+    return tuple(tuple(g) for g in batch)
+
+
+def _multi_query(tracer: _Tracer, roles: dict[str, str], heads: str | None, where: tuple | None) -> tuple | None:
+    """Where the repeat of a single kv head sat (multi-query attention), None for grouped-query
+    attention (the repeat follows the kv-head axis) or no repeat. The kv operand's heads are then a
+    unit dimension (read at head 0 only: its stride never matters)."""
+    if where is None or (heads is not None and roles.get(heads) == "N"):
+        return None
+    unit_heads = [a for a, role in roles.items() if role == "N"]
+    if not unit_heads or not all(_is_one(tracer.sizes[a]) for a in unit_heads):
+        raise _NotAttention("the repeated axis of the keys/values is not their heads")
+    return where
 
 
 def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: bool = False) -> AttentionLayout:
@@ -204,22 +228,25 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
     # q, k and v may each be a strided_slice of one packed projection (`packed_projection_slices`)
     scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype", "relax.strided_slice")
     q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
-    # grouped-query keys and values: repeat_kv's expand_dims and repeating broadcast_to
-    tracer.repeats_allowed = grouped
+    # grouped-query keys and values: repeat_kv's expand_dims and repeating broadcast_to (a
+    # multi-query one, of the single kv head, is a broadcast among the operand views themselves)
+    tracer.repeats_allowed = True
     repeat = ("relax.expand_dims",) if grouped else ()
     k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), (*scaled, *repeat))
     v_views = (*_VIEW_OPS, "relax.strided_slice", *repeat)
     v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"), v_views)
     tracer.repeats_allowed = False
-    k_op, k_heads, group = _kv_heads(tracer, k_op, "key")
-    v_op, v_heads, v_group = _kv_heads(tracer, v_op, "value")
-    if grouped and not group == v_group > 1:
+    k_op, k_heads, group, k_where = _kv_heads(tracer, k_op, "key")
+    v_op, v_heads, v_group, v_where = _kv_heads(tracer, v_op, "value")
+    if group != v_group or (grouped and group == 1):
         raise _NotAttention("the keys and values are not repeated alike across the query heads")
     q_role = _assign(tracer, q_names, q_op, ("S", "H"), lone, "the query")
     k_role = _assign(tracer, k_names, k_op, ("H", "T"), lone, "the key")
     v_role = _assign(tracer, v_names, v_op, ("T", "V"), lone, "the value")
-    if grouped and not (k_role.get(k_heads) == v_role.get(v_heads) == "N"):
-        raise _NotAttention("the repeated axis of the keys/values is not their heads")
+    k_where = _multi_query(tracer, k_role, k_heads, k_where)
+    v_where = _multi_query(tracer, v_role, v_heads, v_where)
+    if (k_where is None) != (v_where is None):
+        raise _NotAttention("the keys and values are not repeated alike across the query heads")
     sizes: dict[str, tvm.tirx.PrimExpr] = {}
     for roles, what in ((q_role, "query"), (k_role, "key"), (v_role, "value")):
         for axis, role in roles.items():
@@ -230,9 +257,9 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
                 raise _NotAttention(f"the {what}'s {role} size {size} differs from {sizes[role]}")
             sizes.setdefault(role, size)
     # Both operands of each matmul must batch over the same (B, N) grouping.
-    q_batch = tuple(tuple(q_role[a] for a in g) for g in q_op[:-2])
-    for layout, roles, what in ((k_op, k_role, "key"), (v_op, v_role, "value")):
-        if tuple(tuple(roles[a] for a in g) for g in layout[:-2]) != q_batch:
+    q_batch = _batch_roles(q_op, q_role)
+    for layout, roles, where, what in ((k_op, k_role, k_where, "key"), (v_op, v_role, v_where, "value")):
+        if _batch_roles(layout, roles, where) != q_batch:
             raise _NotAttention(f"the {what} operand is not batched like the query")
     tracer.sizes |= sizes
     kept = tuple(a for a in ("S", "T", "V") if not _is_one(sizes[a]))

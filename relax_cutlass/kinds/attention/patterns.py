@@ -116,8 +116,10 @@ def _packed(x: DFPattern) -> DFPattern:
 # The views seen between a head-split q/k/v and its matmul: torch.export writes
 # permute -> [permute] -> [scale] -> broadcast_to -> reshape (the scale: torch's decomposed
 # scaled_dot_product_attention multiplies q and k^T by sqrt(scale) each), TVM's own rewrites
-# permute -> reshape -> permute.
+# permute -> reshape -> permute; a leading broadcast_to is a multi-query kv head expanded to
+# every query head (`expand`) before the transpose.
 _OPERAND_VIEWS = (
+    "relax.broadcast_to",
     "relax.permute_dims",
     "relax.permute_dims",
     "scale",
