@@ -8,20 +8,25 @@ from .arch import parse_arch
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
 from .rewrites.layout import ConvertToNHWC
+from .rewrites.projections import FuseParallelProjections
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
 from .stages.partition import PartitionForCutlass
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """FixTvmCudaForms -> FoldLinearReshapes -> [ConvertToNHWC ->] PartitionForCutlass -> LiftConstants
-    -> CutlassCodegen -> MakeGemmBroadcastsExplicit -> AccumulateInFloat32.
+    """FixTvmCudaForms -> FoldLinearReshapes -> FuseParallelProjections -> [ConvertToNHWC ->]
+    PartitionForCutlass -> LiftConstants -> CutlassCodegen -> MakeGemmBroadcastsExplicit -> AccumulateInFloat32.
 
     FixTvmCudaForms rewrites forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over
     bool or 8/16-bit ints (it aborts the process on transformers' bool mask cumsum) and x ** c for
     small integer c (NaN for negative x: GPT-2's gelu, Llama's RMSNorm). `arch="auto"` detects
     the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
+    FuseParallelProjections makes the separate q, k and v projections of one input (BERT, Llama)
+    one GEMM on the concatenated weights, each projection a slice of it, which the attention reads
+    in place where nothing comes between (BERT; Llama's rotary q and k are computed from theirs):
+    BERT-large's 1024-wide projections had 64 output tiles each on a 132-SM H200, q|k|v has 192;
     `convert_layout` brings NCHW convolutions to NHWC (a no-op without conv2d). Options go to CutlassCodegen:
     accumulator, m_hint, jobs, compile, family, tile, tuning_db, profile (see docs/configuration.md).
     MakeGemmBroadcastsExplicit runs last, on what stays in TVM: a conv/matmul left there whose output
@@ -36,6 +41,7 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
         [
             FixTvmCudaForms(),
             FoldLinearReshapes(),
+            FuseParallelProjections(),
             *layout,
             PartitionForCutlass(sm),
             LiftConstants(),

@@ -3,6 +3,7 @@
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
 from .rewrites.layout import ConvertToNHWC
+from .rewrites.projections import FuseParallelProjections
 from .rewrites.shapes import BoundSymbolicShapes
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
@@ -15,6 +16,7 @@ __all__ = [
     "CutlassCodegen",
     "FixTvmCudaForms",
     "FoldLinearReshapes",
+    "FuseParallelProjections",
     "LiftConstants",
     "MakeGemmBroadcastsExplicit",
     "PartitionForCutlass",

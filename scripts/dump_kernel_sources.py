@@ -37,6 +37,7 @@ from relax_cutlass.transform import (  # noqa: E402
     ConvertToNHWC,
     FixTvmCudaForms,
     FoldLinearReshapes,
+    FuseParallelProjections,
     LiftConstants,
     PartitionForCutlass,
 )
@@ -90,7 +91,7 @@ def torch_cases() -> list:
 def partition(mod, bind: bool, arch: str):
     if bind:
         mod = gpu_build.bind(mod, gpu_build.weight_names(mod))
-    mod = ConvertToNHWC()(FoldLinearReshapes()(FixTvmCudaForms()(mod)))
+    mod = ConvertToNHWC()(FuseParallelProjections()(FoldLinearReshapes()(FixTvmCudaForms()(mod))))
     return LiftConstants()(PartitionForCutlass(arch)(mod))
 
 

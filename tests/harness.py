@@ -86,7 +86,7 @@ def partition_for_cpu(mod: tvm.IRModule, *arch: str) -> tvm.IRModule:
     """The partitioned and lifted module of `mod` (for `arch`, if given), after the rewrites that
     offload_pipeline runs before partitioning."""
     t = relax_cutlass.transform
-    canonical = t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod))
+    canonical = t.FuseParallelProjections()(t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod)))
     return t.LiftConstants()(t.PartitionForCutlass(*arch)(t.ConvertToNHWC()(canonical)))
 
 
