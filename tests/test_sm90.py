@@ -15,6 +15,8 @@ from relax_cutlass.kinds.gemm.select import (
     accumulator_registers,
     candidate_tiles_sm90,
     choose_kernel,
+    sm90_large_tile,
+    under_fills,
 )
 from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
@@ -54,8 +56,26 @@ def test_candidates_come_from_cutlass_library_sm90_generator():
     ],
 )
 def test_heuristic_follows_the_measured_sweep(m, k, n, expected):
-    kernel = choose_kernel(GemmProblem(m, n, k, True), Epilogue(bias=True, activation="gelu"), 90)
-    assert kernel.arch == 90 and kernel.tile.describe() == expected
+    """The sweep's data-parallel tiles (which the heuristic takes wherever 128x128 tiles fill more
+    than half of the SMs)."""
+    problem = GemmProblem(m, n, k, True)
+    assert sm90_large_tile(problem, 90, m).describe() == expected
+    if not under_fills(m, n, (128, 128), 90):
+        kernel = choose_kernel(problem, Epilogue(bias=True, activation="gelu"), 90)
+        assert kernel.arch == 90 and kernel.tile.describe() == expected
+
+
+@pytest.mark.parametrize("m, n, k", [(1024, 1024, 4096), (1024, 1024, 1024), (512, 768, 3072), (128, 1024, 1024)])
+def test_under_filled_problems_take_the_small_tile_that_tuning_picked(m, n, k):
+    """Where 128x128 tiles fill at most half of the SMs, 64x128 ping-pong (session 20, H200 tuning:
+    a small tile won every such BERT-large / GPT-2 problem, e.g. 15.8 vs 20.7 us at 1024x1024x4096);
+    the profiler still times the large tile right after the small ones."""
+    problem = GemmProblem(m, n, k, False)
+    kernel = choose_kernel(problem, Epilogue(bias=True), 90)
+    assert kernel.tile.describe() == "tb64x128x64_c2x1x1_pingpong" and kernel.selected_by == "heuristic"
+    timed = gemm_candidates(problem, 90, 90, DEFAULT_MAX_CANDIDATES)
+    assert timed[0] == kernel.tile and sm90_large_tile(problem, 90, m) in timed
+    assert len(set(timed)) == len(timed)
 
 
 def test_heuristic_never_picks_256x256_stream_k_or_split_k():
@@ -121,12 +141,14 @@ def test_small_tiles_come_after_the_default_level_configurations(accumulator):
 @pytest.mark.parametrize("m,n,k", [(1024, 1024, 1024), (1024, 1024, 4096), (128, 1024, 4096)])
 def test_small_tiles_are_profiled_where_128x128_tiles_under_fill_the_gpu(m, n, k):
     """BERT-large at batch 8: N = 1024 is 64 CTAs of 128x128 on 132 SMs. The profiler's default
-    limit times the heuristic's kernel first, then split-K, then each small tile and schedule."""
+    limit times the heuristic's kernel (a small tile there) first, then split-K, then each small
+    tile and schedule, and the sweep's large tile."""
     problem = GemmProblem(m, n, k, True)
     names = [t.describe() for t in gemm_candidates(problem, 90, 90, DEFAULT_MAX_CANDIDATES)]
-    assert names[0] == choose_kernel(problem, Epilogue(), 90).tile.describe() == "tb128x128x64_c2x1x1_cooperative"
+    assert names[0] == choose_kernel(problem, Epilogue(), 90).tile.describe() == "tb64x128x64_c2x1x1_pingpong"
     assert names[1] == "tb128x128x64_c1x2x1_cooperative_splitk"
     assert set(SMALL_TILES) <= set(names)
+    assert "tb128x128x64_c2x1x1_cooperative" in names
     every = [t.describe() for t in gemm_candidates(problem, 90, 90, 100)]
     assert set(SMALL_TILES_OTHER_CLUSTER) <= set(every)
 

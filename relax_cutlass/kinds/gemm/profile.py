@@ -16,6 +16,7 @@ from .select import (
     candidate_tiles_sm90,
     choose_kernel,
     estimate_cost,
+    sm90_large_tile,
     smem_limit,
     under_fills,
 )
@@ -72,13 +73,16 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         # under-filled problem with a long main loop is where it can win: always time it there.
         front.append(next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE))
     if family == 90 and small:
-        # Nor are the small tiles (the heuristic stays as measured until they are), but where
-        # 128x128 tiles leave half the SMs idle their twice as many CTAs may win: time each tile
-        # and schedule on its first cluster within the default limit, then the other clusters.
-        front += sorted(
-            (t for t in pool if t.threadblock in SM90_SMALL_TILES),
+        # Where 128x128 tiles leave half the SMs idle, the heuristic takes one small tile
+        # (select.SM90_UNDERFILLED): time each small tile and schedule on its first cluster within
+        # the default limit, then the sweep's data-parallel large tile, then the other clusters.
+        smalls = sorted(
+            (t for t in pool if t.threadblock in SM90_SMALL_TILES and t != chosen),
             key=lambda t: (t.cluster != SMALL_TILE_CLUSTERS[t.threadblock], rank(t)),
         )
+        first = [t for t in smalls if t.cluster == SMALL_TILE_CLUSTERS[t.threadblock]]
+        large = sm90_large_tile(problem, arch, problem.m or 1024)
+        front += [*first, *([large] if large != chosen else []), *(t for t in smalls if t not in first)]
     ranked = [ranked[0]] + front + [t for t in ranked[1:] if t not in front]
     return ranked[:limit]
 

@@ -384,13 +384,21 @@ def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = 
 SM90_HEURISTIC_TILES = ((128, 128, 64), (128, 256, 64), (256, 128, 64))
 SM90_PINGPONG = ((128, 128, 64), (2, 1, 1))  # short main loops: K <= 2048, >= 2 waves of tiles
 SM90_COOPERATIVE_TIE = ((256, 128, 64), (1, 2, 1))
+# Where 128x128 tiles fill at most half of the SMs: 64x128 ping-pong on a 2x1 cluster (twice the
+# CTAs). Tuned on the H200 (session 20, the profiler timing both small tiles, both schedules and
+# the heuristic's 128x128), a small tile won every such problem of BERT-large and GPT-2: 64x128
+# ping-pong at 1024x1024x4096 (15.8 vs 20.7 us) and 512x768x768 (5.3 vs 5.8), 128x64 cooperative
+# at 512x768x3072 (9.8 vs 16.0) and 1024x1024x1024 (7.4 vs 7.9); session 19's BERT-large took
+# 64x128 ping-pong for all of its 1024-wide projections.
+SM90_UNDERFILLED = ((64, 128, 64), (2, 1, 1), "pingpong")
 
 
 def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int) -> GemmKernel:
     """SM90, from the sweep above: with a short main loop (K <= 2048) and at least two waves of
     128x128 tiles, the ping-pong schedule (one warpgroup's epilogue overlaps the other's main loop)
     on 128x128 tiles; otherwise cooperative kernels ranked by the wave model, ties to 256x128 with
-    a 1x2 cluster (best or within 3% of the best on every swept shape).
+    a 1x2 cluster (best or within 3% of the best on every swept shape). Where 128x128 tiles fill
+    at most half of the SMs, `SM90_UNDERFILLED`'s smaller tile (measured, see there).
 
     Never split-K, although under-filled problems look made for it: on the H100, BERT-large's
     split-K GEMMs (CUTLASS's stream-K scheduler in split-K mode, 128x128 tiles) ran slower than
@@ -398,6 +406,22 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     slower at batch 1 (2.25 vs 1.38 ms for M=128), workspace memsets included. Split-K stays a
     profiling candidate for under-filled problems (profile.gemm_candidates) and a `tile=` choice.
     """
+    m = problem.m or m_hint
+    pool = candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
+    if under_fills(m, problem.n, (128, 128), arch):
+        small = [
+            t for t in pool if t.scheduler == "default" and (t.threadblock, t.cluster, t.schedule) == SM90_UNDERFILLED
+        ]
+        if small:
+            return GemmKernel(problem, epilogue, small[0], arch=90, target=arch, selected_by="heuristic")
+    return GemmKernel(
+        problem, epilogue, sm90_large_tile(problem, arch, m_hint), arch=90, target=arch, selected_by="heuristic"
+    )
+
+
+def sm90_large_tile(problem: GemmProblem, arch: int, m_hint: int) -> TileConfig:
+    """The data-parallel 128x128 / 256x128 / 128x256 tile of the sweep's rule (`_choose_sm90`
+    without its under-filled case; profiling times it beside the small tiles there)."""
     m = problem.m or m_hint
     candidates = [
         t for t in candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
@@ -407,7 +431,7 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     if problem.k <= 2048 and waves_128 >= 2:
         pingpong = [t for t in candidates if t.schedule == "pingpong" and (t.threadblock, t.cluster) == SM90_PINGPONG]
         if pingpong:
-            return GemmKernel(problem, epilogue, pingpong[0], arch=90, target=arch, selected_by="heuristic")
+            return pingpong[0]
 
     def rank(tile: TileConfig):
         return (
@@ -417,8 +441,7 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
             tile.describe(),
         )
 
-    best = min((t for t in candidates if t.schedule == "cooperative"), key=rank)
-    return GemmKernel(problem, epilogue, best, arch=90, target=arch, selected_by="heuristic")
+    return min((t for t in candidates if t.schedule == "cooperative"), key=rank)
 
 
 # ---------------------------------------------------------------------------------------------
