@@ -204,17 +204,16 @@ def prewarm(cases: list[SuiteCase], arch: str, tuning_db: str = "") -> None:
     """Compile every distinct kernel of every case and family up front, all cores busy: nvcc is
     the bottleneck, and the cases then build one by one from the object cache
     (RELAX_CUTLASS_CACHE_DIR)."""
+    from relax_cutlass.pipeline import partition_as_offloaded
     from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
     from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.constants import offloaded_functions
     from relax_cutlass.stages.emit import emit_kernel
-    from relax_cutlass.transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     sources = {}
     for case in cases:
         mod, bind_weights = case.model()
-        prepared = ConvertToNHWC()(bind(mod, weight_names(mod)) if bind_weights else mod)
-        part = LiftConstants()(PartitionForCutlass(arch)(prepared))
+        part = partition_as_offloaded(bind(mod, weight_names(mod)) if bind_weights else mod, arch)
         funcs = [f for _, f in offloaded_functions(part)]
         for family in case.families:
             options = CodegenOptions.create(arch, **family_options(family, tuning_db), **case.options)

@@ -36,13 +36,9 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     float32 accumulation back so that the epilogues fuse).
     """
     sm = parse_arch(arch)
-    layout = [ConvertToNHWC()] if convert_layout else []
     return tvm.transform.Sequential(
         [
-            FixTvmCudaForms(),
-            FoldLinearReshapes(),
-            FuseParallelProjections(),
-            *layout,
+            *pre_partition_passes(convert_layout),
             PartitionForCutlass(sm),
             LiftConstants(),
             CutlassCodegen(sm, **options),
@@ -51,3 +47,18 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
         ],
         name="relax_cutlass.offload_pipeline",
     )
+
+
+def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass]:
+    """The rewrites offload_pipeline runs before PartitionForCutlass, in its order: whatever previews
+    the partition (the offload report, tuning, kernel dumps, the tests' CPU harness) runs exactly
+    these, so it plans the regions the build gets."""
+    layout = [ConvertToNHWC()] if convert_layout else []
+    return [FixTvmCudaForms(), FoldLinearReshapes(), FuseParallelProjections(), *layout]
+
+
+def partition_as_offloaded(mod: tvm.IRModule, arch: str | int = "sm_80", convert_layout: bool = True) -> tvm.IRModule:
+    """`mod` partitioned (constants lifted) as offload_pipeline partitions it before codegen."""
+    for rewrite in pre_partition_passes(convert_layout):
+        mod = rewrite(mod)
+    return LiftConstants()(PartitionForCutlass(parse_arch(arch))(mod))

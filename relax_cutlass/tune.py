@@ -62,13 +62,13 @@ def _model_modules(model: str, batch: int, seq: int) -> list:
 
 def _model_regions(model: str, arch: int, batch: int, seq: int):
     """(problem, epilogue) of every offloaded region of an embedded model, as the pipeline plans them."""
+    from .pipeline import partition_as_offloaded
     from .stages.codegen import CodegenOptions, plan_regions
     from .stages.constants import offloaded_functions
-    from .transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
     pairs = []
     for mod in _model_modules(model, batch, seq):
-        part = LiftConstants()(PartitionForCutlass(arch)(ConvertToNHWC()(mod)))
+        part = partition_as_offloaded(mod, arch)
         options = CodegenOptions(arch=arch, compile=False, profile="never")
         regions = plan_regions([f for _, f in offloaded_functions(part)], options)
         pairs += [(r.kernel.problem, r.kernel.epilogue) for r in regions]

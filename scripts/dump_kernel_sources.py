@@ -29,18 +29,11 @@ import gpu_build  # noqa: E402
 import gpu_cases  # noqa: E402
 import suite_cases  # noqa: E402
 
+from relax_cutlass.pipeline import partition_as_offloaded  # noqa: E402
 from relax_cutlass.stages import profile  # noqa: E402
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions  # noqa: E402
 from relax_cutlass.stages.constants import offloaded_functions  # noqa: E402
 from relax_cutlass.stages.emit import emit_glue, emit_kernel  # noqa: E402
-from relax_cutlass.transform import (  # noqa: E402
-    ConvertToNHWC,
-    FixTvmCudaForms,
-    FoldLinearReshapes,
-    FuseParallelProjections,
-    LiftConstants,
-    PartitionForCutlass,
-)
 
 ARCHES = (("sm_80", ("auto",)), ("sm_90a", ("auto", "sm80")), ("sm_100a", ("auto",)))
 
@@ -91,8 +84,7 @@ def torch_cases() -> list:
 def partition(mod, bind: bool, arch: str):
     if bind:
         mod = gpu_build.bind(mod, gpu_build.weight_names(mod))
-    mod = ConvertToNHWC()(FuseParallelProjections()(FoldLinearReshapes()(FixTvmCudaForms()(mod))))
-    return LiftConstants()(PartitionForCutlass(arch)(mod))
+    return partition_as_offloaded(mod, arch)
 
 
 def profiler_sources(problems: list, arch: int, family: str) -> list:

@@ -17,12 +17,12 @@ from collections import Counter
 
 from relax_cutlass.arch import arch_name, parse_arch
 from relax_cutlass.models import bert_encoder_layer, bind_weights, conv2d_epilogue_model, random_weights
+from relax_cutlass.pipeline import partition_as_offloaded
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.compile import compile_all
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
 from relax_cutlass.stages.sass_check import FAMILIES, mma_counts
-from relax_cutlass.transform import ConvertToNHWC, LiftConstants, PartitionForCutlass
 
 ARCHES = ("sm_80", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_103a", "sm_110", "sm_120", "sm_121")
 OPCODES = ("HMMA", "HGMMA", "UTCHMMA", "FFMA")
@@ -40,7 +40,7 @@ def kernels_for(arch: str) -> list:
     options = CodegenOptions.create(arch, profile="never")  # the heuristic's kernels; a GPU host would tune
     kernels = {}
     for mod in models():
-        part = LiftConstants()(PartitionForCutlass(sm)(ConvertToNHWC()(mod)))
+        part = partition_as_offloaded(mod, sm)
         for region in plan_regions([f for _, f in offloaded_functions(part)], options):
             for kernel in getattr(region, "kernels", (region.kernel,)):
                 kernels[kernel.name] = kernel

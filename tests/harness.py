@@ -85,9 +85,9 @@ def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRM
 def partition_for_cpu(mod: tvm.IRModule, *arch: str) -> tvm.IRModule:
     """The partitioned and lifted module of `mod` (for `arch`, if given), after the rewrites that
     offload_pipeline runs before partitioning."""
-    t = relax_cutlass.transform
-    canonical = t.FuseParallelProjections()(t.FoldLinearReshapes()(t.FixTvmCudaForms()(mod)))
-    return t.LiftConstants()(t.PartitionForCutlass(*arch)(t.ConvertToNHWC()(canonical)))
+    from relax_cutlass.pipeline import partition_as_offloaded
+
+    return partition_as_offloaded(mod, *arch)
 
 
 def offload_pipeline_on_cpu(mod: tvm.IRModule, arch: str = "sm_90a", **options) -> tvm.IRModule:

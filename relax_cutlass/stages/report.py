@@ -138,17 +138,16 @@ def _kind_of_row(row: dict):
 
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
-    from ..transform import ConvertToNHWC, FoldLinearReshapes, FuseParallelProjections
+    from ..pipeline import partition_as_offloaded
     from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
     from .constants import LiftConstants, call_counts
-    from .partition import PartitionForCutlass
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
         return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod), _not_fused(mod))
     arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
     if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
-        mod = PartitionForCutlass(arch)(ConvertToNHWC()(FuseParallelProjections()(FoldLinearReshapes()(mod))))
+        mod = partition_as_offloaded(mod, arch)
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
     # A report previews the plan; it never runs the GPU (the build itself profiles, see CodegenOptions).
     opts = CodegenOptions.create(arch, **({"profile": "never"} | options))
