@@ -60,14 +60,15 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
 class _ViewShapesFromTypes(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.reshape" and isinstance(call.args[1], relax.Var):
-            return relax.op.reshape(call.args[0], relax.ShapeExpr(call.ty.shape.values))
+        views = {"relax.reshape": relax.op.reshape, "relax.broadcast_to": relax.op.broadcast_to}
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in views and isinstance(call.args[1], relax.Var):
+            return views[call.op.name](call.args[0], relax.ShapeExpr(call.args[1].ty.values))
         return call
 
 
 def _static_view_shapes(composite: relax.Function) -> relax.Function:
-    """A reshape with a symbolic target shape takes it as an R.Shape parameter once fused, and
-    TVM cannot legalize a reshape to a parameter: spell the shape out from the result's type (in
+    """A reshape or broadcast_to with a symbolic target shape takes it as an R.Shape parameter once
+    fused, and TVM cannot legalize one to a parameter: spell the shape out from the result's type (in
     the symbolic vars the tensor parameters define). The kernels ignore those parameters anyway."""
     return _ViewShapesFromTypes().visit_expr(composite)
 

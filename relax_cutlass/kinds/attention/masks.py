@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
-from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..ir import use_counts
 from .patterns import _VIEW_OPS, ATTENTION_DTYPES
@@ -235,20 +235,40 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
     """where(cond, constant tensor of one repeated value, x) -> where(cond, that scalar, x) when x
     has the result's shape. torch.export writes the 0 of its safe softmax as a zeros tensor of the
     scores' shape; as a scalar it stays a literal of the attention region rather than becoming a
-    tensor argument of it."""
-    cond, fill, x = wildcard(), is_const(), wildcard()
+    tensor argument of it. With a symbolic sequence length the zeros are `full_like(scores, 0)`
+    (or `full(shape, 0)`), computed at run time: the same scalar."""
+    cond, fill, x = wildcard(), wildcard(), wildcard()
     pattern = is_op("relax.where")(cond, fill, x)
+    var2val = get_var2val(func)
+
+    def fill_value(expr) -> np.ndarray | None:
+        """The one value of a fill: a constant of one repeated value, or full/full_like of a scalar constant."""
+        value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, tvm.ir.GenericConst):
+            values = value.value.numpy()
+        elif _is_call(value, "relax.full_like") or _is_call(value, "relax.full"):
+            source = value.args[1]
+            if not isinstance(source, tvm.ir.GenericConst) or source.value.numpy().size != 1:
+                return None
+            values = source.value.numpy().astype(str(value.ty.dtype))
+        else:
+            return None
+        if values.size == 0 or not (values == values.reshape(-1)[0]).all():
+            return None
+        return values.reshape(-1)[0]
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        values = m[fill].value.numpy()
-        if values.ndim == 0 or values.size == 0 or not (values == values.reshape(-1)[0]).all():
+        if isinstance(m[fill], tvm.ir.GenericConst) and m[fill].value.numpy().ndim == 0:
+            return orig  # already a scalar
+        value = fill_value(m[fill])
+        if value is None:
             return orig
         dims, out = _known_dims(m[x]), _known_dims(orig)
         if dims is None or out is None or len(dims) != len(out):
             return orig
-        if not all(_static(a) is not None and _static(a) == _static(b) for a, b in zip(dims, out, strict=True)):
+        analyzer = tvm.sym.Analyzer()
+        if not all(analyzer.can_prove_equal(a, b) for a, b in zip(dims, out, strict=True)):
             return orig
-        scalar = relax.const(values.reshape(-1)[0], str(values.dtype))
-        return relax.op.where(m[cond], scalar, m[x])
+        return relax.op.where(m[cond], relax.const(value, str(value.dtype)), m[x])
 
     return rewrite_call(pattern, rewriter, func)

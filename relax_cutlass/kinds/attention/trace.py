@@ -19,9 +19,15 @@ class _NotAttention(Exception):
 
 def _known_dims(expr: relax.Expr) -> list | None:
     ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
-    return list(ty.shape.values)
+    shape = ty.shape
+    if isinstance(shape, relax.Var) and isinstance(shape.ty, relax.ShapeType):
+        # a symbolic shape lifted into a region is a Shape parameter (broadcast_to(x, param_0)):
+        # its type still holds the dims
+        shape = shape.ty
+    values = getattr(shape, "values", None)
+    return None if values is None else list(values)
 
 
 def _dims(expr: relax.Expr) -> list:
