@@ -13,7 +13,13 @@ os.environ.setdefault("RELAX_CUTLASS_PROFILE", "never")
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory):
     """Tests share one object cache per session (RELAX_CUTLASS_CACHE_DIR wins if set, e.g. in CI
-    to persist nvcc outputs across runs)."""
+    to persist nvcc outputs across runs). Under pytest-xdist (`-n 2`) the workers share it too:
+    it sits beside their own temporary folders, and objects are written atomically."""
     if "RELAX_CUTLASS_CACHE_DIR" not in os.environ:
-        os.environ["RELAX_CUTLASS_CACHE_DIR"] = str(tmp_path_factory.mktemp("relax_cutlass_cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            path = tmp_path_factory.getbasetemp().parent / "relax_cutlass_cache"
+            path.mkdir(exist_ok=True)
+        else:
+            path = tmp_path_factory.mktemp("relax_cutlass_cache")
+        os.environ["RELAX_CUTLASS_CACHE_DIR"] = str(path)
     yield
