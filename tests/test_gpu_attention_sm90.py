@@ -317,3 +317,33 @@ def test_packed_projection_is_read_in_place(family, model):
         want = module.double()(*[x.double() if x.is_floating_point() else x for x in example])
     want = (want[0] if isinstance(want, tuple) else want).numpy()
     assert gpu_convs.relative_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
+    """A transformer exported with a symbolic sequence length (torch.export.Dim): its attention is
+    one region on the SM80 kernel with the run-time mask read as an additive bias (session 20:
+    CPU-checked only when written), right at lengths other than the example's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    module = last_hidden_state(small_transformer(family, layers=1))
+    seq = torch.export.Dim("seq", min=2, max=512)
+    mod = relax_cutlass.from_torch(module, (torch.randint(0, 512, (1, 16)),), dynamic_shapes={"input_ids": {1: seq}})
+    vm, rows = _build(mod)
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert len(attention) == 1 and attention[0]["attention"]["seq_q"] == "dynamic", attention
+    for n in (7, 300):
+        ids = torch.randint(0, 512, (1, n))
+        out = vm["main"](tvm.runtime.tensor(ids.numpy(), tvm.cuda(0)))
+        got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+        with torch.no_grad():
+            want = module.double()(ids)
+        want = (want[0] if isinstance(want, tuple) else want).numpy()
+        assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2
