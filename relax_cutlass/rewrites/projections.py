@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kinds.ir import rewrite_planned_bindings
+from ..kinds.ir import rewrite_planned_bindings, same_shape
 from .canonicalize import _relax_functions
 
 # Each part's size must be a multiple of this many elements (16 bytes of fp16).
@@ -119,8 +119,7 @@ def _splits_heads(reshape: relax.Expr, final: relax.Var, n: int) -> bool:
     heads, head_dim = _static(target[-2]), _static(target[-1])
     if heads is None or head_dim is None or heads * head_dim != n:
         return False
-    analyzer = tvm.sym.Analyzer()
-    return all(analyzer.can_prove_equal(a, b) for a, b in zip(source[:-1], target[:-2], strict=True))
+    return same_shape(source[:-1], target[:-2])
 
 
 def _member(binding: relax.VarBinding, users: dict, bindings: set) -> tuple[tuple, _Member] | None:

@@ -9,7 +9,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from ..ir import use_counts
+from ..ir import same_shape, use_counts
 from .patterns import _VIEW_OPS, ATTENTION_DTYPES
 from .trace import _is_call, _known_dims, _static
 
@@ -264,10 +264,7 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
         if value is None:
             return orig
         dims, out = _known_dims(m[x]), _known_dims(orig)
-        if dims is None or out is None or len(dims) != len(out):
-            return orig
-        analyzer = tvm.sym.Analyzer()
-        if not all(analyzer.can_prove_equal(a, b) for a, b in zip(dims, out, strict=True)):
+        if dims is None or out is None or not same_shape(dims, out):
             return orig
         return relax.op.where(m[cond], relax.const(value, str(value.dtype)), m[x])
 
