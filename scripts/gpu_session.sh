@@ -52,7 +52,7 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   if [[ -n ${OUT:-} && $OUT != build/session ]]; then
     tar czf "$OUT/session.tgz" build/session \
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
-    cp build/session/zoo.json build/session/gpu_results.json "$OUT"/ 2>/dev/null
+    cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
   fi
   if [[ -f build/session/done ]]; then cat build/session/summary.log; else
     echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/session/*.log; fi
@@ -72,6 +72,13 @@ models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from
 jobs=${ZOO_JOBS:-4}
 summary=()
 export RELAX_CUTLASS_CACHE_DIR=${RELAX_CUTLASS_CACHE_DIR:-$PWD/build/kernel-cache}
+# Tuning records travel between machines: carry build/tuning-carry (a tuning.jsonl brought back from
+# an earlier call's $OUT) and profile="auto" times only the problems it lacks; every stage's records
+# are copied back to $out/tuning.jsonl at the end.
+mkdir -p "$RELAX_CUTLASS_CACHE_DIR"
+if [[ -f build/tuning-carry/tuning.jsonl && ! -f $RELAX_CUTLASS_CACHE_DIR/tuning.jsonl ]]; then
+  cp build/tuning-carry/tuning.jsonl "$RELAX_CUTLASS_CACHE_DIR/tuning.jsonl"
+fi
 # The suite checks and times the heuristic's kernels, as CI's builds pick them: no profiling (with a
 # GPU present, profile="auto" would tune every case, over 20 minutes; tests/conftest.py does the same).
 suite=(env RELAX_CUTLASS_PROFILE=never python3 bench/gpu_suite.py)
@@ -149,5 +156,6 @@ for stage in "$@"; do
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
+cp "$RELAX_CUTLASS_CACHE_DIR/tuning.jsonl" "$out/tuning.jsonl" 2>/dev/null
 printf '%s\n' "${summary[@]}"
 if [ -f build/zoo/zoo.json ]; then sed -n '/^| model/,$p' "$out/zoo-time.log"; fi

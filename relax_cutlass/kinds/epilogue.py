@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .epilogue_templates import GELU16_FUNCTOR
+from .epilogue_templates import GELU16_FUNCTOR, SIGMOID16_FUNCTOR
 
 # Relax dtype -> CUTLASS element type.
 CUTLASS_ELEMENT = {
@@ -56,6 +56,21 @@ _GELU16 = Activation(
 )
 
 
+# Sigmoid-based forms for 16-bit outputs (templates.SIGMOID16_FUNCTOR): (name, functor, sigmoid's
+# argument z, result from x and s = sigmoid(z)). gelu_tanh's z is 2 sqrt(2/pi) (x + 0.044715 x^3).
+SIGMOID16_FORMS = {
+    "silu": ("silu16", "RelaxCutlassSilu16", "x", "x * s"),
+    "sigmoid": ("sigmoid16", "RelaxCutlassSigmoid16", "x", "s"),
+    "gelu_tanh": ("gelu_tanh16", "RelaxCutlassGeluTanh16", "x * fmaf(0.0713548162f, x * x, 1.59576912f)", "x * s"),
+}
+
+
+def _sigmoid16(base: str) -> Activation:
+    name, functor, argument, result = SIGMOID16_FORMS[base]
+    definition = SIGMOID16_FUNCTOR.substitute(name=name, functor=functor, argument=argument, result=result)
+    return Activation(name, functor, is_heavy=True, definition=definition)
+
+
 ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in (
@@ -64,10 +79,12 @@ ACTIVATIONS: dict[str, Activation] = {
         # erf form, as R.nn.gelu and the decomposed 0.5*x*(1+erf(x/sqrt(2))); erff for float32
         # outputs, the polynomial form (within 1 ulp, about a third of the instructions) for 16-bit.
         Activation("gelu", "cutlass::epilogue::thread::GELU", is_heavy=True, narrow=_GELU16),
-        # tanh form, as R.nn.gelu_tanh.
-        Activation("gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True),
-        Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True),
-        Activation("sigmoid", "cutlass::epilogue::thread::Sigmoid", is_heavy=True),
+        # tanh form, as R.nn.gelu_tanh; tanhf for float32 outputs, x * sigmoid(2u) for 16-bit.
+        Activation(
+            "gelu_tanh", "cutlass::epilogue::thread::GELU_taylor", is_heavy=True, narrow=_sigmoid16("gelu_tanh")
+        ),
+        Activation("silu", "cutlass::epilogue::thread::SiLu", is_heavy=True, narrow=_sigmoid16("silu")),
+        Activation("sigmoid", "cutlass::epilogue::thread::Sigmoid", is_heavy=True, narrow=_sigmoid16("sigmoid")),
         # x * relu6(x + 3) / 6, as PyTorch's Hardswish (frontends decompose it; see patterns).
         Activation("hardswish", "cutlass::epilogue::thread::HardSwish", is_heavy=True),
     )
