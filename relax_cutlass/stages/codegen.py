@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -24,7 +25,7 @@ from ..kinds import CODEGEN, kind_of
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from .compile import cache_dir, compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
-from .regions import analyze, make_region
+from .regions import RegionError, analyze, make_region
 from .tuning import TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
@@ -101,20 +102,40 @@ def _read_database(path: str, _version) -> TuningDatabase:
     return TuningDatabase(path)
 
 
-def plan_regions(functions, options: CodegenOptions) -> list:
-    """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic)."""
+def plan_regions(functions, options: CodegenOptions, failed: dict[str, str] | None = None) -> list:
+    """Offloaded functions -> region records (kernel chosen for each: tuned, else heuristic).
+
+    `failed`: when given, a function that cannot be read back or planned is left out and
+    `failed[symbol]` says why (CutlassCodegen returns it to TVM); else the error propagates."""
     symbols = [str(func.attrs["global_symbol"]) for func in functions]
-    # (spec, roles, problem, composite, aliases) per function
-    analyzed = [analyze(func, symbol, options.accumulator) for func, symbol in zip(functions, symbols, strict=True)]
+    # (func, symbol, (spec, roles, problem, composite, aliases)) per function
+    analyzed = []
+    for func, symbol in zip(functions, symbols, strict=True):
+        with _recorded(symbol, failed):
+            analyzed.append((func, symbol, analyze(func, symbol, options.accumulator)))
     if _profiles_here(options):
         options = dataclasses.replace(options, tuning_db=options.tuning_db or str(cache_dir() / "tuning.jsonl"))
-        _profile_misses([(problem, spec.epilogue) for spec, _, problem, _, _ in analyzed], options)
+        _profile_misses([(problem, spec.epilogue) for _, _, (spec, _, problem, _, _) in analyzed], options)
     db = _database(options.tuning_db) if options.tuning_db else None
     regions = []
-    for func, symbol, (spec, roles, problem, composite, aliases) in zip(functions, symbols, analyzed, strict=True):
-        kernel, extra = kind_of(problem).plan(problem, spec, options, db)
-        regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
+    for func, symbol, (spec, roles, problem, composite, aliases) in analyzed:
+        with _recorded(symbol, failed):
+            kernel, extra = kind_of(problem).plan(problem, spec, options, db)
+            regions.append(make_region(func, symbol, kernel, roles, composite, aliases, **extra))
     return regions
+
+
+@contextlib.contextmanager
+def _recorded(symbol: str, failed: dict[str, str] | None):
+    """Record an error of one region's planning under its symbol (re-raise when not recording)."""
+    try:
+        yield
+    except Exception as err:
+        if failed is None:
+            raise
+        failed[symbol] = f"{type(err).__name__}: {err}"
+        if not isinstance(err, RegionError):  # RegionError explains itself; anything else is ours
+            failed[symbol] += " (a relax_cutlass bug: please report it with the offload report)"
 
 
 def _profiles_here(options: CodegenOptions) -> bool:
@@ -194,10 +215,68 @@ class CutlassCodegen:
         from .constants import call_counts, offloaded_functions
 
         # Planning is deterministic and cheap, so the report rows are computed here rather than
-        # smuggled out of the RunCodegen callback.
+        # smuggled out of the RunCodegen callback. A region that cannot be planned, or whose kernel
+        # does not compile, goes back to TVM (never a crash of the user's pipeline): the report
+        # says why, and a warning asks for a bug report.
+        failed: dict[str, str] = {}
+        regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options, failed)
+        if self.options.compile:
+            failed |= compile_kernels(regions, self.options)
+        if failed:
+            mod = return_to_tvm(mod, failed)
+            regions = [r for r in regions if r.symbol not in failed]
         calls = call_counts(mod)
-        regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options)
         rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
         out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
         previous = json.loads(str(mod.attrs[REGIONS_ATTR])) if mod.attrs and REGIONS_ATTR in mod.attrs else []
         return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))
+
+
+def compile_kernels(regions: list, options: CodegenOptions) -> dict[str, str]:
+    """Compile every region's kernels ahead of RunCodegen (objects are cached, so its build reuses
+    them): {symbol: why} for the regions with a kernel that does not compile."""
+    from .compile import CompileError
+
+    failed = {}
+    kernels = {k.name: k for r in regions for k in r.kernels}
+    for name, kernel in kernels.items():
+        try:
+            compile_all([emit_kernel(kernel)], options.arch, options.jobs)
+        except CompileError as err:
+            for region in regions:
+                if any(k.name == name for k in region.kernels):
+                    failed[region.symbol] = f"kernel {name} did not compile: {str(err)[:600]}"
+    return failed
+
+
+RETURNED_ATTR = "relax_cutlass.returned_to_tvm"
+
+
+def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
+    """Turn the offloaded functions named in `failed` back into ordinary private Relax functions
+    (the composite's body, called as before), so TVM builds them; the reasons go under the module
+    attribute RETURNED_ATTR for `offload_report`, and a warning names them."""
+    import warnings
+
+    from .constants import composite_of, offloaded_functions
+
+    returned = json.loads(str(mod.attrs[RETURNED_ATTR])) if mod.attrs and RETURNED_ATTR in mod.attrs else {}
+    for gv, func in list(offloaded_functions(mod)):
+        symbol = str(func.attrs["global_symbol"])
+        if symbol not in failed:
+            continue
+        composite = composite_of(func)
+        # the outer function calls its composite once, with its own parameters
+        call = next(
+            v.value
+            for b in func.body.blocks
+            for v in b.bindings
+            if isinstance(v.value, relax.Call) and isinstance(v.value.op, relax.Var)
+        )
+        inlined = composite.bind_params(dict(zip(composite.params, call.args, strict=True)))
+        mod[gv] = relax.Function(func.params, inlined.body, func.ret_ty, func.is_pure).with_attr(
+            "relax_cutlass.returned", symbol
+        )
+        returned[gv.name_hint] = failed[symbol]
+        warnings.warn(f"relax_cutlass could not offload {symbol}, so it runs in TVM: {failed[symbol]}", stacklevel=3)
+    return mod.with_attr(RETURNED_ATTR, json.dumps(returned))

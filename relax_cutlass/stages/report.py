@@ -98,7 +98,11 @@ def _shapes(call: relax.Call) -> list[str]:
 
 
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
+    from .codegen import RETURNED_ATTR
+
     rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
+    # regions CutlassCodegen gave back to TVM (they could not be planned or compiled), and why
+    returned = json.loads(str(mod.attrs[RETURNED_ATTR])) if mod.attrs and RETURNED_ATTR in mod.attrs else {}
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
@@ -113,6 +117,8 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
                     if judged is None:  # another kind's op (a kind reports only its own)
                         continue
                     op, flops, reasons = judged
+                    if gv.name_hint in returned:
+                        reasons = [f"offloaded, then returned to TVM at codegen: {returned[gv.name_hint]}"]
                     rows.append(
                         {
                             "function": gv.name_hint,
@@ -139,7 +145,7 @@ def _kind_of_row(row: dict):
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
     from ..pipeline import partition_as_offloaded
-    from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions
+    from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions, return_to_tvm
     from .constants import LiftConstants, call_counts
 
     attrs = mod.attrs or {}
@@ -151,9 +157,12 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
     # A report previews the plan; it never runs the GPU (the build itself profiles, see CodegenOptions).
     opts = CodegenOptions.create(arch, **({"profile": "never"} | options))
+    failed: dict[str, str] = {}
+    regions = plan_regions([f for _, f in offloaded_functions(mod)], opts, failed)
+    if failed:  # as CutlassCodegen will: those regions go back to TVM, and the report says why
+        mod = return_to_tvm(mod, failed)
     calls = call_counts(mod)
-    regions = plan_regions([f for _, f in offloaded_functions(mod)], opts)
-    rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
+    rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions if r.symbol not in failed]
     return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
 
 
