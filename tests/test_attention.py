@@ -387,6 +387,9 @@ FINFO_MIN = float(np.finfo(np.float32).min)
         ({}, "B1ST", "zero"),  # transformers' sdpa: q and k^T scaled, padding mask, safe softmax
         ({"mask_shape": "b11t"}, "B11T", "zero"),
         ({"mask_shape": "11st", "t": 24}, "11ST", "zero"),  # cross attention, one mask for the batch
+        # 12 and 13 keys: bias rows off 16 bytes, copied into padded rows at run time (PadBiasRows)
+        ({"t": 12}, "B1ST", "zero"),
+        ({"mask_shape": "b11t", "s": 9, "t": 13}, "B11T", "zero"),
         ({"mask_shape": "bnst", "mask": "float16"}, "BNST", "zero"),  # an fp16 bias, added in fp16
         # a constant causal mask: the kernel's own causal mask, no bias (test_causal_masks.py)
         ({"mask_shape": "11st", "mask": "constant"}, None, "TopLeft"),
@@ -423,7 +426,6 @@ def test_split_scale_is_the_product_of_both_sides():
     [
         ({"mask": "float32"}, "the additive mask/bias is float32, but the kernel reads it as float16"),
         ({"masked_value": -12345.6}, "the additive mask/bias is float32"),  # neither exact nor swamping
-        ({"t": 12}, "12 keys: with a mask/bias the keys must be a multiple of 8"),
         ({"fill": 0.5}, "a fully masked row gets probabilities 0.5"),
     ],
 )
@@ -584,6 +586,21 @@ def test_emitted_kernel_and_glue():
     # The exported graph hands the kernel (B, S, N, H) tensors: batch, rows and heads are dims 0, 1, 2.
     assert "Data(query), PackedStride(query, 0), PackedStride(query, 1), PackedStride(query, 2)" in glue
     assert 'TRY(CheckDim(fn, "query dim 3", query->shape[3], 64, query));' in glue and "0.125f" in glue
+
+
+def test_a_bias_off_16_byte_rows_is_padded_at_run_time():
+    """Regression (session 21, H100): BERT and Llama exported with a symbolic sequence length ran
+    only at lengths that are multiples of 8; the glue raised "pad the sequence" at 7 and 300 keys.
+    Now the kernel's run function copies such a bias into rows rounded up to 8 keys (PadBiasRows)
+    and no key count is refused, static (13 keys) or symbolic."""
+    partitioned, _ = offload_for_cpu(sdpa_attention(mask_shape="b11t", s=9, t=13))
+    (region,) = _regions(partitioned)
+    assert region.kernel.problem.bias_reads is not None and region.kernel.arch == 80
+    source = emit_kernel(region.kernel).text
+    assert "PadBiasRows<T><<<" in source and "if (!BiasIsVectorAligned(a))" in source
+    assert "launch.attn_bias_ptr += i * group * p.bias_strideH" in source  # GQA launches: the padded strides
+    glue = emit_glue([region], "m").text
+    assert "seq_kv % 8" not in glue and "pad the sequence" not in glue
 
 
 def test_head_split_is_read_through_strides():

@@ -11,7 +11,7 @@ from ...stages.emit import check_device, launch_call, operand_arrays, role_alias
 from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
-from .records import BIAS_AXES, BIAS_VECTOR, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
+from .records import BIAS_AXES, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
 from .templates import ATTENTION_ARGS, ATTENTION_GLUE_FUNCTION, ATTENTION_KERNEL_TU
 
 
@@ -118,14 +118,7 @@ def _attention_bias(p, rank: int, expr: dict) -> tuple[list[str], list[str]]:
     for dim in range(rank):
         want = " * ".join(expr[a] for a in held.get(dim, [])) or "1"
         checks.append(f'  TRY(CheckDim(fn, "bias dim {dim}", bias->shape[{dim}], {want}, bias));')
-    if p.seq_kv is None:  # a static count was checked when partitioning
-        checks.append(
-            f"  if (seq_kv % {BIAS_VECTOR} != 0) {{\n"
-            f'    return Raise("ValueError", "%s: %lld keys: with a mask/bias the fused attention kernel needs a '
-            f'multiple of {BIAS_VECTOR} keys (it loads bias rows 16 bytes at a time); pad the sequence", fn, '
-            "static_cast<long long>(seq_kv));\n"
-            "  }"
-        )
+    # a key count off a multiple of BIAS_VECTOR: the kernel's run function pads the rows (PadBiasRows)
     return checks, strides
 
 

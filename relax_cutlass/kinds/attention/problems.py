@@ -12,7 +12,7 @@ from tvm import relax
 from ..ir import dtype_of
 from .layout import OPERAND_AXES, AttentionLayout, attention_layout
 from .patterns import ATTENTION_DTYPES, AttentionPatternSpec
-from .records import BIAS_VECTOR, AttentionProblem
+from .records import AttentionProblem
 from .trace import _known_dims, _static
 
 
@@ -88,12 +88,6 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
     if layout.bias is not None:
         if layout.bias[3] != (layout.bias_rank - 1, 1):
             problems.append("the additive mask/bias is not contiguous along the keys (the kernel reads rows of it)")
-        keys = _static(layout.sizes["T"])
-        if keys is not None and keys % BIAS_VECTOR:
-            problems.append(
-                f"{keys} keys: with a mask/bias the keys must be a multiple of {BIAS_VECTOR} "
-                "(the kernel loads bias rows 16 bytes at a time)"
-            )
     if not np.isfinite(layout.scale) or layout.scale == 0:
         problems.append(f"scale {layout.scale} is not a finite non-zero number")
     return problems

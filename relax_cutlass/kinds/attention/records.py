@@ -24,11 +24,6 @@ MASKED_ROWS = ("nan", "zero", "mean")
 CAUSAL_CODE = {None: 0, "TopLeft": 1, "BottomRight": 2}
 
 
-# The kernel loads the bias 128 bits at a time (its BiasLoader), whatever its own alignment: rows
-# of keys must be whole vectors of 16-bit elements.
-BIAS_VECTOR = 8
-
-
 @dataclass(frozen=True)
 class AttentionProblem:
     """softmax(Q K^T * scale) V per (batch, head): Q is (S, H), K (T, H), V (T, V) per head.

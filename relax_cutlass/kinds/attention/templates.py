@@ -74,6 +74,27 @@ struct Attention : AttentionKernel<$element, cutlass::arch::Sm80, /*isAligned=*/
 // A row whose every score is -inf leaves the kernel as 0/0 = NaN, its logsumexp -inf. The graph
 // gives zeros there (masked_rows 1, torch's safe softmax) or the mean of the values (2: a finite
 // mask value swamped the scores, so the softmax of the row was uniform).
+// The kernel loads bias rows 16 bytes at a time (its BiasLoader), so the bias's base and its
+// batch / head / query-row strides must be whole vectors of 8 elements. Any other bias (a key
+// count off a multiple of 8, typical of a sequence length that is only known at run time, or an
+// offset view) is copied first into rows of keys rounded up to 8, zeros after the last key (keys
+// past the end are masked by the kernel), each broadcast axis kept as one copy.
+template <typename T>
+__global__ void PadBiasRows(const T* src, int64_t stride_b, int64_t stride_n, int64_t stride_s, T* dst,
+                            int64_t rows_b, int64_t rows_n, int64_t rows_s, int64_t keys, int64_t padded) {
+  const int64_t total = rows_b * rows_n * rows_s * padded;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i % padded, s = i / padded % rows_s, n = i / padded / rows_s % rows_n;
+    const int64_t b = i / padded / rows_s / rows_n;
+    dst[i] = t < keys ? src[b * stride_b + n * stride_n + s * stride_s + t] : T(0.0f);
+  }
+}
+
+bool BiasIsVectorAligned(const RelaxCutlassAttentionArgs* a) {
+  return reinterpret_cast<uintptr_t>(a->bias) % 16 == 0 && a->seq_kv % 8 == 0 && a->bias_stride_b % 8 == 0 &&
+         a->bias_stride_n % 8 == 0 && a->bias_stride_s % 8 == 0;
+}
+
 template <typename T>
 __global__ void FixMaskedRows(RelaxCutlassAttentionArgs a, const float* lse, int64_t lse_dim) {
   const int64_t rows = a.batch * a.heads * a.seq_q;
@@ -138,20 +159,48 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   p.v_strideM = static_cast<int32_t>(a->v_stride_s);
   p.v_strideH = static_cast<int32_t>(a->v_stride_n);
   p.o_strideM = static_cast<int32_t>(a->head_dim_value * a->heads);
+  T* padded_bias = nullptr;  // the bias in 16-byte rows, where it is not (PadBiasRows)
   if (a->bias != nullptr) {
     if (!Attention::kSupportsBias) return "$name: this kernel was built without attention-bias support";
     p.attn_bias_ptr = static_cast<T*>(const_cast<void*>(a->bias));
     p.bias_strideB = a->bias_stride_b;
     p.bias_strideH = a->bias_stride_n;
     p.bias_strideM = static_cast<int32_t>(a->bias_stride_s);
+    if (!BiasIsVectorAligned(a)) {
+      const int64_t padded = (a->seq_kv + 7) / 8 * 8;
+      const int64_t rows_b = a->bias_stride_b != 0 ? a->batch : 1, rows_n = a->bias_stride_n != 0 ? a->heads : 1;
+      const int64_t rows_s = a->bias_stride_s != 0 ? a->seq_q : 1;
+      const int64_t elements = rows_b * rows_n * rows_s * padded;
+      if (cudaMallocAsync(reinterpret_cast<void**>(&padded_bias), sizeof(T) * elements, stream) != cudaSuccess) {
+        return Fail("padded bias allocation");
+      }
+      const int blocks = static_cast<int>(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+      PadBiasRows<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(a->bias), a->bias_stride_b, a->bias_stride_n,
+                                                 a->bias_stride_s, padded_bias, rows_b, rows_n, rows_s, a->seq_kv,
+                                                 padded);
+      if (cudaPeekAtLastError() != cudaSuccess) {
+        cudaFreeAsync(padded_bias, stream);
+        return Fail("bias padding launch");
+      }
+      p.attn_bias_ptr = padded_bias;
+      p.bias_strideB = a->bias_stride_b != 0 ? rows_n * rows_s * padded : 0;
+      p.bias_strideH = a->bias_stride_n != 0 ? rows_s * padded : 0;
+      p.bias_strideM = static_cast<int32_t>(a->bias_stride_s != 0 ? padded : 0);
+    }
   }
   if (a->kv_group > 1 && a->heads % a->kv_group != 0) return "$name: the heads are no multiple of kv_group";
-  if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
+  if (!Attention::check_supported(p)) {
+    if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
+    return "$name: q/k/v or a stride is not aligned as the kernel needs";
+  }
   void* workspace = nullptr;
   if (Attention::kNeedsOutputAccumulatorBuffer) {
     const size_t bytes =
         sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
-    if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) return Fail("output accumulator allocation");
+    if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) {
+      if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
+      return Fail("output accumulator allocation");
+    }
     p.output_accum_ptr = static_cast<typename Attention::output_accum_t*>(workspace);
   }
   constexpr auto kernel = attention_kernel_batched_impl<Attention>;
@@ -164,6 +213,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     if (device >= 64 || !configured[device]) {
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
         if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+        if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
         return Fail("shared memory opt-in");
       }
       if (device < 64) configured[device] = true;
@@ -176,6 +226,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     if (cudaMallocAsync(reinterpret_cast<void**>(&lse), sizeof(float) * a->batch * a->heads * lse_dim, stream) !=
         cudaSuccess) {
       if (workspace != nullptr) cudaFreeAsync(workspace, stream);
+      if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
       return Fail("logsumexp allocation");
     }
     p.logsumexp_ptr = lse;
@@ -195,7 +246,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
       launch.k_strideH = 0;
       launch.v_strideH = 0;
       launch.output_ptr += i * group * a->head_dim_value;
-      if (a->bias != nullptr) launch.attn_bias_ptr += i * group * a->bias_stride_n;
+      if (a->bias != nullptr) launch.attn_bias_ptr += i * group * p.bias_strideH;
       if (workspace != nullptr) launch.output_accum_ptr += i * a->batch * a->seq_q * group * a->head_dim_value;
       if (lse != nullptr) launch.logsumexp_ptr = lse + i * a->batch * group * lse_dim;
     }
@@ -210,6 +261,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   }
   if (workspace != nullptr) cudaFreeAsync(workspace, stream);
   if (lse != nullptr) cudaFreeAsync(lse, stream);
+  if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
   if (launched != cudaSuccess) return Fail("kernel launch");
   return nullptr;
 }
