@@ -347,3 +347,34 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
             want = module.double()(ids)
         want = (want[0] if isinstance(want, tuple) else want).numpy()
         assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mask_shape": "b11t", "s": 9, "t": 13},  # a padding mask over 13 keys
+        {"mask_shape": "b1st", "s": 77, "t": 77},  # one mask row per query, 77 keys
+        {"mask_shape": "bnst", "mask": "float16", "s": 20, "t": 30},  # an fp16 bias per head
+    ],
+)
+def test_a_bias_off_16_byte_rows_is_padded_and_right(kwargs):
+    """Key counts off a multiple of 8 with a mask/bias (session 21: the kernel's run function copies
+    the bias into 16-byte rows, PadBiasRows; the glue used to refuse them): against TVM's llvm build
+    of the same graph, fully masked first rows included."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import build_cpu, run_vm
+    from test_attention import masked_inputs, sdpa_attention
+
+    mod = sdpa_attention(**kwargs)
+    vm, rows = _build(mod)
+    (row,) = [r for r in rows if r["op"] == "attention"]
+    assert row["kernel"].startswith("sm80_") and row["kernel"].endswith("_bias"), row
+    inputs = masked_inputs(mod)
+    want = run_vm(build_cpu(mod), inputs).astype("float64")
+    out = vm["main"](*[tvm.runtime.tensor(a, tvm.cuda(0)) for a in inputs])
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    assert got.shape == want.shape and np.isfinite(got).all()
+    assert gpu_convs.relative_error(got, want) < 1e-2
