@@ -442,3 +442,36 @@ def test_negative_constant_take_indices_are_wrapped():
     func = wrap_negative_take_indices(bb.get()["main"])
     (take,) = [b.value for b in func.body.blocks[0].bindings]
     np.testing.assert_array_equal(take.args[1].value.numpy(), [4, 0, 0])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "gpt_neox"])
+def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(family):
+    """Regression (session 21): with a symbolic sequence length torch.export writes each linear
+    layer as reshape(s, K) -> matmul -> reshape(1, s, N); FoldLinearReshapes only folded static
+    shapes, so every epilogue after it (GELU, residual add, the gated multiply) and the joined q|k|v
+    projections were lost: GPT-NeoX, Falcon, Mistral and Qwen2 offloaded bare GEMMs. Now each
+    reshape is proved an exact flatten / restore of the symbolic dims, and the symbolic export
+    offloads what the static one does."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from harness import small_transformer
+
+    torch.manual_seed(0)
+    if family == "gpt_neox":
+        config = transformers.GPTNeoXConfig(
+            hidden_size=128, intermediate_size=256, num_attention_heads=4, num_hidden_layers=1, vocab_size=512
+        )
+        model = last_hidden_state(transformers.GPTNeoXModel(config).eval())
+    else:
+        model = last_hidden_state(small_transformer(family, layers=1))
+    example = (torch.randint(0, 512, (1, 16)),)
+    seq = torch.export.Dim("seq", min=2, max=512)
+
+    def offloaded(**kwargs):
+        mod = relax_cutlass.from_torch(model, example, **kwargs)
+        rows = relax_cutlass.offload_report(relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)).offloaded
+        return sorted(f"{r['op']}:{r.get('epilogue', '')}" for r in rows)
+
+    static, symbolic = offloaded(), offloaded(dynamic_shapes={"input_ids": {1: seq}})
+    assert symbolic == static
+    assert any(e.split(":")[1] not in ("", "none", "bias") for e in static if e.startswith("matmul")), static

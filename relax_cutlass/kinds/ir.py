@@ -43,6 +43,12 @@ def static_shape(expr: relax.Expr) -> list[int] | None:
     return None if None in dims else dims
 
 
+def tensor_dims(expr: relax.Expr) -> list | None:
+    """The tensor shape of `expr` as dims (ints or symbolic expressions); None when unknown."""
+    values = getattr(getattr(expr.ty, "shape", None), "values", None)
+    return None if values is None else list(values)
+
+
 def _shape(expr: relax.Expr) -> list:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..kinds.ir import same_shape, static_shape
+from ..kinds.ir import same_shape, static_shape, tensor_dims
 from .shapes import bound_symbolic_shapes
 
 
@@ -43,12 +43,15 @@ def _rewrite(func: relax.Function) -> relax.Function:
     out, x, flat, cast, gemm, weight, bias, biased = _pattern()
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        xs, fs, os_ = static_shape(m[x]), static_shape(m[flat]), static_shape(orig)
+        # Shapes may be symbolic (a sequence length exported as a torch.export.Dim): every
+        # equality below is proved, dim by dim, or the reshapes stay.
+        xs, fs, os_ = tensor_dims(m[x]), tensor_dims(m[flat]), tensor_dims(orig)
         if xs is None or fs is None or os_ is None or len(xs) < 3 or len(fs) != 2:
             return orig
         lead = xs[:-1]
         # Only the exact flatten of the leading dims, and the exact restore of them.
-        if fs != [math.prod(lead), xs[-1]] or os_[:-1] != lead or len(os_) != len(xs):
+        flattened = functools.reduce(operator.mul, lead[1:], lead[0])
+        if not same_shape(fs, [flattened, xs[-1]]) or len(os_) != len(xs) or not same_shape(os_[:-1], lead):
             return orig
         if len(static_shape(m[weight]) or []) != 2:
             return orig
@@ -57,7 +60,7 @@ def _rewrite(func: relax.Function) -> relax.Function:
         if biased in m:
             b = m[bias]
             bias_dims = static_shape(b)
-            if bias_dims is None or math.prod(bias_dims) != os_[-1]:
+            if bias_dims is None or not same_shape([math.prod(bias_dims)], [os_[-1]]):
                 return orig
             y = relax.op.add(y, b)
         return y
