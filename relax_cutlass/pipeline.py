@@ -7,6 +7,7 @@ import tvm
 from .arch import parse_arch
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.projections import FuseParallelProjections
 from .stages.codegen import CutlassCodegen
@@ -15,7 +16,8 @@ from .stages.partition import PartitionForCutlass
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
-    """FixTvmCudaForms -> FoldLinearReshapes -> FuseParallelProjections -> [ConvertToNHWC ->]
+    """FixTvmCudaForms -> FoldLinearReshapes -> SplitPackedGatedProjections -> FuseParallelProjections ->
+    [ConvertToNHWC ->]
     PartitionForCutlass -> LiftConstants -> CutlassCodegen -> MakeGemmBroadcastsExplicit -> AccumulateInFloat32.
 
     FixTvmCudaForms rewrites forms TVM 0.27's CUDA build gets wrong, values unchanged: cumsums over
@@ -23,6 +25,8 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     small integer c (NaN for negative x: GPT-2's gelu, Llama's RMSNorm). `arch="auto"` detects
     the local GPU (and fails clearly without one). FoldLinearReshapes drops
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
+    SplitPackedGatedProjections makes a packed gate|up projection (Phi-3's gate_up_proj, chunked)
+    two GEMMs, so the gated multiply fuses into the gate GEMM's epilogue as for Llama;
     FuseParallelProjections makes the separate q, k and v projections of one input (BERT, Llama)
     one GEMM on the concatenated weights, each projection a slice of it, which the attention reads
     in place where nothing comes between (BERT; Llama's rotary q and k are computed from theirs):
@@ -54,7 +58,7 @@ def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass
     the partition (the offload report, tuning, kernel dumps, the tests' CPU harness) runs exactly
     these, so it plans the regions the build gets."""
     layout = [ConvertToNHWC()] if convert_layout else []
-    return [FixTvmCudaForms(), FoldLinearReshapes(), FuseParallelProjections(), *layout]
+    return [FixTvmCudaForms(), FoldLinearReshapes(), SplitPackedGatedProjections(), FuseParallelProjections(), *layout]
 
 
 def partition_as_offloaded(mod: tvm.IRModule, arch: str | int = "sm_80", convert_layout: bool = True) -> tvm.IRModule:

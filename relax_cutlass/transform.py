@@ -2,6 +2,7 @@
 
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.projections import FuseParallelProjections
 from .rewrites.shapes import BoundSymbolicShapes
@@ -20,4 +21,5 @@ __all__ = [
     "LiftConstants",
     "MakeGemmBroadcastsExplicit",
     "PartitionForCutlass",
+    "SplitPackedGatedProjections",
 ]
