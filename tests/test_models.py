@@ -444,6 +444,54 @@ def test_negative_constant_take_indices_are_wrapped():
     np.testing.assert_array_equal(take.args[1].value.numpy(), [4, 0, 0])
 
 
+@pytest.mark.parametrize("index", [np.array([-1, 0, -3], "int64"), np.array(-2, "int64")])
+def test_negative_take_indices_over_a_symbolic_axis_become_slices(index):
+    """A symbolic axis (a sequence exported with a Dim) has no size to wrap a negative index by:
+    each index becomes a strided_slice at n + index (a 0-d index drops the axis, as take does)."""
+    from harness import build_cpu
+
+    from relax_cutlass.rewrites.canonicalize import wrap_negative_take_indices
+
+    s = tvm.tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((2, s, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.take(x, relax.const(index), axis=1, mode="fast"))
+        bb.emit_func_output(out)
+    mod = tvm.IRModule({"main": wrap_negative_take_indices(bb.get()["main"])})
+    assert "relax.take" not in str(mod)
+    data = np.random.default_rng(0).standard_normal((2, 7, 4)).astype("float32")
+    got = build_cpu(mod)["main"](tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_array_equal(got, np.take(data, index, axis=1))
+
+
+def test_falcon_with_a_symbolic_sequence_length_is_right():
+    """Regression (session 21): Falcon exported with a torch.export.Dim took its key/value heads
+    with negative indices that were wrapped only when the whole shape was static: TVM's own build
+    of from_torch's module read before the tensor (NaN at 3 tokens, 24% off at 16). The heads axis
+    is static, so the indices are wrapped."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
+
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 512}
+    config = transformers.FalconConfig(**sizes, multi_query=True, new_decoder_architecture=False)
+    model = last_hidden_state(transformers.FalconModel(config).eval())
+    seq = torch.export.Dim("seq", min=2, max=256)
+    mod = relax_cutlass.from_torch(model, (torch.randint(0, 512, (1, 16)),), dynamic_shapes={"input_ids": {1: seq}})
+    offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
+    assert [r["op"] for r in relax_cutlass.offload_report(offloaded).offloaded].count("attention") == 1
+    reference, vm = build_cpu(mod), build_cpu(offloaded)
+    for n in (3, 37):
+        ids = torch.randint(0, 512, (1, n))
+        with torch.no_grad():
+            expected = model(ids).numpy()
+        assert rel_error(run_vm(reference, [ids.numpy()]), expected) < 1e-2
+        assert rel_error(run_vm(vm, [ids.numpy()]), expected) < 1e-2
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "gpt_neox"])
 def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(family):
     """Regression (session 21): with a symbolic sequence length torch.export writes each linear

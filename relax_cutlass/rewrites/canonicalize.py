@@ -373,17 +373,38 @@ def wrap_negative_take_indices(func: relax.Function) -> relax.Function:
         values = m[indices].value.numpy()
         if values.dtype.kind not in "iu" or not (values < 0).any():
             return orig
-        shape = static_shape(m[x])
-        if shape is None:
-            return orig
+        dims = tensor_dims(m[x])
         axis = orig.attrs.axis
-        n = int(np.prod(shape)) if axis is None else shape[int(axis) % len(shape)]
+        if dims is None or (axis is None and static_shape(m[x]) is None):
+            return orig
+        n = int(np.prod(static_shape(m[x]))) if axis is None else dims[int(axis) % len(dims)]
+        if not isinstance(n, (int, tvm.tirx.IntImm)):
+            # a symbolic axis (the sequence of a model exported with a torch.export.Dim): the
+            # positions are n + index, known at run time only, so each is a slice of that axis
+            sliced = _negative_take_as_slices(m[x], values, int(axis) % len(dims), n)
+            return orig if sliced is None else sliced
+        n = int(n)
         wrapped = np.where(values < 0, values + n, values)
         if not ((wrapped >= 0) & (wrapped < n)).all():
             return orig  # out of range in torch too: an error there, left as it is
         return relax.op.take(m[x], relax.const(wrapped.astype(values.dtype)), axis, mode=orig.attrs.mode)
 
     return rewrite_call(pattern, rewriter, func)
+
+
+def _negative_take_as_slices(x: relax.Expr, values: np.ndarray, axis: int, n) -> relax.Expr | None:
+    """take(x, constant indices, axis) over a symbolic axis of size n, as strided_slices (a
+    negative index i is position n + i) concatenated on the axis; a 0-d index also drops the
+    axis, as take does. None for indices of another rank."""
+    if values.ndim > 1:
+        return None
+    parts = []
+    for index in values.reshape(-1).tolist():
+        begin = n + index if index < 0 else tvm.tirx.IntImm("int64", index)
+        parts.append(relax.op.strided_slice(x, axes=[axis], begin=[begin], end=[begin + 1], assume_inbound=True))
+    if values.ndim == 0:
+        return relax.op.squeeze(parts[0], axis=[axis])
+    return parts[0] if len(parts) == 1 else relax.op.concat(parts, axis=axis)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FixTvmCudaForms")
