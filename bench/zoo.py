@@ -197,6 +197,22 @@ BUILDERS = {
         num_hidden_layers=8,
         vocab_size=32000,
     ),
+    # Phi-3-mini's layer shapes (hidden 3072, 32 heads, intermediate 8192), two layers: its packed
+    # gate_up_proj is split so the gated multiply fuses (session 21; before, it ran in TVM)
+    "phi3": _transformer(
+        "Phi3Config",
+        "Phi3Model",
+        32064,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        num_hidden_layers=2,
+        vocab_size=32064,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
 }
 
 ZOO = (
@@ -215,6 +231,7 @@ ZOO = (
     ZooModel("efficientnet_b0", "vision", 32),
     ZooModel("falcon_mq", "transformer", 1, 512),
     ZooModel("gpt_neox", "transformer", 1, 512),
+    ZooModel("phi3", "transformer", 1, 512),
 )
 
 BUILDS = ("relax_cutlass", "relax_cutlass_graph", "tvm_default", "tvm_default_graph")
