@@ -492,14 +492,15 @@ def test_falcon_with_a_symbolic_sequence_length_is_right():
         assert rel_error(run_vm(vm, [ids.numpy()]), expected) < 1e-2
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "gpt_neox"])
-def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(family):
+@pytest.mark.parametrize("family, axis", [("llama", 1), ("gpt2", 1), ("bert", 1), ("gpt_neox", 1), ("bert", 0)])
+def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(family, axis):
     """Regression (session 21): with a symbolic sequence length torch.export writes each linear
     layer as reshape(s, K) -> matmul -> reshape(1, s, N); FoldLinearReshapes only folded static
     shapes, so every epilogue after it (GELU, residual add, the gated multiply) and the joined q|k|v
     projections were lost: GPT-NeoX, Falcon, Mistral and Qwen2 offloaded bare GEMMs. Now each
     reshape is proved an exact flatten / restore of the symbolic dims, and the symbolic export
-    offloads what the static one does."""
+    offloads what the static one does. A symbolic batch (axis 0) likewise kept BERT's output
+    projection, a batched matmul on its weight broadcast over the batch, in TVM."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from harness import small_transformer
@@ -512,14 +513,14 @@ def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(fami
         model = last_hidden_state(transformers.GPTNeoXModel(config).eval())
     else:
         model = last_hidden_state(small_transformer(family, layers=1))
-    example = (torch.randint(0, 512, (1, 16)),)
-    seq = torch.export.Dim("seq", min=2, max=512)
+    example = (torch.randint(0, 512, (2 if axis == 0 else 1, 16)),)
+    seq = torch.export.Dim("dim", min=2, max=512)
 
     def offloaded(**kwargs):
         mod = relax_cutlass.from_torch(model, example, **kwargs)
         rows = relax_cutlass.offload_report(relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)).offloaded
         return sorted(f"{r['op']}:{r.get('epilogue', '')}" for r in rows)
 
-    static, symbolic = offloaded(), offloaded(dynamic_shapes={"input_ids": {1: seq}})
+    static, symbolic = offloaded(), offloaded(dynamic_shapes={"input_ids": {axis: seq}})
     assert symbolic == static
     assert any(e.split(":")[1] not in ("", "none", "bias") for e in static if e.startswith("matmul")), static

@@ -75,9 +75,8 @@ def _broadcast_source(weight: relax.Expr, batch_dims: int) -> relax.Expr | None:
     equal (compared exactly, so a constant that merely looks broadcast is never changed)."""
     if isinstance(weight, relax.Call) and weight.op == tvm.ir.Op.get("relax.broadcast_to"):
         source = weight.args[0]
-        dims = static_shape(source)
-        wdims = static_shape(weight)
-        if dims is not None and wdims is not None and len(dims) == 2 and dims == wdims[-2:]:
+        dims, wdims = static_shape(source), tensor_dims(weight)  # the batch may be symbolic
+        if dims is not None and wdims is not None and len(dims) == 2 and same_shape(dims, wdims[-2:]):
             return source
         return None
     if not isinstance(weight, tvm.ir.GenericConst):
@@ -97,8 +96,9 @@ def unbroadcast_weights(func: relax.Function) -> relax.Function:
     pattern = is_op("relax.matmul")(x, weight)
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        xs, ws = static_shape(m[x]), static_shape(m[weight])
-        if xs is None or ws is None or len(ws) < 3 or len(xs) < len(ws) or xs[-len(ws) : -2] != ws[:-2]:
+        # the batch dims may be symbolic (a batch exported with a torch.export.Dim): proved equal
+        xs, ws = tensor_dims(m[x]), tensor_dims(m[weight])
+        if xs is None or ws is None or len(ws) < 3 or len(xs) < len(ws) or not same_shape(xs[-len(ws) : -2], ws[:-2]):
             return orig
         source = _broadcast_source(m[weight], len(ws) - 2)
         if source is None:
