@@ -20,7 +20,7 @@
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
 # profile= for the zoo: never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
-# (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest paths),
+# (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest arguments, shell-quoted),
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
 # scripts/sass_table.py beside the build). Kernel objects are cached in build/kernel-cache
 # (RELAX_CUTLASS_CACHE_DIR) across stages and calls on one machine.
@@ -113,8 +113,11 @@ run_check() {
     python3 -m relax_cutlass > "$out/main-job.log" 2>&1 && summary+=("main job: ok") || summary+=("main job: FAILED")
   fi
   tail -5 "$out/main-job.log"
-  python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py \
-    tests/test_gpu_depthwise.py tests/test_gpu_grouped.py tests/test_gpu_conv_sm90.py} -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  # GPU_TESTS is parsed as shell words, so quoted pytest arguments (-k "a or b") stay whole
+  local tests=(tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py
+    tests/test_gpu_grouped.py tests/test_gpu_conv_sm90.py)
+  [[ -n ${GPU_TESTS:-} ]] && eval "tests=($GPU_TESTS)"
+  python3 -m pytest -q -m gpu "${tests[@]}" -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")
