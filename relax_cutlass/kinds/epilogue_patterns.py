@@ -13,7 +13,7 @@ from tvm.relax.backend.patterns import make_residual_block_pattern
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from .epilogue import RESIDUAL_OPS, Epilogue
-from .ir import _shape, _static_int, dtype_of, same_shape
+from .ir import _shape, dtype_of, same_shape, static_int
 
 SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
 
@@ -186,8 +186,8 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
     if spec.bias:
         bias = ann["bias"]
         bshape = _shape(bias)
-        numel = math.prod(int(d) for d in bshape) if all(_static_int(d) is not None for d in bshape) else None
-        if not bshape or n is None or _static_int(bshape[-1]) != _static_int(n) or numel != _static_int(n):
+        numel = math.prod(int(d) for d in bshape) if all(static_int(d) is not None for d in bshape) else None
+        if not bshape or n is None or static_int(bshape[-1]) != static_int(n) or numel != static_int(n):
             problems.append(f"bias shape {[str(d) for d in bshape]} is not a per-column vector of length N={n}")
         if dtype_of(bias) != out_dtype:
             problems.append(

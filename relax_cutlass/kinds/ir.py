@@ -30,8 +30,37 @@ def dtype_of(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
 
 
-def _static_int(dim) -> int | None:
+def static_int(dim) -> int | None:
+    """A dim as an int; None when it is symbolic."""
     return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
+
+
+def is_call(expr: relax.Expr, op: str) -> bool:
+    """`expr` is a call of the operator named `op` ("relax.matmul")."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
+
+
+def constant_value(expr: relax.Expr):
+    """The numpy value of a constant; None for anything else."""
+    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+
+def binding_readers(func: relax.Function) -> dict:
+    """{var: [the bindings (or the body's result, None) that read it, one entry per read]}."""
+    readers: dict = {}
+
+    def reads(expr: relax.Expr, reader) -> None:
+        def visit(e):
+            if isinstance(e, relax.Var):
+                readers.setdefault(e, []).append(reader)
+
+        relax.analysis.post_order_visit(expr, visit)
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            reads(binding.value, binding)
+    reads(func.body.body, None)
+    return readers
 
 
 def static_shape(expr: relax.Expr) -> list[int] | None:
@@ -39,7 +68,7 @@ def static_shape(expr: relax.Expr) -> list[int] | None:
     values = getattr(getattr(expr.ty, "shape", None), "values", None)
     if values is None:
         return None
-    dims = [_static_int(d) for d in values]
+    dims = [static_int(d) for d in values]
     return None if None in dims else dims
 
 
@@ -69,8 +98,8 @@ def is_depthwise(conv: relax.Call) -> bool:
     data, weight = _shape(conv.args[0]), _shape(conv.args[1])  # the batch may be symbolic
     if groups == 1 or len(data) != 4 or len(weight) != 4:
         return False
-    c = _static_int(data[str(conv.attrs.data_layout).index("C")])
-    k = _static_int(weight[str(conv.attrs.kernel_layout).index("O")])
+    c = static_int(data[str(conv.attrs.data_layout).index("C")])
+    k = static_int(weight[str(conv.attrs.kernel_layout).index("O")])
     return c == groups == k
 
 

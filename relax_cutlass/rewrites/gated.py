@@ -26,9 +26,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kinds.ir import rewrite_planned_bindings
+from ..kinds.ir import binding_readers, constant_value, is_call, rewrite_planned_bindings, static_int, tensor_dims
 from .canonicalize import _relax_functions
-from .projections import _PART_ALIGNMENT, _constant, _dims, _is_call, _static, _users
+from .projections import PART_ALIGNMENT
 
 # What may read a slice of a packed gated projection: the gate's activation (any form a frontend
 # writes), the multiply, a bias or residual add, casts.
@@ -53,13 +53,13 @@ class _Part:
 
 def _unit_last_axis_slice(call: relax.Expr, rank: int, n: int) -> tuple[int, int] | None:
     """(lo, hi) of strided_slice(value, [last axis], [lo], [hi]) with unit stride, else None."""
-    if not _is_call(call, "relax.strided_slice") or len(call.args) < 4:
+    if not is_call(call, "relax.strided_slice") or len(call.args) < 4:
         return None
     axes, begin, end = (list(call.args[i]) for i in (1, 2, 3))
     strides = list(call.args[4]) if len(call.args) > 4 else []
-    if len(axes) != 1 or any(_static(v) != 1 for v in strides):
+    if len(axes) != 1 or any(static_int(v) != 1 for v in strides):
         return None
-    axis, lo, hi = _static(axes[0]), _static(begin[0]), _static(end[0])
+    axis, lo, hi = static_int(axes[0]), static_int(begin[0]), static_int(end[0])
     if axis is None or axis % rank != rank - 1 or lo is None or hi is None:
         return None
     hi = min(hi, n)
@@ -70,18 +70,18 @@ def _plan(func: relax.Function) -> dict:
     """{slice var: _Part} for every packed gated projection of `func`."""
     if not isinstance(func.body, relax.SeqExpr):
         return {}
-    users = _users(func)
+    users = binding_readers(func)
     plan: dict = {}
     for block in func.body.blocks:
         if not isinstance(block, relax.DataflowBlock):
             continue
         for binding in block.bindings:
             call = binding.value
-            if not isinstance(binding, relax.VarBinding) or not _is_call(call, "relax.matmul"):
+            if not isinstance(binding, relax.VarBinding) or not is_call(call, "relax.matmul"):
                 continue
             x, w = call.args
-            weight, out = _constant(w), _dims(binding.var)
-            if weight is None or weight.ndim != 2 or out is None or _static(out[-1]) != weight.shape[1]:
+            weight, out = constant_value(w), tensor_dims(binding.var)
+            if weight is None or weight.ndim != 2 or out is None or static_int(out[-1]) != weight.shape[1]:
                 continue
             n, out_dtype = int(weight.shape[1]), str(binding.var.ty.dtype)
             final, bias = binding.var, None
@@ -89,18 +89,18 @@ def _plan(func: relax.Function) -> dict:
             if (
                 len(readers) == 1
                 and isinstance(readers[0], relax.VarBinding)
-                and _is_call(readers[0].value, "relax.add")
+                and is_call(readers[0].value, "relax.add")
             ):
                 a, b = readers[0].value.args
                 other = b if a.same_as(final) else a
-                bias = _constant(other)
+                bias = constant_value(other)
                 if bias is None or bias.shape != (n,) or str(other.ty.dtype) != out_dtype:
                     continue
                 final = readers[0].var
                 readers = users.get(final, [])
             if not readers or not all(isinstance(r, relax.VarBinding) for r in readers):
                 continue
-            if len(readers) == 1 and _is_call(readers[0].value, "relax.split"):
+            if len(readers) == 1 and is_call(readers[0].value, "relax.split"):
                 # y.chunk(2, -1) as one split and its tuple items
                 spans = _split_spans(readers[0].value, len(out), n)
                 readers, spans = _items(readers[0].var, users, spans)
@@ -108,7 +108,7 @@ def _plan(func: relax.Function) -> dict:
                 spans = [_unit_last_axis_slice(r.value, len(out), n) for r in readers]
             if not readers or len(readers) < 2 or None in spans or sorted(spans) != _tiling(sorted(spans), n):
                 continue
-            if any((hi - lo) % _PART_ALIGNMENT for lo, hi in spans):
+            if any((hi - lo) % PART_ALIGNMENT for lo, hi in spans):
                 continue
             # only elementwise consumers: a head split (attention) keeps its packed projection
             if not all(_reads_elementwise(r.var, users) for r in readers):

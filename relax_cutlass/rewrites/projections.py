@@ -30,30 +30,19 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kinds.ir import rewrite_planned_bindings, same_shape
+from ..kinds.ir import (
+    binding_readers,
+    constant_value,
+    is_call,
+    rewrite_planned_bindings,
+    same_shape,
+    static_int,
+    tensor_dims,
+)
 from .canonicalize import _relax_functions
 
 # Each part's size must be a multiple of this many elements (16 bytes of fp16).
-_PART_ALIGNMENT = 8
-
-
-def _is_call(expr: relax.Expr, op: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
-
-
-def _dims(expr: relax.Expr) -> list | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
-        return None
-    return list(ty.shape.values)
-
-
-def _static(dim) -> int | None:
-    return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
-
-
-def _constant(expr: relax.Expr) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+PART_ALIGNMENT = 8
 
 
 @dataclass(eq=False)
@@ -83,24 +72,6 @@ class _Member:
         return int(self.weight.shape[1])
 
 
-def _users(func: relax.Function) -> dict:
-    """{var: [the bindings (or the body's result, None) that read it, one entry per read]}."""
-    users: dict = {}
-
-    def reads(expr: relax.Expr, user) -> None:
-        def visit(e):
-            if isinstance(e, relax.Var):
-                users.setdefault(e, []).append(user)
-
-        relax.analysis.post_order_visit(expr, visit)
-
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            reads(binding.value, binding)
-    reads(func.body.body, None)
-    return users
-
-
 def _only_user(var: relax.Var, users: dict, bindings: set) -> relax.VarBinding | None:
     """The one binding of this block that reads `var`, where nothing else reads it."""
     found = users.get(var, [])
@@ -111,12 +82,12 @@ def _only_user(var: relax.Var, users: dict, bindings: set) -> relax.VarBinding |
 
 def _splits_heads(reshape: relax.Expr, final: relax.Var, n: int) -> bool:
     """reshape(final, (*leading dims of final, heads, head_dim)) with heads * head_dim == n."""
-    if not _is_call(reshape, "relax.reshape") or not reshape.args[0].same_as(final):
+    if not is_call(reshape, "relax.reshape") or not reshape.args[0].same_as(final):
         return False
-    source, target = _dims(final), _dims(reshape)
+    source, target = tensor_dims(final), tensor_dims(reshape)
     if source is None or target is None or len(target) != len(source) + 1:
         return False
-    heads, head_dim = _static(target[-2]), _static(target[-1])
+    heads, head_dim = static_int(target[-2]), static_int(target[-1])
     if heads is None or head_dim is None or heads * head_dim != n:
         return False
     return same_shape(source[:-1], target[:-2])
@@ -125,23 +96,23 @@ def _splits_heads(reshape: relax.Expr, final: relax.Var, n: int) -> bool:
 def _member(binding: relax.VarBinding, users: dict, bindings: set) -> tuple[tuple, _Member] | None:
     """(group key, member) when `binding` is a projection of its lhs that feeds attention heads."""
     call = binding.value
-    if not _is_call(call, "relax.matmul") or not isinstance(binding.var, relax.DataflowVar):
+    if not is_call(call, "relax.matmul") or not isinstance(binding.var, relax.DataflowVar):
         return None
     x, w = call.args
-    weight = _constant(w)
-    xdims, out = _dims(x), _dims(binding.var)
+    weight = constant_value(w)
+    xdims, out = tensor_dims(x), tensor_dims(binding.var)
     if not isinstance(x, relax.Var) or weight is None or weight.ndim != 2 or xdims is None or out is None:
         return None
     k, n = (int(d) for d in weight.shape)
-    if len(xdims) < 2 or len(out) != len(xdims) or _static(xdims[-1]) != k or _static(out[-1]) != n:
+    if len(xdims) < 2 or len(out) != len(xdims) or static_int(xdims[-1]) != k or static_int(out[-1]) != n:
         return None
     out_dtype = str(binding.var.ty.dtype)
     final, bias, bias_dtype = binding.var, None, None
     user = _only_user(binding.var, users, bindings)
-    if user is not None and _is_call(user.value, "relax.add"):
+    if user is not None and is_call(user.value, "relax.add"):
         a, b = user.value.args
         other = b if a.same_as(binding.var) else a if b.same_as(binding.var) else None
-        bias = _constant(other) if other is not None else None
+        bias = constant_value(other) if other is not None else None
         if bias is None or bias.shape != (n,) or str(other.ty.dtype) != out_dtype:
             return None
         if not isinstance(user.var, relax.DataflowVar) or str(user.var.ty.dtype) != out_dtype:
@@ -158,7 +129,7 @@ def _plan(func: relax.Function) -> dict:
     """{var: (group, member index or None)} for the bindings of every fusable group."""
     if not isinstance(func.body, relax.SeqExpr):
         return {}
-    users = _users(func)
+    users = binding_readers(func)
     plan: dict = {}
     for block in func.body.blocks:
         if not isinstance(block, relax.DataflowBlock):
@@ -182,7 +153,7 @@ def _plan(func: relax.Function) -> dict:
             members = group.members
             # All of x's head projections or none: fusing some (those with a bias, say) would leave
             # the attention one projection short of reading all of q, k and v in place.
-            if len(group.keys) != 1 or len(members) < 2 or any(m.n % _PART_ALIGNMENT for m in members):
+            if len(group.keys) != 1 or len(members) < 2 or any(m.n % PART_ALIGNMENT for m in members):
                 continue
             group.weight = relax.const(np.concatenate([m.weight for m in members], axis=1), members[0].weight_dtype)
             if members[0].bias is not None:
@@ -206,7 +177,7 @@ def _emit(mutator, binding: relax.VarBinding, planned) -> relax.Expr:
         return group.fused
     lo = sum(m.n for m in group.members[:index])
     hi = lo + group.members[index].n
-    last = len(_dims(binding.var)) - 1
+    last = len(tensor_dims(binding.var)) - 1
     return mutator.builder_.emit(relax.op.strided_slice(group.fused, axes=[last], begin=[lo], end=[hi]))
 
 

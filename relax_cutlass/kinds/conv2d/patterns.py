@@ -15,9 +15,9 @@ from ..epilogue_patterns import (
     _epilogue_pattern,
     _EpilogueSpec,
     _shape,
-    _static_int,
     dtype_of,
     epilogue_specs,
+    static_int,
 )
 from ..ir import accumulator_for, is_depthwise, shape_of
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
@@ -78,14 +78,14 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
     if len(dshape) != 4 or len(wshape) != 4 or len(oshape) != 4:
         problems.append("data, weight and output must be 4-D")
         return problems
-    static = [_static_int(d) for d in (*dshape[1:], *wshape, *oshape[1:])]
+    static = [static_int(d) for d in (*dshape[1:], *wshape, *oshape[1:])]
     if None in static:
         problems.append("H, W, C and the filter shape must be static; only the batch N may be symbolic")
         return problems
     if problems:
         return problems
-    c, k, groups = _static_int(dshape[3]), _static_int(wshape[0]), int(conv.attrs.groups)
-    if _static_int(wshape[3]) * groups != c:
+    c, k, groups = static_int(dshape[3]), static_int(wshape[0]), int(conv.attrs.groups)
+    if static_int(wshape[3]) * groups != c:
         problems.append(f"filter channels {wshape[3]} x groups {groups} do not match the input's C={c}")
     if groups > 1:
         problems += grouped_conv_problems(c, k, groups, grouped_tile_widths(in_dtype))

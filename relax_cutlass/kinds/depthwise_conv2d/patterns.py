@@ -10,7 +10,7 @@ from tvm import relax
 
 from .. import CODEGEN
 from ..conv2d.patterns import conv2d_pattern
-from ..epilogue_patterns import _EpilogueSpec, _shape, _static_int, dtype_of, epilogue_problems, epilogue_specs
+from ..epilogue_patterns import _EpilogueSpec, _shape, dtype_of, epilogue_problems, epilogue_specs, static_int
 from ..ir import is_depthwise
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
 from .records import MAX_GRID_Z, DepthwiseProblem
@@ -61,7 +61,7 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
             f"data/weight/output dtypes {dtype_of(data)}/{dtype_of(weight)}/{dtype_of(conv)}: the depthwise "
             "kernels take float16 (and bfloat16 on the blocked direct kernel), all three the same"
         )
-    static = [_static_int(d) for d in (*_shape(data)[1:], *_shape(weight), *_shape(conv)[1:])]
+    static = [static_int(d) for d in (*_shape(data)[1:], *_shape(weight), *_shape(conv)[1:])]
     if None in static:
         return [*problems, "H, W, C and the filter shape must be static; only the batch N may be symbolic"]
     c, r, s = static[2], static[4], static[5]
@@ -77,7 +77,7 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
     if problem.element != "float16":
         return [f"{problem.element} runs only on the blocked direct kernel, which does not take this conv: "
                 + "; ".join(uncovered)]  # fmt: skip
-    n = _static_int(_shape(data)[0])
+    n = static_int(_shape(data)[0])
     if n is not None:
         tile = tile_for(problem)
         tiles = tile.tiles(problem, n)

@@ -18,9 +18,9 @@ from ..epilogue_patterns import (
     _epilogue_pattern,
     _EpilogueSpec,
     _shape,
-    _static_int,
     dtype_of,
     epilogue_specs,
+    static_int,
 )
 from ..ir import accumulator_for, shape_of, static_shape
 from .records import GemmProblem
@@ -104,13 +104,13 @@ def matmul_problems(matmul: relax.Call, rhs: relax.Expr, transpose: relax.Call |
         axes = transpose.attrs.axes
         if axes is not None and [int(a) for a in axes] != [1, 0]:
             problems.append(f"permute_dims axes {list(axes)} is not a 2-D transpose")
-        n, k = (_static_int(d) for d in rshape)
+        n, k = (static_int(d) for d in rshape)
     else:
-        k, n = (_static_int(d) for d in rshape)
+        k, n = (static_int(d) for d in rshape)
     if k is None or n is None:
         problems.append("K and N must be static; only M (the leading dims of lhs) may be symbolic")
         return problems
-    lhs_k = _static_int(lshape[-1])
+    lhs_k = static_int(lshape[-1])
     if lhs_k != k:
         problems.append(f"lhs inner dim {lshape[-1]} does not match the weight's K={k}")
     if k % 2 or n % 2:

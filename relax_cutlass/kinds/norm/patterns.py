@@ -14,7 +14,7 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 from .. import CODEGEN
 from ..epilogue import Epilogue
 from ..epilogue_patterns import _scalar
-from ..ir import _shape, _static_int, dtype_of, same_shape, static_shape
+from ..ir import _shape, dtype_of, same_shape, static_int, static_shape
 from .records import MAX_N, NormProblem
 
 NORMS = ("layer_norm", "rms_norm", "rms_decomposed")
@@ -136,7 +136,7 @@ def rules(spec: NormSpec, ann: dict, out: relax.Expr, _var2val) -> list[str]:
         return problems[:1]
     eps, center, scale, problems = _norm_attrs(spec, ann)
     shape = _shape(sum_)
-    n = _static_int(shape[-1]) if shape else None
+    n = static_int(shape[-1]) if shape else None
     if n is None:
         return [*problems, "the normalized (last) axis must be static"]
     if n > MAX_N:
@@ -166,10 +166,10 @@ def read_problem(spec: NormSpec, ann: dict, out: relax.Expr, _var2val, _accumula
     shape = _shape(sum_)
     rows = 1
     for d in shape[:-1]:
-        rows = rows * _static_int(d) if rows is not None and _static_int(d) is not None else None
+        rows = rows * static_int(d) if rows is not None and static_int(d) is not None else None
     return NormProblem(
         rows=rows,
-        n=_static_int(shape[-1]),
+        n=static_int(shape[-1]),
         norm="layer_norm" if spec.norm == "layer_norm" else "rms_norm",
         epsilon=float(eps),
         data_dtype=dtype_of(ann["data"]),
