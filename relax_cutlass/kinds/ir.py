@@ -134,3 +134,14 @@ def rewrite_planned_bindings(func: relax.Function, plan: dict, rewrite) -> relax
     `rewrite(mutator, binding, plan[var])` returns (built with `mutator.visit_expr` and
     `mutator.builder_.emit`); the bindings nothing reads any more go."""
     return relax.analysis.remove_all_unused(_PlannedBindings(plan, rewrite).visit_expr(func))
+
+
+def planned_rewrite(func: relax.Function, plan, rewrite) -> relax.Function:
+    """`rewrite_planned_bindings(func, plan(func), rewrite)`, or `func` unchanged when nothing is
+    planned or an unusual graph makes planning or rewriting raise: a rewrite never fails the
+    user's pipeline."""
+    try:
+        planned = plan(func)
+        return rewrite_planned_bindings(func, planned, rewrite) if planned else func
+    except (tvm.TVMError, ValueError, TypeError, AttributeError):
+        return func

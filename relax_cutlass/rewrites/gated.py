@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..kinds.ir import binding_readers, constant_value, is_call, rewrite_planned_bindings, static_int, tensor_dims
+from ..kinds.ir import binding_readers, constant_value, is_call, planned_rewrite, static_int, tensor_dims
 from .canonicalize import _relax_functions
 from .projections import PART_ALIGNMENT
 
@@ -178,11 +178,7 @@ def _emit(mutator, _binding: relax.VarBinding, part: _Part) -> relax.Expr:
 def split_packed_gated_projections(func: relax.Function) -> relax.Function:
     """slice_i(matmul(x, W) [+ b]) read elementwise -> matmul(x, W[:, slice_i]) [+ b[slice_i]]
     (see the module)."""
-    try:
-        plan = _plan(func)
-        return rewrite_planned_bindings(func, plan, _emit) if plan else func
-    except (tvm.TVMError, ValueError, TypeError, AttributeError):  # an unusual graph never fails the pipeline
-        return func
+    return planned_rewrite(func, _plan, _emit)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.SplitPackedGatedProjections")

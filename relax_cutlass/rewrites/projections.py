@@ -34,7 +34,7 @@ from ..kinds.ir import (
     binding_readers,
     constant_value,
     is_call,
-    rewrite_planned_bindings,
+    planned_rewrite,
     same_shape,
     static_int,
     tensor_dims,
@@ -185,11 +185,7 @@ def fuse_parallel_projections(func: relax.Function) -> relax.Function:
     """matmul(x, W_i) [+ b_i] -> reshape to heads, for i = 1..n of one x -> one
     matmul(x, W_1 | ... | W_n) [+ b_1 | ... | b_n] and each part a strided_slice of its last axis
     (see the module)."""
-    try:
-        plan = _plan(func)
-        return rewrite_planned_bindings(func, plan, _emit) if plan else func
-    except (tvm.TVMError, ValueError, TypeError, AttributeError):  # an unusual graph never fails the pipeline
-        return func
+    return planned_rewrite(func, _plan, _emit)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FuseParallelProjections")
