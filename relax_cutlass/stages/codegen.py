@@ -233,20 +233,17 @@ class CutlassCodegen:
 
 
 def compile_kernels(regions: list, options: CodegenOptions) -> dict[str, str]:
-    """Compile every region's kernels ahead of RunCodegen (objects are cached, so its build reuses
-    them): {symbol: why} for the regions with a kernel that does not compile."""
-    from .compile import CompileError
-
-    failed = {}
+    """Compile every region's kernels ahead of RunCodegen, in parallel (objects are cached, so its
+    build reuses them): {symbol: why} for the regions with a kernel that does not compile."""
+    failures: dict[str, Exception] = {}
     kernels = {k.name: k for r in regions for k in r.kernels}
-    for name, kernel in kernels.items():
-        try:
-            compile_all([emit_kernel(kernel)], options.arch, options.jobs)
-        except CompileError as err:
-            for region in regions:
-                if any(k.name == name for k in region.kernels):
-                    failed[region.symbol] = f"kernel {name} did not compile: {str(err)[:600]}"
-    return failed
+    compile_all([emit_kernel(k) for k in kernels.values()], options.arch, options.jobs, failures)
+    return {
+        region.symbol: f"kernel {name} did not compile: {type(err).__name__}: {str(err)[:600]}"
+        for region in regions
+        for name, err in failures.items()
+        if any(k.name == name for k in region.kernels)
+    }
 
 
 RETURNED_ATTR = "relax_cutlass.returned_to_tvm"

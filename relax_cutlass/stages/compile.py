@@ -218,15 +218,28 @@ def _compile_checked(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]
     return obj, cached
 
 
-def compile_all(sources: list[Source], arch: int, jobs: int | None = None) -> dict[str, tuple[Path, bool]]:
+def compile_all(
+    sources: list[Source], arch: int, jobs: int | None = None, failures: dict[str, Exception] | None = None
+) -> dict[str, tuple[Path, bool]]:
     """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores); every kernel
-    object is checked for its family's tensor-core instructions (relax_cutlass.stages.sass_check)."""
+    object is checked for its family's tensor-core instructions (relax_cutlass.stages.sass_check).
+
+    `failures`: when given, a source that does not compile (or fails its check) is left out of the
+    result and its error recorded there by name; else the first error is raised."""
     tc = toolchain()
     unique = {s.name: s for s in sources}
     jobs = jobs or int(os.environ.get("RELAX_CUTLASS_JOBS", 0)) or os.cpu_count() or 1
+    results = {}
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(unique)))) as pool:
         futures = {name: pool.submit(_compile_checked, tc, s, arch) for name, s in unique.items()}
-        return {name: f.result() for name, f in futures.items()}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as err:
+                if failures is None:
+                    raise
+                failures[name] = err
+    return results
 
 
 @functools.cache
