@@ -90,6 +90,33 @@ __global__ void PadBiasRows(const T* src, int64_t stride_b, int64_t stride_n, in
   }
 }
 
+// One call's stream-ordered scratch allocations (padded bias, output accumulator, logsumexp),
+// freed on the stream however the call returns: after its launches, or on an early error.
+class StreamScratch {
+ public:
+  explicit StreamScratch(cudaStream_t stream) : stream_(stream) {}
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    for (void* block : blocks_) {
+      if (block != nullptr) cudaFreeAsync(block, stream_);
+    }
+  }
+  // -> `bytes` of device memory, or nullptr if the allocation failed
+  void* Allocate(size_t bytes) {
+    void* block = nullptr;
+    if (count_ == kMaxBlocks || cudaMallocAsync(&block, bytes, stream_) != cudaSuccess) return nullptr;
+    blocks_[count_++] = block;
+    return block;
+  }
+
+ private:
+  static constexpr int kMaxBlocks = 3;
+  cudaStream_t stream_;
+  void* blocks_[kMaxBlocks] = {};
+  int count_ = 0;
+};
+
 bool BiasIsVectorAligned(const RelaxCutlassAttentionArgs* a) {
   return reinterpret_cast<uintptr_t>(a->bias) % 16 == 0 && a->seq_kv % 8 == 0 && a->bias_stride_b % 8 == 0 &&
          a->bias_stride_n % 8 == 0 && a->bias_stride_s % 8 == 0;
@@ -159,7 +186,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   p.v_strideM = static_cast<int32_t>(a->v_stride_s);
   p.v_strideH = static_cast<int32_t>(a->v_stride_n);
   p.o_strideM = static_cast<int32_t>(a->head_dim_value * a->heads);
-  T* padded_bias = nullptr;  // the bias in 16-byte rows, where it is not (PadBiasRows)
+  StreamScratch scratch(stream);
   if (a->bias != nullptr) {
     if (!Attention::kSupportsBias) return "$name: this kernel was built without attention-bias support";
     p.attn_bias_ptr = static_cast<T*>(const_cast<void*>(a->bias));
@@ -171,17 +198,14 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
       const int64_t rows_b = a->bias_stride_b != 0 ? a->batch : 1, rows_n = a->bias_stride_n != 0 ? a->heads : 1;
       const int64_t rows_s = a->bias_stride_s != 0 ? a->seq_q : 1;
       const int64_t elements = rows_b * rows_n * rows_s * padded;
-      if (cudaMallocAsync(reinterpret_cast<void**>(&padded_bias), sizeof(T) * elements, stream) != cudaSuccess) {
-        return Fail("padded bias allocation");
-      }
+      // the bias in 16-byte rows (PadBiasRows)
+      T* padded_bias = static_cast<T*>(scratch.Allocate(sizeof(T) * elements));
+      if (padded_bias == nullptr) return Fail("padded bias allocation");
       const int blocks = static_cast<int>(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
       PadBiasRows<T><<<blocks, 256, 0, stream>>>(static_cast<const T*>(a->bias), a->bias_stride_b, a->bias_stride_n,
                                                  a->bias_stride_s, padded_bias, rows_b, rows_n, rows_s, a->seq_kv,
                                                  padded);
-      if (cudaPeekAtLastError() != cudaSuccess) {
-        cudaFreeAsync(padded_bias, stream);
-        return Fail("bias padding launch");
-      }
+      if (cudaPeekAtLastError() != cudaSuccess) return Fail("bias padding launch");
       p.attn_bias_ptr = padded_bias;
       p.bias_strideB = a->bias_stride_b != 0 ? rows_n * rows_s * padded : 0;
       p.bias_strideH = a->bias_stride_n != 0 ? rows_s * padded : 0;
@@ -189,18 +213,13 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     }
   }
   if (a->kv_group > 1 && a->heads % a->kv_group != 0) return "$name: the heads are no multiple of kv_group";
-  if (!Attention::check_supported(p)) {
-    if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
-    return "$name: q/k/v or a stride is not aligned as the kernel needs";
-  }
+  if (!Attention::check_supported(p)) return "$name: q/k/v or a stride is not aligned as the kernel needs";
   void* workspace = nullptr;
   if (Attention::kNeedsOutputAccumulatorBuffer) {
     const size_t bytes =
         sizeof(typename Attention::output_accum_t) * a->batch * a->seq_q * a->heads * a->head_dim_value;
-    if (cudaMallocAsync(&workspace, bytes, stream) != cudaSuccess) {
-      if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
-      return Fail("output accumulator allocation");
-    }
+    workspace = scratch.Allocate(bytes);
+    if (workspace == nullptr) return Fail("output accumulator allocation");
     p.output_accum_ptr = static_cast<typename Attention::output_accum_t*>(workspace);
   }
   constexpr auto kernel = attention_kernel_batched_impl<Attention>;
@@ -212,8 +231,6 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     cudaGetDevice(&device);
     if (device >= 64 || !configured[device]) {
       if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess) {
-        if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-        if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
         return Fail("shared memory opt-in");
       }
       if (device < 64) configured[device] = true;
@@ -223,12 +240,8 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   float* lse = nullptr;
   const int64_t lse_dim = (a->seq_q + Attention::kAlignLSE - 1) / Attention::kAlignLSE * Attention::kAlignLSE;
   if (a->bias != nullptr && a->masked_rows != 0) {
-    if (cudaMallocAsync(reinterpret_cast<void**>(&lse), sizeof(float) * a->batch * a->heads * lse_dim, stream) !=
-        cudaSuccess) {
-      if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-      if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
-      return Fail("logsumexp allocation");
-    }
+    lse = static_cast<float*>(scratch.Allocate(sizeof(float) * a->batch * a->heads * lse_dim));
+    if (lse == nullptr) return Fail("logsumexp allocation");
     p.logsumexp_ptr = lse;
   }
   // Grouped-query attention: one launch per kv head, over its group of query heads, which all
@@ -259,9 +272,6 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     FixMaskedRows<T><<<blocks, 256, 0, stream>>>(*a, lse, lse_dim);
     launched = cudaPeekAtLastError();
   }
-  if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-  if (lse != nullptr) cudaFreeAsync(lse, stream);
-  if (padded_bias != nullptr) cudaFreeAsync(padded_bias, stream);
   if (launched != cudaSuccess) return Fail("kernel launch");
   return nullptr;
 }
