@@ -400,6 +400,14 @@ def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
         assert rel_error(got, expected) < 1e-2
 
 
+def _multi_query_falcon(transformers, layers: int):
+    """A random-init Falcon with multi-query attention (one kv head, taken from the fused
+    projection with negative indices), hidden 256, 4 heads, vocabulary 512, as last_hidden_state."""
+    sizes = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": layers, "vocab_size": 512}
+    config = transformers.FalconConfig(**sizes, multi_query=True, new_decoder_architecture=False)
+    return last_hidden_state(transformers.FalconModel(config).eval())
+
+
 def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
     """Falcon's multi-query attention takes its key and value heads out of the fused projection
     as `fused[..., [-2], :]` and `[..., [-1], :]`; TVM's frontend writes `take(mode="fast")`, which
@@ -410,9 +418,7 @@ def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
     from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
 
     torch.manual_seed(0)
-    sizes = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 512}
-    config = transformers.FalconConfig(**sizes, multi_query=True, new_decoder_architecture=False)
-    model = last_hidden_state(transformers.FalconModel(config).eval())
+    model = _multi_query_falcon(transformers, layers=2)
     ids = torch.randint(0, 512, (2, 64))
     mod = relax_cutlass.from_torch(model, (ids,))
     with torch.no_grad():
@@ -476,9 +482,7 @@ def test_falcon_with_a_symbolic_sequence_length_is_right():
     from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
 
     torch.manual_seed(0)
-    sizes = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 512}
-    config = transformers.FalconConfig(**sizes, multi_query=True, new_decoder_architecture=False)
-    model = last_hidden_state(transformers.FalconModel(config).eval())
+    model = _multi_query_falcon(transformers, layers=1)
     seq = torch.export.Dim("seq", min=2, max=256)
     mod = relax_cutlass.from_torch(model, (torch.randint(0, 512, (1, 16)),), dynamic_shapes={"input_ids": {1: seq}})
     offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
