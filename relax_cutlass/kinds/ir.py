@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from tvm import relax
 
@@ -145,3 +147,10 @@ def planned_rewrite(func: relax.Function, plan, rewrite) -> relax.Function:
         return rewrite_planned_bindings(func, planned, rewrite) if planned else func
     except (tvm.TVMError, ValueError, TypeError, AttributeError):
         return func
+
+
+def json_attr(mod: tvm.IRModule, name: str, default):
+    """The JSON value the passes keep under module attribute `name` (the offload report's rows,
+    refusals, returned regions), or `default` where the attribute is absent."""
+    attrs = mod.attrs or {}
+    return json.loads(str(attrs[name])) if name in attrs else default

@@ -373,11 +373,11 @@ def wrap_negative_take_indices(func: relax.Function) -> relax.Function:
         values = m[indices].value.numpy()
         if values.dtype.kind not in "iu" or not (values < 0).any():
             return orig
-        dims = tensor_dims(m[x])
+        dims, static = tensor_dims(m[x]), static_shape(m[x])
         axis = orig.attrs.axis
-        if dims is None or (axis is None and static_shape(m[x]) is None):
+        if dims is None or (axis is None and static is None):
             return orig
-        n = int(np.prod(static_shape(m[x]))) if axis is None else dims[int(axis) % len(dims)]
+        n = int(np.prod(static)) if axis is None else dims[int(axis) % len(dims)]
         if not isinstance(n, (int, tvm.tirx.IntImm)):
             # a symbolic axis (the sequence of a model exported with a torch.export.Dim): the
             # positions are n + index, known at run time only, so each is a slice of that axis

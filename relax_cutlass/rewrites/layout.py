@@ -23,6 +23,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..kinds.ir import json_attr
 from ..kinds.nhwc import CONV2D_LAYOUTS
 from .fold import FoldWeightsInNumpy
 from .permutes import SinkLayoutPermutes
@@ -94,8 +95,7 @@ class ConvertToNHWC:
 
 def layout_skipped(mod: tvm.IRModule) -> dict[str, str]:
     """{function: why ConvertToNHWC left its convolutions in NCHW} from the module attribute."""
-    attrs = mod.attrs or {}
-    return json.loads(str(attrs[LAYOUT_SKIPPED_ATTR])) if LAYOUT_SKIPPED_ATTR in attrs else {}
+    return json_attr(mod, LAYOUT_SKIPPED_ATTR, {})
 
 
 def _has_conv2d(func: relax.Function) -> bool:

@@ -23,6 +23,7 @@ from tvm import relax
 from ..arch import parse_arch, resolve_family
 from ..kinds import CODEGEN, kind_of
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
+from ..kinds.ir import json_attr
 from .compile import cache_dir, compile_all, link_relocatable
 from .emit import emit_glue, emit_kernel
 from .regions import RegionError, analyze, make_region
@@ -228,7 +229,7 @@ class CutlassCodegen:
         calls = call_counts(mod)
         rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
         out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
-        previous = json.loads(str(mod.attrs[REGIONS_ATTR])) if mod.attrs and REGIONS_ATTR in mod.attrs else []
+        previous = json_attr(mod, REGIONS_ATTR, [])
         return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))
 
 
@@ -257,7 +258,7 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
 
     from .constants import composite_of, offloaded_functions
 
-    returned = json.loads(str(mod.attrs[RETURNED_ATTR])) if mod.attrs and RETURNED_ATTR in mod.attrs else {}
+    returned = json_attr(mod, RETURNED_ATTR, {})
     for gv, func in list(offloaded_functions(mod)):
         symbol = str(func.attrs["global_symbol"])
         if symbol not in failed:

@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 
 from ..kinds import kind_of, kinds
+from ..kinds.ir import json_attr
 from ..rewrites.canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
 from .patterns import fusion_patterns, spec_by_name
 
@@ -100,7 +101,7 @@ class PartitionForCutlass:
                 mod[gv] = func
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
-        previous = json.loads(str(mod.attrs[NOT_FUSED_ATTR])) if mod.attrs and NOT_FUSED_ATTR in mod.attrs else []
+        previous = json_attr(mod, NOT_FUSED_ATTR, [])
         return mod.with_attr("relax_cutlass.arch", self.arch).with_attr(
             NOT_FUSED_ATTR, json.dumps(previous + log.rows())
         )

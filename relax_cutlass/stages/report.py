@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..kinds import kind_of, kinds
+from ..kinds.ir import json_attr
 from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
 from .constants import offloaded_functions
@@ -102,7 +103,7 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
 
     rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
     # regions CutlassCodegen gave back to TVM (they could not be planned or compiled), and why
-    returned = json.loads(str(mod.attrs[RETURNED_ATTR])) if mod.attrs and RETURNED_ATTR in mod.attrs else {}
+    returned = json_attr(mod, RETURNED_ATTR, {})
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
@@ -150,7 +151,7 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
-        return OffloadReport(json.loads(str(attrs[REGIONS_ATTR])), _left_in_tvm(mod), _not_fused(mod))
+        return OffloadReport(json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod))
     arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
     if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
         mod = partition_as_offloaded(mod, arch)
@@ -169,8 +170,7 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
 def _not_fused(mod: tvm.IRModule) -> list[dict]:
     from .partition import NOT_FUSED_ATTR
 
-    attrs = mod.attrs or {}
-    return json.loads(str(attrs[NOT_FUSED_ATTR])) if NOT_FUSED_ATTR in attrs else []
+    return json_attr(mod, NOT_FUSED_ATTR, [])
 
 
 __all__ = ["OffloadReport", "offload_report"]
