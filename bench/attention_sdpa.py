@@ -10,8 +10,9 @@ Each case has 16384 tokens per head (batch = 16384 / seq) and 2048 / head_dim he
 examples/88's runner sizes its problems): batch x heads is 32..1024. q, k and v are BSNH (the
 layout R.nn.attention takes); torch gets the same tensors as (B, N, S, H) views. "auto" is
 relax_cutlass's heuristic choice for the GPU (on sm_90a: the SM90 kernel, CUTLASS examples/88, its
-cooperative schedule), "pingpong" the SM90 kernel's ping-pong schedule, "tuned" the build with
-profile="auto" (each schedule timed on this GPU, the faster used: what a user's build here does),
+cooperative schedule), a schedule name ("pingpong", "cooperative_locked", ...; with ":128x128" a
+tile too) that SM90 candidate, "tuned" the build with profile="auto" (every candidate timed on
+this GPU, the fastest used: what a user's build here does),
 "sm80" the SM80 kernel (CUTLASS examples/41) on the same GPU. Each output is checked against torch's (relative
 error). FLOPs: 4 * B * N * S * T * H (two GEMMs), half of that for causal attention (TVM's TopLeft
 mask; torch's is_causal). ms are medians of `vm.time_evaluator` (relax_cutlass; includes the VM
@@ -101,17 +102,27 @@ def run(rows: list[dict], families: list[str]) -> None:
 
     for family in families:
         t0 = time.time()
-        # "pingpong": the SM90 kernel's ping-pong schedule first; "tuned": profile="auto" (what a
-        # user's build on this GPU does: each schedule timed, the faster one recorded and used)
-        original = select.SM90_ATTENTION_SCHEDULES
-        if family == "pingpong":
-            select.SM90_ATTENTION_SCHEDULES = ("pingpong", "cooperative")
-        option = "auto" if family in ("pingpong", "tuned") else family
+        # an SM90 schedule ("pingpong", "cooperative_locked", ...), optionally with a tile
+        # ("cooperative_locked:128x128"): that candidate first, so the heuristic takes it where the
+        # head dim has it; "tuned": profile="auto" (what a user's build on this GPU does: every
+        # candidate timed, the fastest recorded and used)
+        original = select.SM90_ATTENTION_SCHEDULES, dict(select.SM90_ATTENTION_TILES)
+        schedule, _, tile = family.partition(":")
+        sm90 = schedule in select.SM90_ATTENTION_SCHEDULES
+        if sm90:
+            select.SM90_ATTENTION_SCHEDULES = (schedule,) + tuple(x for x in original[0] if x != schedule)
+            if tile:
+                want = tuple(int(x) for x in tile.split("x"))
+                for hd, tiles in original[1].items():
+                    select.SM90_ATTENTION_TILES[hd] = tuple(sorted(tiles, key=lambda t, w=want: t != w))
+        option = "auto" if sm90 or family == "tuned" else family
         profile = "auto" if family == "tuned" else "never"
         try:
             offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows))
         finally:
-            select.SM90_ATTENTION_SCHEDULES = original
+            select.SM90_ATTENTION_SCHEDULES = original[0]
+            select.SM90_ATTENTION_TILES.clear()
+            select.SM90_ATTENTION_TILES.update(original[1])
         report = relax_cutlass.offload_report(offloaded)
         vm = relax.VirtualMachine(tvm.compile(offloaded, target), dev)
         print(f"{family}: built in {time.time() - t0:.0f} s", flush=True)

@@ -30,6 +30,7 @@ from relax_cutlass.kinds.attention.select import (
     attention_family,
     choose_attention_kernel,
     sm90_attention_fallback_reason,
+    sm90_attention_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
@@ -184,10 +185,15 @@ def test_sm80_kernel_takes_the_causal_mask_at_run_time():
     assert "args.causal = 1;" in emit_glue([region], "m").text
 
 
-def test_profiling_times_both_sm90_schedules():
+def test_profiling_times_every_sm90_tile_and_schedule():
     job = attention_job(dataclasses.replace(HD128, causal="TopLeft"), 90)
     assert job.key.family == 90 and job.key.geometry == (1,)
-    assert [k.schedule for k, _ in job.candidates] == ["cooperative", "pingpong"]
+    schedules = ["cooperative", "pingpong", "cooperative_locked", "pingpong_locked"]
+    assert [k.schedule for k, _ in job.candidates] == schedules
+    hd64 = attention_job(HD64, 90)
+    tiles = [(k.queries_per_block, k.keys_per_block, k.schedule) for k, _ in hd64.candidates]
+    assert tiles == [(128, keys, s) for keys in (64, 128) for s in schedules]
+    assert len({k.name for k, _ in hd64.candidates}) == len(tiles)
     assert all(k.arch == 90 and k.selected_by == "profiling" for k, _ in job.candidates)
     sm80 = attention_job(HD64, 90, family="sm80")
     assert sm80.key.family == 80 and all(k.arch == 80 for k, _ in sm80.candidates)
@@ -205,16 +211,34 @@ def test_tuning_record_picks_the_schedule(tmp_path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("causal, kv_group", [(None, 1), ("TopLeft", 1), ("TopLeft", 4)])
-def test_sm90_attention_compiles_to_hgmma(causal, kv_group):
-    """A head-dim-128 kernel, non-causal, causal, and causal grouped-query (k/v heads read with a
-    static stride 0 across each group), through nvcc for sm_90a: its SASS is sm_90a's and holds
-    wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
+@pytest.mark.parametrize(
+    "head_dim, causal, kv_group, tile, schedule",
+    [
+        (128, None, 1, None, None),
+        (128, "TopLeft", 1, None, None),
+        (128, "TopLeft", 4, None, None),
+        # the candidates profiling adds: the warp groups' ordered softmax, persistent too, and
+        # head dim 64's 128 x 128 tile
+        (128, "TopLeft", 1, None, "cooperative_locked"),
+        (64, None, 1, (128, 128), "pingpong_locked"),
+    ],
+)
+def test_sm90_attention_compiles_to_hgmma(head_dim, causal, kv_group, tile, schedule):
+    """Head-dim-128 kernels, non-causal, causal, and causal grouped-query (k/v heads read with a
+    static stride 0 across each group), and the other candidates, through nvcc for sm_90a: the
+    SASS is sm_90a's and holds wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
     from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.sass_check import mma_counts
 
-    problem = dataclasses.replace(HD128, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
+    base = HD128 if head_dim == 128 else HD64
+    problem = dataclasses.replace(base, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
     kernel = choose_attention_kernel(problem, 90)
+    if tile or schedule:
+        (kernel,) = [
+            k
+            for k in sm90_attention_kernels(problem, 90)
+            if (k.queries_per_block, k.keys_per_block) == (tile or (128, 128)) and k.schedule == schedule
+        ]
     assert kernel.arch == 90
     ((obj, _),) = compile_all([emit_kernel(kernel)], 90).values()
     counts, sass, _ = mma_counts(obj, ("HMMA", "HGMMA"))

@@ -4,7 +4,7 @@ scaled_dot_product_attention in float64 on the same inputs: fp16 and bf16, head 
 non-causal and TVM's causal masks (TopLeft = torch's is_causal; BottomRight = key j seen by query i
 iff j <= i + |S - T|, given to torch as a boolean mask), odd sequence lengths (77, 1000, 4096; seq_q
 != seq_kv both ways), a symbolic sequence length, heads split from a (B, S, N*H) projection (the
-kernel reads strides), both schedules, and the SM80 fallback (family="sm80") with causal masks.
+kernel reads strides), every schedule and tile, and the SM80 fallback (family="sm80") with causal masks.
 
     pytest -m gpu tests/test_gpu_attention_sm90.py   (on the GPU host; skipped without a Hopper GPU)
 """
@@ -129,6 +129,38 @@ def test_sm90_pingpong_schedule_matches_sdpa():
         select.SM90_ATTENTION_SCHEDULES = original
     assert all("_pingpong_" in r["kernel"] for r in rows), rows
     rng = np.random.default_rng(1)
+    for i, case in enumerate(cases):
+        _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
+
+
+@pytest.mark.parametrize(
+    "schedule, tile",
+    [
+        ("cooperative_locked", None),
+        ("pingpong_locked", None),
+        ("cooperative", (128, 128)),
+        ("pingpong_locked", (128, 128)),
+    ],
+)
+def test_sm90_candidate_schedules_and_tiles_match_sdpa(schedule, tile):
+    """The candidates profiling adds (session 22): the warp groups' ordered softmax
+    (kIsMainloopLocked), persistent or not, and head dim 64's 128 x 128 tile, each forced first."""
+    from relax_cutlass.kinds.attention import select
+
+    cases = [CASES[1], CASES[3], CASES[8], CASES[9], CASES[5]]
+    original = select.SM90_ATTENTION_SCHEDULES, dict(select.SM90_ATTENTION_TILES)
+    select.SM90_ATTENTION_SCHEDULES = (schedule,) + tuple(x for x in original[0] if x != schedule)
+    if tile:
+        select.SM90_ATTENTION_TILES[64] = (tile,)
+    try:
+        vm, rows = _build(_module(cases))
+    finally:
+        select.SM90_ATTENTION_SCHEDULES = original[0]
+        select.SM90_ATTENTION_TILES.update(original[1])
+    assert all(f"_{schedule}_q128_" in r["kernel"] for r in rows), rows
+    if tile:
+        assert all("_k128_" in r["kernel"] for r in rows), rows
+    rng = np.random.default_rng(5)
     for i, case in enumerate(cases):
         _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
 

@@ -28,14 +28,20 @@ from .templates import ATTENTION_ARGS, FAIL_FUNCTION
 
 # schedule -> (the example's kernel options, its tile scheduler). "pingpong" is what the
 # example's builder makes of KernelTmaWarpSpecializedPingpong: the cooperative kernel, persistent,
-# with Q loaded by its own producer warp.
+# with Q loaded by its own producer warp. The "_locked" schedules add the example's
+# kIsMainloopLocked option: the consumer warp groups take turns at the softmax (an ordered
+# barrier around it), so one group's softmax runs while the other's GEMMs do, FlashAttention 3's
+# inter-warpgroup ping-pong; profiling decides whether that pays on a problem.
+_PERSISTENT = (
+    ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::true_type>"
+    ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::true_type>"
+)
+_LOCKED = ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::true_type>"
 SM90_SCHEDULES = {
     "cooperative": ("", "cutlass::fmha::kernel::IndividualTileScheduler"),
-    "pingpong": (
-        ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::true_type>"
-        ", cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::true_type>",
-        "cutlass::fmha::kernel::PersistentTileScheduler",
-    ),
+    "pingpong": (_PERSISTENT, "cutlass::fmha::kernel::PersistentTileScheduler"),
+    "cooperative_locked": (_LOCKED, "cutlass::fmha::kernel::IndividualTileScheduler"),
+    "pingpong_locked": (_PERSISTENT + _LOCKED, "cutlass::fmha::kernel::PersistentTileScheduler"),
 }
 
 # Causal attention's query blocks do unequal work (block m of a TopLeft mask reads m + 1 key
@@ -125,9 +131,10 @@ struct RelaxCausalTileScheduler {
 };
 """
 )
+# a persistent schedule's causal scheduler is persistent too
 CAUSAL_SCHEDULERS = {
-    "cooperative": "RelaxCausalTileScheduler<false>",
-    "pingpong": "RelaxCausalTileScheduler<true>",
+    schedule: f"RelaxCausalTileScheduler<{'true' if 'kIsPersistent' in options else 'false'}>"
+    for schedule, (options, _) in SM90_SCHEDULES.items()
 }
 
 SM90_ATTENTION_TU = Template(

@@ -12,8 +12,8 @@ from .select import attention_family, attention_tiles, choose_attention_kernel, 
 
 
 def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") -> ProfileJob | None:
-    """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) its cooperative then
-    its ping-pong schedule; on the SM80 kernel the rule's tile, then the other one, where there is
+    """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) every tile and
+    schedule of `sm90_attention_kernels`; on the SM80 kernel the rule's tile, then the other one, where there is
     a choice (head dims <= 64)."""
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
         return None  # symbolic sizes: the rule (the report says so)

@@ -94,7 +94,7 @@ class AttentionKernel:
     `arch` 80: CUTLASS example 41 (the xFormers forward kernel, mma.sync); only the dtype, the
     tile, the largest head dim (`max_head_dim`) and whether rows are 16-byte aligned are compiled
     in (a causal mask is a run-time argument). `arch` 90: CUTLASS example 88 (Hopper: TMA +
-    wgmma, warp-specialized, `schedule` "cooperative" or "pingpong"), compiled for one head dim
+    wgmma, warp-specialized, `schedule` one of emit_sm90.SM90_SCHEDULES), compiled for one head dim
     (`max_head_dim`, q/k and v alike) and one causal mask (the problem's)."""
 
     problem: AttentionProblem
@@ -104,7 +104,7 @@ class AttentionKernel:
     aligned: bool
     arch: int = 80  # the kernel family: 80 (examples/41) or 90 (examples/88, sm_90a only)
     target: int = 80
-    schedule: str = ""  # SM90: "cooperative" or "pingpong"
+    schedule: str = ""  # SM90: a key of emit_sm90.SM90_SCHEDULES
     epilogue: Epilogue = Epilogue()  # none: the region is the whole attention
     selected_by: str = field(default="heuristic", compare=False)
     note: str = field(default="", compare=False)

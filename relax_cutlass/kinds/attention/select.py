@@ -20,11 +20,13 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 
 
 # CUTLASS examples/88 (Hopper FMHA forward, fp16/bf16): the warp-specialized CTA tiles
-# (queries, keys) its runner instantiates per head dim (q/k and v alike), for both its cooperative
-# and ping-pong schedules. Its head dims 32 and 256 (one cooperative 128 x 64 tile each) are not
-# taken: never run here.
-SM90_ATTENTION_TILES = {64: (128, 64), 128: (128, 128)}
-SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong")  # the heuristic takes the first
+# (queries, keys) per head dim (q/k and v alike), the heuristic's first: its runner's (128 x 64 at
+# head dim 64, 128 x 128 at 128), and at head dim 64 also 128 x 128 (FlashAttention 3's tile
+# there: half the softmax rescales per key). Its head dims 32 and 256 (one cooperative 128 x 64
+# tile each) are not taken: never run here.
+SM90_ATTENTION_TILES = {64: ((128, 64), (128, 128)), 128: ((128, 128),)}
+# emit_sm90.SM90_SCHEDULES' names; the heuristic takes the first, profiling times them all
+SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
 
 
 def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
@@ -62,10 +64,11 @@ def attention_note(problem: AttentionProblem, arch: int, family: str = "auto") -
 
 
 def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[AttentionKernel]:
-    """The SM90 candidates of `problem`, the heuristic's (cooperative) first."""
-    queries, keys = SM90_ATTENTION_TILES[problem.head_dim]
+    """The SM90 candidates of `problem`: every tile with every schedule, the heuristic's (the
+    example's tile, cooperative) first."""
     return [
         AttentionKernel(problem, queries, keys, problem.head_dim, True, arch=90, target=arch, schedule=schedule)
+        for queries, keys in SM90_ATTENTION_TILES[problem.head_dim]
         for schedule in SM90_ATTENTION_SCHEDULES
     ]
 
