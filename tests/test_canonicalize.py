@@ -243,3 +243,41 @@ def test_open_and_negative_slice_ends_are_resolved_under_the_dims_bounds():
     for n in (2, 11):
         x = np.random.default_rng(n).standard_normal((1, n)).astype("float32")
         np.testing.assert_array_equal(run_vm(vm, [x]), np.diff(x))
+
+
+CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+
+
+def _partial_rotary_module(rotary: int, head_dim: int = 32):
+    """concat((rotated, x[..., rotary:]), -1) as transformers writes partial rotary embeddings,
+    the pass-through cast to float32 as ToMixedPrecision leaves it."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 16, head_dim], "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            rotated = bb.emit(relax.op.astype(relax.op.strided_slice(x, [3], [0], [rotary]), "float32"))
+            rotated = bb.emit(relax.op.multiply(rotated, relax.const(2.0, "float32")))
+            rest = bb.emit(relax.op.astype(relax.op.strided_slice(x, [3], [rotary], [2**63 - 1]), "float32"))
+            out = bb.emit_output(relax.op.concat([rotated, rest], axis=-1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_an_empty_concat_operand_is_dropped_so_tvm_builds_the_module():
+    """Regression (session 22, the zoo's Phi-3 on the H100): with the rotary dim the whole head dim,
+    the pass-through slice is empty, and TVM 0.27's CUDA build divides by zero scheduling the cast
+    over it ("Check failed: pb->value != 0"): Phi-3 built neither offloaded nor in TVM. The empty
+    operand and its producers go; a partial rotary (a real pass-through) keeps its concat."""
+    mod = _partial_rotary_module(rotary=32)
+    with pytest.raises(Exception, match="Divide by zero"):  # the premise, in TVM 0.27
+        tvm.compile(mod, CUDA)
+    fixed = FixTvmCudaForms()(mod)
+    assert "relax.concat" not in _ops(fixed) and "relax.strided_slice" in _ops(fixed)
+    assert _ops(fixed).count("relax.astype") == 1
+    tvm.compile(fixed, CUDA)
+    x = np.random.default_rng(0).standard_normal((1, 4, 16, 32)).astype("float16")
+    want = x.astype("float32") * 2
+    np.testing.assert_array_equal(run_vm(build_cpu(fixed), [x]), want)
+
+    partial = _partial_rotary_module(rotary=16)
+    assert FixTvmCudaForms()(partial)["main"].body.blocks[0].bindings[-1].value.op.name == "relax.concat"

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..kinds.ir import same_shape, static_shape, tensor_dims
+from ..kinds.ir import same_shape, static_int, static_shape, tensor_dims
 from .shapes import bound_symbolic_shapes
 
 
@@ -357,6 +357,34 @@ def positive_slice_axes(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
+def drop_empty_concat_operands(func: relax.Function) -> relax.Function:
+    """concat((x, empty), axis) -> x: operands with a static extent 0 on the concat axis dropped
+    (the concat kept where more than one remains), and the empty tensors' producers with them.
+
+    Partial rotary embeddings write concat((rotated, x[..., rotary_dim:]), -1), and where the
+    rotary dim is the whole head dim (Phi-3) the pass-through slice is empty: TVM 0.27's CUDA build
+    of the zero-extent cast over it divides by zero in its default schedule, so Phi-3 did not
+    build, neither offloaded nor in TVM's own build."""
+    pattern = is_op("relax.concat")(wildcard())
+
+    def rewriter(orig: relax.Expr, _m: dict) -> relax.Expr:
+        (operands,) = orig.args
+        if not isinstance(operands, relax.Tuple) or orig.attrs.axis is None:
+            return orig
+
+        def empty(x: relax.Expr) -> bool:
+            dims = tensor_dims(x)
+            return bool(dims) and static_int(dims[int(orig.attrs.axis)]) == 0
+
+        kept = [x for x in operands.fields if not empty(x)]
+        if len(kept) == len(operands.fields) or not kept:
+            return orig
+        return kept[0] if len(kept) == 1 else relax.op.concat(kept, int(orig.attrs.axis))
+
+    rewritten = rewrite_call(pattern, rewriter, func)
+    return rewritten if rewritten.same_as(func) else relax.analysis.remove_all_unused(rewritten)
+
+
 def wrap_negative_take_indices(func: relax.Function) -> relax.Function:
     """take(x, constant indices) with a negative index -> the same with index + n (n: x's size on
     the axis), as torch reads it.
@@ -412,12 +440,14 @@ class FixTvmCudaForms:
     """Rewrites of forms TVM 0.27's CUDA build gets wrong, values unchanged: constant negative take
     indices (read out of bounds), cumsums over narrow dtypes (abort or no build), small integer
     powers (NaN for negative bases), strided slices
-    over a negative axis with a symbolic bound (no build), and symbolic shapes that only the
+    over a negative axis with a symbolic bound (no build), empty concat operands (a zero-extent
+    cast: no build), and symbolic shapes that only the
     exported Dims' bounds make exact (`bound_symbolic_shapes`: no shape, no build)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         def fix(func: relax.Function) -> relax.Function:
             fixed = expand_integer_powers(widen_narrow_cumsums(wrap_negative_take_indices(func)))
+            fixed = drop_empty_concat_operands(fixed)
             return bound_symbolic_shapes(positive_slice_axes(fixed))
 
         functions = {gv: fix(func) if isinstance(func, relax.Function) else func for gv, func in mod.functions_items()}
