@@ -74,6 +74,23 @@ def _import_program(model, args, kwargs, dynamic_shapes, torch, caller: str) -> 
     mod, failure = attempt()
     if mod is not None:
         return mod
+    relaxed = _dynamic_dims(dynamic_shapes, torch) if "Constraints violated" in str(failure[1]) else None
+    if relaxed is not None:
+        # torch.export could not prove a guard over a named Dim's whole range (torch 2.11 cannot
+        # prove min(32*s, 64*s) == 32*s for a Llama's sequence length): Dim.DYNAMIC with the same
+        # bounds lets it narrow the range or keep the guard instead of refusing the export
+        strict, dynamic_shapes = dynamic_shapes, relaxed
+        mod, second = attempt()
+        if mod is not None:
+            warnings.warn(
+                f"{caller}: torch.export of {type(model).__name__} could not prove a guard over the "
+                f"Dims' ranges ({_violations(failure[1])}); exported with "
+                "torch.export.Dim.DYNAMIC and the same bounds instead. TVM does not check those guards "
+                "at run time: call the module only with sizes the model supports",
+                stacklevel=3,
+            )
+            return mod
+        dynamic_shapes, failure = strict, second
     configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
     sdpa = [c for c in configs.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
     for config in sdpa:
@@ -95,6 +112,37 @@ def _import_program(model, args, kwargs, dynamic_shapes, torch, caller: str) -> 
         "reproduces an export error), or import it yourself and lower it with "
         "relax_cutlass.models.bind_float16(mod, weights)"
     ) from err
+
+
+def _dynamic_dims(dynamic_shapes, torch):
+    """`dynamic_shapes` with every named torch.export.Dim replaced by Dim.DYNAMIC with its bounds,
+    or None where it names none."""
+    dim_type = torch.export.Dim("probe").__class__
+    found = []
+
+    def relax_dims(spec):
+        if isinstance(spec, dim_type):
+            found.append(spec)
+            bounds = {k: v for k in ("min", "max") if isinstance(v := getattr(spec, k, None), int)}
+            bounds = {k: v for k, v in bounds.items() if 0 <= v < 2**62}  # torch's "no bound" is int_oo
+            try:
+                return torch.export.Dim.DYNAMIC(**bounds)
+            except TypeError:  # a torch whose Dim.DYNAMIC takes no bounds
+                return torch.export.Dim.DYNAMIC
+        if isinstance(spec, dict):
+            return {k: relax_dims(v) for k, v in spec.items()}
+        if isinstance(spec, (list, tuple)):
+            return type(spec)(relax_dims(v) for v in spec)
+        return spec
+
+    relaxed = relax_dims(dynamic_shapes)
+    return relaxed if found else None
+
+
+def _violations(err: BaseException) -> str:
+    """torch.export's first unproven guard, as it words it ("Not all values of seq ... satisfy ...")."""
+    lines = [line.strip(" -") for line in str(err).splitlines() if "Not all values" in line]
+    return lines[0][:300] if lines else _first_line(err)
 
 
 def _first_line(err: BaseException) -> str:

@@ -528,3 +528,44 @@ def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(fami
     static, symbolic = offloaded(), offloaded(dynamic_shapes={"input_ids": {axis: seq}})
     assert symbolic == static
     assert any(e.split(":")[1] not in ("", "none", "bias") for e in static if e.startswith("matmul")), static
+
+
+def test_a_dim_whose_guards_torch_cannot_prove_is_exported_as_dim_dynamic():
+    """Regression (session 22, the lent H100's torch 2.11): torch.export refused a Llama with a
+    named Dim("seq", min=2, max=512) ("Constraints violated (seq)! Not all values ... satisfy the
+    generated guard min(32*s, 64*s) == 32*s"), a guard it could not prove over the range. from_torch
+    retries with Dim.DYNAMIC and the same bounds, says so, and the length stays symbolic. Here a
+    model that needs an even length stands in for it (torch 2.13 proves the Llama's guard)."""
+    torch = pytest.importorskip("torch")
+    from harness import build_cpu, run_vm
+
+    class Pairs(torch.nn.Module):
+        def forward(self, x):
+            return x.reshape(x.shape[0], -1, 2).sum(-1) * 2.0
+
+    seq = torch.export.Dim("seq", min=2, max=512)
+    with pytest.warns(
+        UserWarning, match=r"could not prove a guard .*Not all values of seq.*Dim.DYNAMIC and the same bounds"
+    ):
+        mod = relax_cutlass.from_torch(Pairs(), (torch.randn(1, 16),), dtype="float16", dynamic_shapes={"x": {1: seq}})
+    (param,) = mod["main"].params
+    assert not isinstance(param.ty.shape[1], tvm.tirx.IntImm), param.ty
+    vm = build_cpu(mod)
+    for n in (4, 38):
+        x = np.random.default_rng(n).standard_normal((1, n)).astype("float32")
+        want = x.reshape(1, -1, 2).sum(-1) * 2
+        np.testing.assert_allclose(run_vm(vm, [x]), want, rtol=2e-3, atol=2e-3)
+
+
+def test_an_export_that_fails_for_another_reason_keeps_its_error():
+    torch = pytest.importorskip("torch")
+
+    class Data(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+                return x
+            return -x
+
+    seq = torch.export.Dim("seq", min=2, max=512)
+    with pytest.raises(RuntimeError, match="from_torch: torch.export of Data failed"):
+        relax_cutlass.from_torch(Data(), (torch.randn(1, 16),), dynamic_shapes={"x": {1: seq}})
