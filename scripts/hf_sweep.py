@@ -1,0 +1,199 @@
+"""Sweep small random-init Hugging Face models of many families through relax_cutlass on the CPU:
+from_torch -> offload_pipeline (externs served by their regions' llvm-built composites) -> the
+offloaded module against torch float32 and TVM's own build, and both modules through TVM's CUDA
+build (compile only: no GPU needed, nvcc is not called). It finds the crashes, wrong results and
+unfused attention a new user of a family would meet, before a GPU session.
+
+    python scripts/hf_sweep.py [--families mistral,qwen2,...] [--seq 24] [--batch 1] [--json F]
+
+Prints one line per family: the stage that failed (import / offload / run / cuda build) with its
+error, or the relative errors, the offloaded attention count against the model's layers, and the
+ops left in TVM with the report's first reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+LAYERS = 2
+VOCAB = 512
+
+
+def _families(transformers) -> dict:
+    """family -> (config class, model class, config kwargs); hidden 128, 4 heads, 2 layers."""
+    t = transformers
+    decoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": LAYERS,
+               "vocab_size": VOCAB}  # fmt: skip
+    gqa = {**decoder, "num_key_value_heads": 2}
+    encoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": LAYERS,
+               "vocab_size": VOCAB}  # fmt: skip
+    return {
+        "llama": (t.LlamaConfig, t.LlamaModel, gqa),
+        "mistral": (t.MistralConfig, t.MistralModel, {**gqa, "sliding_window": 16}),
+        "qwen2": (t.Qwen2Config, t.Qwen2Model, gqa),
+        "qwen3": (getattr(t, "Qwen3Config", None), getattr(t, "Qwen3Model", None), {**gqa, "head_dim": 32}),
+        "gemma": (t.GemmaConfig, t.GemmaModel, {**gqa, "head_dim": 32}),
+        "gemma2": (t.Gemma2Config, t.Gemma2Model, {**gqa, "head_dim": 32, "sliding_window": 16}),
+        "phi": (t.PhiConfig, t.PhiModel, decoder),
+        "phi3": (t.Phi3Config, t.Phi3Model, {**gqa, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
+        "stablelm": (t.StableLmConfig, t.StableLmModel, gqa),
+        "falcon_new": (
+            t.FalconConfig,
+            t.FalconModel,
+            {
+                "hidden_size": 128,
+                "num_attention_heads": 4,
+                "num_kv_heads": 2,
+                "num_hidden_layers": LAYERS,
+                "vocab_size": VOCAB,
+                "new_decoder_architecture": True,
+            },
+        ),  # fmt: skip
+        "gpt2": (t.GPT2Config, t.GPT2Model, {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB}),
+        "gpt_neox": (t.GPTNeoXConfig, t.GPTNeoXModel, decoder),
+        "gptj": (
+            t.GPTJConfig,
+            t.GPTJModel,
+            {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB, "rotary_dim": 16},
+        ),  # fmt: skip
+        "codegen": (
+            t.CodeGenConfig,
+            t.CodeGenModel,
+            {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB, "rotary_dim": 16},
+        ),  # fmt: skip
+        "opt": (
+            t.OPTConfig,
+            t.OPTModel,
+            {
+                "hidden_size": 128,
+                "ffn_dim": 256,
+                "num_attention_heads": 4,
+                "num_hidden_layers": LAYERS,
+                "vocab_size": VOCAB,
+                "word_embed_proj_dim": 128,
+            },
+        ),  # fmt: skip
+        "bloom": (
+            t.BloomConfig,
+            t.BloomModel,
+            {"hidden_size": 128, "n_head": 4, "n_layer": LAYERS, "vocab_size": VOCAB},
+        ),  # fmt: skip
+        "bert": (t.BertConfig, t.BertModel, encoder),
+        "roberta": (t.RobertaConfig, t.RobertaModel, {**encoder, "pad_token_id": 1}),
+        "distilbert": (
+            t.DistilBertConfig,
+            t.DistilBertModel,
+            {"dim": 128, "hidden_dim": 256, "n_heads": 4, "n_layers": LAYERS, "vocab_size": VOCAB},
+        ),  # fmt: skip
+        "albert": (t.AlbertConfig, t.AlbertModel, {**encoder, "embedding_size": 64}),
+        "electra": (t.ElectraConfig, t.ElectraModel, {**encoder, "embedding_size": 128}),
+        "t5_encoder": (
+            t.T5Config,
+            t.T5EncoderModel,
+            {"d_model": 128, "d_ff": 256, "num_heads": 4, "d_kv": 32, "num_layers": LAYERS, "vocab_size": VOCAB},
+        ),  # fmt: skip
+        "clip_text": (t.CLIPTextConfig, t.CLIPTextModel, {**encoder, "max_position_embeddings": 77}),
+    }
+
+
+def _model(family: str, torch, transformers):
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    config_class, model_class, kwargs = _families(transformers)[family]
+    if config_class is None:
+        raise RuntimeError("not in this transformers")
+    kwargs = dict(kwargs)
+    model = model_class(config_class(**kwargs)).eval()
+    if family in ("bert", "roberta", "electra", "albert") and hasattr(model, "pooler"):
+        model.pooler = None
+    return last_hidden_state(model)
+
+
+def sweep_one(family: str, batch: int, seq: int) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+    import tvm
+    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
+
+    import relax_cutlass
+
+    row: dict = {"family": family}
+    stage = "model"
+    t0 = time.time()
+    try:
+        torch.manual_seed(0)
+        model = _model(family, torch, transformers)
+        ids = torch.randint(3, VOCAB, (batch, seq))
+        with torch.no_grad():
+            expected = model(ids).float().numpy()
+        stage = "import"
+        mod = relax_cutlass.from_torch(model, (ids,))
+        stage = "offload"
+        offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
+        report = relax_cutlass.offload_report(offloaded)
+        row["attention"] = sum(r.get("calls", 1) for r in report.offloaded if r["op"] == "attention")
+        row["offloaded_calls"] = sum(r.get("calls", 1) for r in report.offloaded)
+        row["in_tvm"] = [f"{r['op']}: {r['reasons'][0]}" for r in report.left_in_tvm]
+        stage = "run"
+        got = run_vm(build_cpu(offloaded), [ids.numpy()])
+        tvm_own = run_vm(build_cpu(mod), [ids.numpy()])
+        row["err_vs_torch"] = rel_error(got, expected)
+        row["err_vs_tvm"] = rel_error(got, tvm_own)
+        row["tvm_err_vs_torch"] = rel_error(tvm_own, expected)
+        row["finite"] = bool(np.isfinite(got).all())
+        stage = "cuda build"
+        cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
+        for name, m in (("tvm", mod), ("offloaded", relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod))):
+            with tvm.transform.PassContext(opt_level=3):
+                tvm.compile(m, cuda)
+            row[f"cuda_{name}"] = "ok"
+        stage = "done"
+    except Exception as err:  # a sweep reports every failure and goes on
+        row["failed"] = stage
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+        row["trace"] = traceback.format_exc()[-2000:]
+    row["seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+def _line(row: dict) -> str:
+    if "failed" in row:
+        return f"{row['family']:12s} FAILED at {row['failed']}: {row['error']}"
+    flags = "" if row["finite"] else " NON-FINITE"
+    bad = " WRONG" if not row["err_vs_torch"] < 2e-2 else ""
+    left = "; ".join(sorted(set(row["in_tvm"])))[:300] or "-"
+    return (
+        f"{row['family']:12s} err {row['err_vs_torch']:.1e} (tvm {row['tvm_err_vs_torch']:.1e}){bad}{flags} "
+        f"attention {row['attention']}/{LAYERS} calls {row['offloaded_calls']} in TVM: {left} ({row['seconds']} s)"
+    )
+
+
+def main() -> int:
+    import transformers
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--families", default=",".join(_families(transformers)))
+    ap.add_argument("--seq", type=int, default=24)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    for family in args.families.split(","):
+        row = sweep_one(family, args.batch, args.seq)
+        rows.append(row)
+        print(_line(row), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 1 if any("failed" in r or not r.get("err_vs_torch", 1) < 2e-2 for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
