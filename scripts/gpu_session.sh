@@ -5,6 +5,8 @@
 #   call 1: bash .gpufull/compiler/install.sh                          carry [".gpufull/compiler"]
 #   call 2: bash scripts/gpu_session.sh build                          carry [".gpufull/rest"]
 #   call 3: bash scripts/gpu_session.sh check time                     carry [".gpufull/rest"]
+# (add build/tuning-carry and build/kernel-carry to carry to reuse an earlier machine's tuning
+# records and kernel objects: see below)
 #
 # Stages (in the order given; calls back to back on one machine, since build/ lives only there):
 #   build   the zoo's build phase (every model imported, offloaded, built and exported, ZOO_JOBS at a
@@ -53,6 +55,12 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
     tar czf "$OUT/session.tgz" build/session \
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
     cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
+    # the kernel objects compiled here, for the next machine (carry build/kernel-carry): kept only
+    # under $OUT's 16 MiB a file
+    if [[ -f build/session/done && -d build/kernel-cache ]]; then
+      tar czf "$OUT/kernel-cache.tgz" --exclude='*.tmp' -C build kernel-cache 2>/dev/null
+      [[ $(stat -c %s "$OUT/kernel-cache.tgz") -gt 16000000 ]] && rm -f "$OUT/kernel-cache.tgz"
+    fi
   fi
   if [[ -f build/session/done ]]; then cat build/session/summary.log; else
     echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/session/*.log; fi
@@ -76,6 +84,13 @@ export RELAX_CUTLASS_CACHE_DIR=${RELAX_CUTLASS_CACHE_DIR:-$PWD/build/kernel-cach
 # an earlier call's $OUT) and profile="auto" times only the problems it lacks; every stage's records
 # are copied back to $out/tuning.jsonl at the end.
 mkdir -p "$RELAX_CUTLASS_CACHE_DIR"
+# Kernel objects travel too (nvcc was most of session 22's 17-minute GPU test run): carry
+# build/kernel-carry/kernel-cache.tgz, an earlier call's $OUT/kernel-cache.tgz; objects are keyed
+# by their source, flags and toolchain, so only unchanged kernels are reused.
+if [[ -f build/kernel-carry/kernel-cache.tgz && ! -f $RELAX_CUTLASS_CACHE_DIR/.carried ]]; then
+  tar xzf build/kernel-carry/kernel-cache.tgz -C "$RELAX_CUTLASS_CACHE_DIR" --strip-components=1 \
+    && touch "$RELAX_CUTLASS_CACHE_DIR/.carried"
+fi
 if [[ -f build/tuning-carry/tuning.jsonl && ! -f $RELAX_CUTLASS_CACHE_DIR/tuning.jsonl ]]; then
   cp build/tuning-carry/tuning.jsonl "$RELAX_CUTLASS_CACHE_DIR/tuning.jsonl"
 fi
@@ -117,7 +132,7 @@ run_check() {
   local tests=(tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py
     tests/test_gpu_grouped.py tests/test_gpu_conv_sm90.py)
   [[ -n ${GPU_TESTS:-} ]] && eval "tests=($GPU_TESTS)"
-  python3 -m pytest -q -m gpu "${tests[@]}" -p no:cacheprovider > "$out/gpu-pytest.log" 2>&1
+  python3 -m pytest -q -m gpu "${tests[@]}" -p no:cacheprovider --durations=15 > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
   summary+=("check stage: $((SECONDS - t0)) s")
