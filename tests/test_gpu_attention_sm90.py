@@ -381,6 +381,47 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
         assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2
 
 
+def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
+    """GPT-2 (eager attention: batch 2) with a left-padded batch and a symbolic length: its finfo.min
+    mask runs as the SM80 kernel's bias with "mean" rows (session 22: the 1/T of a fully masked
+    row, for a symbolic T, is the softmax of a row of zeros). Every row, padded ones included,
+    against torch float64, at two lengths."""
+    import copy
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from harness import small_transformer
+
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    module = last_hidden_state(small_transformer("gpt2", "eager", layers=1))
+
+    def batch(n):
+        ids = torch.randint(0, 512, (2, n))
+        mask = torch.ones(2, n, dtype=torch.int64)
+        mask[1, : n // 3] = 0
+        return ids, mask
+
+    seq = torch.export.Dim("seq", min=2, max=512)
+    mod = relax_cutlass.from_torch(
+        module, batch(48), dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}
+    )
+    vm, rows = _build(mod)
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert len(attention) == 1 and attention[0]["attention"]["masked_rows"] == "mean", attention
+    dev = tvm.cuda(0)
+    for n in (29, 300):
+        ids, mask = batch(n)
+        out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
+        got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+        with torch.no_grad():
+            want = copy.deepcopy(module).double()(ids, mask)
+        want = (want[0] if isinstance(want, tuple) else want).numpy()
+        assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2, n
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

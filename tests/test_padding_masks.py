@@ -72,3 +72,36 @@ def test_gpt2_with_sdpa_imports_at_any_batch():
     with pytest.warns(UserWarning, match="eager attention instead"):
         mod = relax_cutlass.from_torch(model, (ids,))
     assert rel_error(run_vm(build_cpu(mod), [ids.numpy()]), expected) < 1e-2
+
+
+def test_gpt2_padded_batch_with_a_symbolic_length_fuses_its_attention():
+    """Regression (session 22): GPT-2 at batch > 1 imports with transformers' eager attention,
+    whose float32 finfo.min mask is cast to -inf with a safe-softmax tail of 1/T for the rows it
+    masks entirely; with a symbolic length T that tail had no constant, so the attention stayed
+    in TVM. The tail is now the softmax of a row of zeros, read as the kernel's "mean" rows.
+    Left padding masks whole rows (a padded query sees only padded keys): every row is checked,
+    at the exported length and another one."""
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer("gpt2", "eager"))
+
+    def batch(n):
+        ids = torch.randint(0, 512, (2, n))
+        mask = torch.ones(2, n, dtype=torch.int64)
+        mask[1, : n // 3] = 0  # left padding
+        return ids, mask
+
+    seq = torch.export.Dim("seq", min=2, max=128)
+    mod = relax_cutlass.from_torch(model, batch(48), dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    partitioned, rewritten = offload_for_cpu(mod)
+    rows = relax_cutlass.offload_report(rewritten).offloaded
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert sum(r.get("calls", 1) for r in attention) == 2, attention
+    assert all(r["attention"]["masked_rows"] == "mean" for r in attention), attention
+    serve_regions_on_cpu(partitioned)
+    vm = build_cpu(rewritten)
+    for n in (48, 29):
+        ids, mask = batch(n)
+        with torch.no_grad():
+            expected = copy.deepcopy(model).double()(ids, mask).numpy()
+        got = run_vm(vm, [ids.numpy(), mask.numpy()])
+        assert np.isfinite(got).all() and rel_error(got, expected) < 1e-2, n

@@ -402,6 +402,12 @@ def _masked_rows(ann: dict, sizes: dict) -> str:
     axes = [int(a) % rank for a in row_max.attrs.axis] if row_max.attrs.axis is not None else None
     if axes != [rank - 1] or not row_max.attrs.keepdims:
         raise _NotAttention("the masked-row test of the softmax does not reduce over the keys")
+    if "tail_uniform" in ann:  # softmax(zeros_like(scores)): 1/T whatever T is
+        uniform = ann["tail_uniform"]
+        rank = len(_dims(uniform))
+        if uniform.attrs.axis is None or int(uniform.attrs.axis) % rank != rank - 1:
+            raise _NotAttention("the fill of a fully masked row is a softmax over another axis than the keys")
+        return "mean"
     fill = ann["tail_fill"].value.numpy().reshape(-1)
     if fill.size != 1:
         raise _NotAttention("the value of a fully masked row is not a scalar")

@@ -143,7 +143,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
         dims = _known_dims(x)
         keys = _static(dims[-1]) if dims else None
         swamping = known.swamping_where(mask) if element == "float16" else None
-        if swamping is None or keys is None or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
+        if swamping is None or not dims or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
             continue
         adds[x] = (index, element, swamping)
         tails[var] = keys
@@ -204,7 +204,11 @@ class _CastMasks(BlockScopedMutator):
             finite = emit(relax.op.logical_not(emit(relax.op.equal(x, relax.const(-np.inf, "float32")))))
             row_any = emit(relax.op.max(emit(relax.op.astype(finite, "int8")), axis=[-1], keepdims=True))
             masked_row = emit(relax.op.logical_not(emit(relax.op.astype(row_any, "bool"))))
-            uniform = relax.const(np.float32(1.0) / np.float32(self.tails[var]), "float32")
+            keys = self.tails[var]
+            if keys is not None:
+                uniform = relax.const(np.float32(1.0) / np.float32(keys), "float32")
+            else:  # a symbolic key count: 1/T as the softmax of a row of zeros
+                uniform = emit(relax.op.nn.softmax(emit(relax.op.zeros_like(x)), axis=-1))
             self.set_var_remap(var, emit(relax.op.where(masked_row, uniform, probs)))
             return
         super().visit_var_binding_(binding)
@@ -221,7 +225,8 @@ def cast_attention_masks(func: relax.Function) -> relax.Function:
       score, so a masked key gets probability exactly 0, as with -inf, and a row whose every
       key is masked gets the uniform softmax of equal values. m becomes -inf, and torch's
       safe-softmax tail, with the value 1/T (not 0), keeps what such a row gives: the mean of
-      the values.
+      the values. With a symbolic key count T the tail's 1/T is the softmax of a row of zeros
+      (the attention pattern reads either as the kernel's "mean" rows).
 
     Other float32 masks are left alone (the attention region then stays in TVM, saying why)."""
     adds, tails = _plan_masks(func)

@@ -141,13 +141,16 @@ _OUTPUT_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.permute_dims", "r
 
 def _safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPattern:
     """torch's `_safe_softmax`: where(row all -inf, fill, softmax(x)), the row test written as
-    logical_not(astype(max(astype(logical_not(equal(x, -inf)), int8), -1, keepdims), bool))."""
+    logical_not(astype(max(astype(logical_not(equal(x, -inf)), int8), -1, keepdims), bool)); the
+    fill a constant, or softmax(zeros_like(x)) (1/T)."""
     ann["tail_inf"] = neg_inf = is_const()
     finite = is_op("relax.logical_not")(is_op("relax.equal")(logits, neg_inf))
     ann["tail_max"] = row_any = is_op("relax.max")(is_op("relax.astype")(finite))
     masked_row = is_op("relax.logical_not")(is_op("relax.astype")(row_any))
     ann["tail_fill"] = fill = is_const()
-    ann["tail"] = tail = is_op("relax.where")(masked_row, fill, softmax)
+    # 1/T for a symbolic key count T (masks.cast_attention_masks): the softmax of a row of zeros
+    ann["tail_uniform"] = uniform = is_op("relax.nn.softmax")(is_op("relax.zeros_like")(logits))
+    ann["tail"] = tail = is_op("relax.where")(masked_row, fill | uniform, softmax)
     return tail
 
 
