@@ -55,9 +55,9 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
     tar czf "$OUT/session.tgz" build/session \
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
     cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
-    # the kernel objects compiled here, for the next machine (carry build/kernel-carry): kept only
-    # under $OUT's 16 MiB a file
-    if [[ -f build/session/done && -d build/kernel-cache ]]; then
+    # the kernel objects compiled so far, for the next machine (carry build/kernel-carry): kept
+    # only under $OUT's 16 MiB a file
+    if [[ -d build/kernel-cache ]]; then
       tar czf "$OUT/kernel-cache.tgz" --exclude='*.tmp' -C build kernel-cache 2>/dev/null
       [[ $(stat -c %s "$OUT/kernel-cache.tgz") -gt 16000000 ]] && rm -f "$OUT/kernel-cache.tgz"
     fi
@@ -173,6 +173,8 @@ for stage in "$@"; do
     bench) run_bench ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
+  # after every stage, so that a call cut off later still brings the tuning back
+  cp "$RELAX_CUTLASS_CACHE_DIR/tuning.jsonl" "$out/tuning.jsonl" 2>/dev/null
 done
 cp "$RELAX_CUTLASS_CACHE_DIR/tuning.jsonl" "$out/tuning.jsonl" 2>/dev/null
 printf '%s\n' "${summary[@]}"
