@@ -24,6 +24,7 @@ H200, most of it nvcc.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -106,23 +107,13 @@ def run(rows: list[dict], families: list[str]) -> None:
         # ("cooperative_locked:128x128"): that candidate first, so the heuristic takes it where the
         # head dim has it; "tuned": profile="auto" (what a user's build on this GPU does: every
         # candidate timed, the fastest recorded and used)
-        original = select.SM90_ATTENTION_SCHEDULES, dict(select.SM90_ATTENTION_TILES)
         schedule, _, tile = family.partition(":")
         sm90 = schedule in select.SM90_ATTENTION_SCHEDULES
-        if sm90:
-            select.SM90_ATTENTION_SCHEDULES = (schedule,) + tuple(x for x in original[0] if x != schedule)
-            if tile:
-                want = tuple(int(x) for x in tile.split("x"))
-                for hd, tiles in original[1].items():
-                    select.SM90_ATTENTION_TILES[hd] = tuple(sorted(tiles, key=lambda t, w=want: t != w))
         option = "auto" if sm90 or family == "tuned" else family
         profile = "auto" if family == "tuned" else "never"
-        try:
+        forced = select.sm90_candidate_first(schedule, tuple(int(x) for x in tile.split("x")) if tile else None)
+        with forced if sm90 else contextlib.nullcontext():
             offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows))
-        finally:
-            select.SM90_ATTENTION_SCHEDULES = original[0]
-            select.SM90_ATTENTION_TILES.clear()
-            select.SM90_ATTENTION_TILES.update(original[1])
         report = relax_cutlass.offload_report(offloaded)
         vm = relax.VirtualMachine(tvm.compile(offloaded, target), dev)
         print(f"{family}: built in {time.time() - t0:.0f} s", flush=True)

@@ -280,3 +280,17 @@ int main() {{
         for p in range(first, min(first + section, pairs))
     ]
     assert visits == expected
+
+
+def test_a_candidate_forced_first_is_the_heuristics_choice_within_the_block():
+    """select.sm90_candidate_first (the GPU tests' and bench/attention_sdpa.py's way to run one
+    candidate) puts a schedule and tile first, and restores the order after."""
+    from relax_cutlass.kinds.attention import select
+
+    with select.sm90_candidate_first("pingpong_locked", (128, 128)):
+        kernel = choose_attention_kernel(HD64, 90)
+        assert (kernel.schedule, kernel.keys_per_block) == ("pingpong_locked", 128)
+        assert choose_attention_kernel(HD128, 90).schedule == "pingpong_locked"
+    kernel = choose_attention_kernel(HD64, 90)
+    assert (kernel.schedule, kernel.keys_per_block) == ("cooperative", 64)
+    assert [k.schedule for k in sm90_attention_kernels(HD128, 90)] == list(select.SM90_ATTENTION_SCHEDULES)

@@ -121,12 +121,8 @@ def test_sm90_pingpong_schedule_matches_sdpa():
     from relax_cutlass.kinds.attention import select
 
     cases = [CASES[1], CASES[2], CASES[8]]
-    original = select.SM90_ATTENTION_SCHEDULES
-    select.SM90_ATTENTION_SCHEDULES = ("pingpong", "cooperative")
-    try:
+    with select.sm90_candidate_first("pingpong"):
         vm, rows = _build(_module(cases))
-    finally:
-        select.SM90_ATTENTION_SCHEDULES = original
     assert all("_pingpong_" in r["kernel"] for r in rows), rows
     rng = np.random.default_rng(1)
     for i, case in enumerate(cases):
@@ -148,15 +144,8 @@ def test_sm90_candidate_schedules_and_tiles_match_sdpa(schedule, tile):
     from relax_cutlass.kinds.attention import select
 
     cases = [CASES[1], CASES[3], CASES[8], CASES[9], CASES[5]]
-    original = select.SM90_ATTENTION_SCHEDULES, dict(select.SM90_ATTENTION_TILES)
-    select.SM90_ATTENTION_SCHEDULES = (schedule,) + tuple(x for x in original[0] if x != schedule)
-    if tile:
-        select.SM90_ATTENTION_TILES[64] = (tile,)
-    try:
+    with select.sm90_candidate_first(schedule, tile):
         vm, rows = _build(_module(cases))
-    finally:
-        select.SM90_ATTENTION_SCHEDULES = original[0]
-        select.SM90_ATTENTION_TILES.update(original[1])
     assert all(f"_{schedule}_q128_" in r["kernel"] for r in rows), rows
     if tile:
         assert all("_k128_" in r["kernel"] for r in rows), rows

@@ -5,6 +5,8 @@ chosen by head dim and occupancy, or by the tuning database."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ...arch import family_note, native_family, resolve_family
 from ..gemm.select import _stage_record, under_fills
@@ -27,6 +29,23 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 SM90_ATTENTION_TILES = {64: ((128, 64), (128, 128)), 128: ((128, 128),)}
 # emit_sm90.SM90_SCHEDULES' names; the heuristic takes the first, profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
+
+
+@contextmanager
+def sm90_candidate_first(schedule: str, tile: tuple[int, int] | None = None) -> Iterator[None]:
+    """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES) and `tile` (at the head
+    dims that have it) come first among the SM90 candidates, so the heuristic takes them: how the
+    GPU tests and bench/attention_sdpa.py run one candidate without profiling."""
+    global SM90_ATTENTION_SCHEDULES
+    schedules, tiles = SM90_ATTENTION_SCHEDULES, dict(SM90_ATTENTION_TILES)
+    SM90_ATTENTION_SCHEDULES = (schedule, *(s for s in schedules if s != schedule))
+    if tile is not None:
+        SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
+    try:
+        yield
+    finally:
+        SM90_ATTENTION_SCHEDULES = schedules
+        SM90_ATTENTION_TILES.update(tiles)
 
 
 def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
