@@ -59,7 +59,7 @@ def test_each_target_gets_its_attention_family(arch, family, want, causal):
 
 
 def test_sm90_tiles_per_head_dim_and_dtype():
-    assert choose_attention_kernel(HD64, 90).name == "sm90_fmha_f16_cooperative_q128_k64_h64"
+    assert choose_attention_kernel(HD64, 90).name == "sm90_fmha_f16_pingpong_q128_k128_h64"
     bf16 = dataclasses.replace(HD128, element="bfloat16", seq_q=None, seq_kv=None, batch=None)
     assert choose_attention_kernel(bf16, 90).name == "sm90_fmha_bf16_cooperative_q128_k128_h128"
 
@@ -85,11 +85,11 @@ def test_what_the_sm90_kernel_cannot_run_falls_back_with_the_reason(change, reas
 @pytest.mark.parametrize(
     "builder,kwargs,kernel,note",
     [
-        (op_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k64_h64", ""),
-        (op_attention, {"h": 64, "causal": "TopLeft"}, "sm90_fmha_f16_cooperative_q128_k64_h64_causal_tl", ""),
+        (op_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
+        (op_attention, {"h": 64, "causal": "TopLeft"}, "sm90_fmha_f16_pingpong_q128_k128_h64_causal_tl", ""),
         (op_attention, {"h": 128, "causal": "BottomRight", "t": 24}, "_causal_br", ""),
-        (torch_export_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k64_h64", ""),
-        (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_cooperative", ""),
+        (torch_export_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
+        (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_pingpong", ""),
         (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
         (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias"),
     ],
@@ -152,7 +152,7 @@ def _symbolic_causal(h=64, causal="TopLeft"):
 def test_symbolic_sequence_length_takes_the_sm90_kernel():
     mod = _symbolic_causal()
     (row,) = _offloaded_attention(mod)
-    assert row["attention"]["seq_q"] == "dynamic" and row["kernel"].startswith("sm90_fmha_f16_cooperative")
+    assert row["attention"]["seq_q"] == "dynamic" and row["kernel"].startswith("sm90_fmha_f16_pingpong_q128_k128_h64")
     for seq in (3, 13):
         compare_on_cpu(mod, random_inputs(mod, seq=seq))
     partitioned, _ = offload_for_cpu(mod)
@@ -192,7 +192,8 @@ def test_profiling_times_every_sm90_tile_and_schedule():
     assert [k.schedule for k, _ in job.candidates] == schedules
     hd64 = attention_job(HD64, 90)
     tiles = [(k.queries_per_block, k.keys_per_block, k.schedule) for k, _ in hd64.candidates]
-    assert tiles == [(128, keys, s) for keys in (64, 128) for s in schedules]
+    hd64_schedules = ["pingpong", "cooperative", "cooperative_locked", "pingpong_locked"]
+    assert tiles == [(128, keys, s) for keys in (128, 64) for s in hd64_schedules]
     assert len({k.name for k, _ in hd64.candidates}) == len(tiles)
     assert all(k.arch == 90 and k.selected_by == "profiling" for k, _ in job.candidates)
     sm80 = attention_job(HD64, 90, family="sm80")
@@ -292,5 +293,9 @@ def test_a_candidate_forced_first_is_the_heuristics_choice_within_the_block():
         assert (kernel.schedule, kernel.keys_per_block) == ("pingpong_locked", 128)
         assert choose_attention_kernel(HD128, 90).schedule == "pingpong_locked"
     kernel = choose_attention_kernel(HD64, 90)
-    assert (kernel.schedule, kernel.keys_per_block) == ("cooperative", 64)
+    assert (kernel.schedule, kernel.keys_per_block) == ("pingpong", 128)
     assert [k.schedule for k in sm90_attention_kernels(HD128, 90)] == list(select.SM90_ATTENTION_SCHEDULES)
+    with select.sm90_candidate_first("cooperative", (128, 64)):
+        kernel = choose_attention_kernel(HD64, 90)
+        assert (kernel.schedule, kernel.keys_per_block) == ("cooperative", 64)
+    assert len({(k.schedule, k.keys_per_block) for k in sm90_attention_kernels(HD64, 90)}) == 8

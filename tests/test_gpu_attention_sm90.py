@@ -99,10 +99,22 @@ def _attention_launches(vm, name, inputs) -> int:
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and any(k in e.name for k in kernels))
 
 
-def _build(mod, **options):
+def _rotary_table(row: dict) -> bool:
+    """Llama's rotary angles: inv_freq (1, H/2, 1) x positions (1, 1, S), a float32 outer product the
+    model computes in float32 on purpose (autocast off), rightly left in TVM."""
+    lhs, rhs = row["shapes"]
+    return (
+        row["op"] == "batched matmul"
+        and lhs.endswith(", 1])")
+        and rhs.startswith("R.shape([1, 1,")
+        and any("lhs dtype is float32" in reason for reason in row["reasons"])
+    )
+
+
+def _build(mod, left_in_tvm_ok=lambda row: False, **options):
     offloaded = relax_cutlass.offload_pipeline("sm_90a", profile="never", **options)(mod)
     report = relax_cutlass.offload_report(offloaded)
-    assert not report.left_in_tvm, str(report)
+    assert not [row for row in report.left_in_tvm if not left_in_tvm_ok(row)], str(report)
     vm = relax.VirtualMachine(tvm.compile(offloaded, gpu_convs.cuda_target()), tvm.cuda(0))
     return vm, report.offloaded
 
@@ -116,12 +128,12 @@ def test_sm90_attention_matches_sdpa_float64():
 
 
 def test_sm90_pingpong_schedule_matches_sdpa():
-    """The ping-pong schedule (persistent, Q loaded by its own warp), forced through the kernel
-    record (profiling would time it against the cooperative one)."""
+    """The ping-pong schedule (persistent, Q loaded by its own warp) with head dim 64's 128 x 64
+    tile, forced first (the heuristic's pingpong at head dim 64 is 128 x 128)."""
     from relax_cutlass.kinds.attention import select
 
     cases = [CASES[1], CASES[2], CASES[8]]
-    with select.sm90_candidate_first("pingpong"):
+    with select.sm90_candidate_first("pingpong", (128, 64)):
         vm, rows = _build(_module(cases))
     assert all("_pingpong_" in r["kernel"] for r in rows), rows
     rng = np.random.default_rng(1)
@@ -132,23 +144,27 @@ def test_sm90_pingpong_schedule_matches_sdpa():
 @pytest.mark.parametrize(
     "schedule, tile",
     [
+        ("cooperative", None),
         ("cooperative_locked", None),
         ("pingpong_locked", None),
-        ("cooperative", (128, 128)),
-        ("pingpong_locked", (128, 128)),
+        ("cooperative", (128, 64)),
+        ("cooperative_locked", (128, 64)),
+        ("pingpong_locked", (128, 64)),
     ],
 )
 def test_sm90_candidate_schedules_and_tiles_match_sdpa(schedule, tile):
-    """The candidates profiling adds (session 22): the warp groups' ordered softmax
-    (kIsMainloopLocked), persistent or not, and head dim 64's 128 x 128 tile, each forced first."""
+    """The candidates profiling times besides the heuristic's (pingpong 128 x 128 at head dim 64,
+    cooperative at 128): the warp groups' ordered softmax (kIsMainloopLocked), persistent or not,
+    and head dim 64's 128 x 64 tile, each forced first. With test_sm90_pingpong_schedule_matches_sdpa
+    and the heuristic's own test, every head-dim-64 candidate runs."""
     from relax_cutlass.kinds.attention import select
 
     cases = [CASES[1], CASES[3], CASES[8], CASES[9], CASES[5]]
     with select.sm90_candidate_first(schedule, tile):
         vm, rows = _build(_module(cases))
     assert all(f"_{schedule}_q128_" in r["kernel"] for r in rows), rows
-    if tile:
-        assert all("_k128_" in r["kernel"] for r in rows), rows
+    keys = (tile or (128, 128))[1]
+    assert all(f"_k{keys}_h64" in r["kernel"] for r in rows if r["kernel"].split("_causal")[0].endswith("h64")), rows
     rng = np.random.default_rng(5)
     for i, case in enumerate(cases):
         _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
@@ -357,7 +373,9 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
     module = last_hidden_state(small_transformer(family, layers=1))
     seq = torch.export.Dim("seq", min=2, max=512)
     mod = relax_cutlass.from_torch(module, (torch.randint(0, 512, (1, 16)),), dynamic_shapes={"input_ids": {1: seq}})
-    vm, rows = _build(mod)
+    # with a symbolic length the rotary table is not a constant: its float32 outer product stays
+    # in TVM (session 23's H100 run: the test asked for nothing left in TVM)
+    vm, rows = _build(mod, left_in_tvm_ok=_rotary_table)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["seq_q"] == "dynamic", attention
     for n in (7, 300):

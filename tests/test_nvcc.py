@@ -279,7 +279,7 @@ def test_profiler_library_exports_callable_timing_functions(tmp_path):
 
 @pytest.mark.parametrize(
     "arch,kernel",
-    [("sm_80", "sm80_fmha_f16_aligned_q64_k64_maxk64"), ("sm_90a", "sm90_fmha_f16_cooperative_q128_k64_h64")],
+    [("sm_80", "sm80_fmha_f16_aligned_q64_k64_maxk64"), ("sm_90a", "sm90_fmha_f16_pingpong_q128_k128_h64")],
 )
 def test_fused_attention_exports(tmp_path, arch, kernel):
     """softmax(q k^T * scale) v, as torch.export writes it and with a symbolic batch, through

@@ -22,29 +22,41 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 
 
 # CUTLASS examples/88 (Hopper FMHA forward, fp16/bf16): the warp-specialized CTA tiles
-# (queries, keys) per head dim (q/k and v alike), the heuristic's first: its runner's (128 x 64 at
-# head dim 64, 128 x 128 at 128), and at head dim 64 also 128 x 128 (FlashAttention 3's tile
-# there: half the softmax rescales per key). Its head dims 32 and 256 (one cooperative 128 x 64
-# tile each) are not taken: never run here.
-SM90_ATTENTION_TILES = {64: ((128, 64), (128, 128)), 128: ((128, 128),)}
-# emit_sm90.SM90_SCHEDULES' names; the heuristic takes the first, profiling times them all
+# (queries, keys) per head dim (q/k and v alike), the heuristic's first. At head dim 128 the
+# runner's 128 x 128; at head dim 64 FlashAttention 3's 128 x 128 (half the softmax rescales per
+# key) before the runner's 128 x 64. Its head dims 32 and 256 (one cooperative 128 x 64 tile each)
+# are not taken: never run here.
+SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),)}
+# emit_sm90.SM90_SCHEDULES' names; profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
+# The heuristic's schedule per head dim, as measured on the H100 (session 23, fp16, seq 4096 and
+# 8192, causal and not, bench/results/2026-11-27-session23-attention-sdpa-nvidia-h100.json): at
+# head dim 64 pingpong 128 x 128 ran at 366-425 TFLOP/s against cooperative 128 x 64's 312-358
+# (0.85-0.98x torch's sdpa instead of 0.73-0.84x); at head dim 128 cooperative stays first
+# (569 TFLOP/s causal at 4096 against pingpong's 506).
+SM90_ATTENTION_FIRST_SCHEDULE = {64: "pingpong", 128: "cooperative"}
+
+
+def _schedules(head_dim: int) -> tuple[str, ...]:
+    first = SM90_ATTENTION_FIRST_SCHEDULE.get(head_dim, SM90_ATTENTION_SCHEDULES[0])
+    return (first, *(s for s in SM90_ATTENTION_SCHEDULES if s != first))
 
 
 @contextmanager
 def sm90_candidate_first(schedule: str, tile: tuple[int, int] | None = None) -> Iterator[None]:
-    """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES) and `tile` (at the head
-    dims that have it) come first among the SM90 candidates, so the heuristic takes them: how the
-    GPU tests and bench/attention_sdpa.py run one candidate without profiling."""
-    global SM90_ATTENTION_SCHEDULES
-    schedules, tiles = SM90_ATTENTION_SCHEDULES, dict(SM90_ATTENTION_TILES)
-    SM90_ATTENTION_SCHEDULES = (schedule, *(s for s in schedules if s != schedule))
+    """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES, at every head dim) and `tile`
+    (at the head dims that have it; elsewhere the heuristic's tile) come first among the SM90
+    candidates, so the heuristic takes them: how the GPU tests and bench/attention_sdpa.py run one
+    candidate without profiling."""
+    firsts, tiles = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES)
+    SM90_ATTENTION_FIRST_SCHEDULE.update({hd: schedule for hd in tiles})
     if tile is not None:
         SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
     try:
         yield
     finally:
-        SM90_ATTENTION_SCHEDULES = schedules
+        SM90_ATTENTION_FIRST_SCHEDULE.clear()
+        SM90_ATTENTION_FIRST_SCHEDULE.update(firsts)
         SM90_ATTENTION_TILES.update(tiles)
 
 
@@ -83,18 +95,18 @@ def attention_note(problem: AttentionProblem, arch: int, family: str = "auto") -
 
 
 def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[AttentionKernel]:
-    """The SM90 candidates of `problem`: every tile with every schedule, the heuristic's (the
-    example's tile, cooperative) first."""
+    """The SM90 candidates of `problem`: every tile with every schedule, the heuristic's (the head
+    dim's first tile and schedule) first."""
     return [
         AttentionKernel(problem, queries, keys, problem.head_dim, True, arch=90, target=arch, schedule=schedule)
         for queries, keys in SM90_ATTENTION_TILES[problem.head_dim]
-        for schedule in SM90_ATTENTION_SCHEDULES
+        for schedule in _schedules(problem.head_dim)
     ]
 
 
 def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
-    """The example's cooperative kernel (its runner's first warp-specialized one for every head
-    dim), or the tuning database's measured schedule for a static problem."""
+    """The head dim's measured first tile and schedule (SM90_ATTENTION_FIRST_SCHEDULE), or the
+    tuning database's measured candidate for a static problem."""
     kernels = sm90_attention_kernels(problem, arch)
     kernel = kernels[0]
     if db is None:
@@ -103,10 +115,24 @@ def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
         return dataclasses.replace(kernel, note="symbolic sizes: heuristic")
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch, 90))
     by_label = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in kernels}
-    if record is None or choice[0] not in by_label:
-        why = "no tuning record" if record is None else f"tuning record names {choice[0]!r}"
+    why = _unusable(record, choice, by_label, next(iter(by_label)))
+    if why:
         return dataclasses.replace(kernel, note=f"{why}: heuristic")
     return dataclasses.replace(by_label[choice[0]], selected_by="tuned", note=tuned_note)
+
+
+def _unusable(record, choice, candidates: dict, heuristic: str) -> str | None:
+    """Why the tuning record cannot choose among `candidates` (labels), or None. A record that never
+    timed the heuristic's candidate (measured before it was one) cannot show that its winner beats
+    it, so the heuristic stands until profiling re-times the problem (profile.retime_reason), as
+    for GEMMs."""
+    if record is None:
+        return "no tuning record"
+    if choice[0] not in candidates:
+        return f"tuning record names {choice[0]!r}"
+    if record.candidates and heuristic not in record.candidates:
+        return f"tuning record never timed {heuristic} (re-tune)"
+    return None
 
 
 def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, family: str = "auto") -> AttentionKernel:
@@ -139,8 +165,8 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
         return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
     tiles = {attention_label(*t): t for t in attention_tiles(problem)}
-    if record is None or choice[0] not in tiles:
-        why = "no tuning record" if record is None else f"tuning record names {choice[0]!r}"
+    why = _unusable(record, choice, tiles, attention_label(queries, keys))
+    if why:
         return dataclasses.replace(kernel, note="; ".join(filter(None, [note, f"{why}: heuristic"])))
     queries, keys = tiles[choice[0]]
     return dataclasses.replace(
