@@ -77,7 +77,14 @@ def _model_regions(model: str, arch: int, batch: int, seq: int):
 
 def build(argv: list[str]) -> int:
     from .arch import parse_arch
-    from .stages.profile import DEFAULT_MAX_CANDIDATES, DEFAULT_TOP_K, build_profiler, plan_epilogue_jobs, plan_jobs
+    from .stages.profile import (
+        DEFAULT_MAX_CANDIDATES,
+        DEFAULT_TOP_K,
+        build_profiler,
+        plan_epilogue_jobs,
+        plan_jobs,
+        retime_reason,
+    )
     from .stages.tuning import TuningDatabase
 
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
@@ -97,11 +104,15 @@ def build(argv: list[str]) -> int:
     main_loops = [
         job
         for job in plan_jobs([p for p, _ in regions], arch, limit=args.max_candidates)
-        if db is None or db.lookup(job.key) is None
+        if db is None or retime_reason(job, db.lookup(job.key))
     ]
     fused = []
     if db is not None:
-        fused = [job for job in plan_epilogue_jobs(regions, arch, db, top_k=args.top_k) if db.lookup(job.key) is None]
+        fused = [
+            job
+            for job in plan_epilogue_jobs(regions, arch, db, top_k=args.top_k)
+            if retime_reason(job, db.lookup(job.key))
+        ]
     jobs = main_loops + fused
     kernels = {k.name for job in jobs for k in job.kernels}
     print(

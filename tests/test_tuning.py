@@ -15,7 +15,7 @@ from relax_cutlass.kinds.gemm.profile import candidate_label, gemm_candidates
 from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
 from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import dense_epilogue_model
-from relax_cutlass.stages.profile import plan_epilogue_jobs, plan_jobs, stage2_reason
+from relax_cutlass.stages.profile import kernel_label, plan_epilogue_jobs, plan_jobs, retime_reason, stage2_reason
 from relax_cutlass.stages.tuning import (
     M_BUCKETS,
     TuningDatabase,
@@ -251,8 +251,11 @@ class _FakeGpu:
         records = []
         for number, job in enumerate(self.jobs, 1):
             tile, heuristic = job.candidates[1][0].tile.describe(), job.candidates[0][0].tile.describe()
-            timed = {heuristic: 0.02, tile: 0.01}
-            records.append(TuningRecord(job.key, tile, 0.01, candidates=timed, device="fake GPU"))
+            # every candidate in the record, as the real runner writes them (a record missing one is
+            # re-timed); the others as failed, so that stage 2 takes only these two
+            timed = {kernel_label(k, split): None for k, split in job.candidates} | {heuristic: 0.02, tile: 0.01}
+            device = relax_cutlass.stages.profile_runner.device_name() or "fake GPU"
+            records.append(TuningRecord(job.key, tile, 0.01, candidates=timed, device=device))
             log(f"[{number}/{len(self.jobs)}] {tile}")
         TuningDatabase(db_path).add(records)
         return records
@@ -286,6 +289,38 @@ def test_a_build_on_the_target_gpu_profiles_database_misses_once(monkeypatch, tm
     assert "main loops of 1 problem(s)" in err and "epilogues of 1 problem(s)" in err
     _regions(mod, tuning_db=str(db))  # a rebuild hits the records: nothing is profiled again
     assert len(gpu.built) == 2
+
+
+def test_profiling_re_times_records_of_an_older_candidate_set_or_another_gpu(monkeypatch, tmp_path, capsys):
+    """A record that never timed one of today's candidates, or was measured on another GPU model,
+    is timed again by a build that profiles (session 23: the H100 builds kept an H200's records,
+    and an attention record from before its new candidates, forever)."""
+    import relax_cutlass.stages.profile_runner
+
+    gpu = _FakeGpu(monkeypatch, arch=80)
+    db = tmp_path / "tuning.jsonl"
+    mod = dense_epilogue_model(512, 1024, 256, activation="gelu")
+    monkeypatch.setattr(relax_cutlass.stages.profile_runner, "device_name", lambda: "fake GPU")
+    _regions(mod, tuning_db=str(db))
+    assert len(gpu.built) == 2
+    (job,) = gpu.built[0]
+    record = TuningDatabase(db).lookup(job.key)
+    assert retime_reason(job, record, "fake GPU") is None and retime_reason(job, record) is None
+    # another GPU model: both stages again (stage 2 follows stage 1's new record)
+    assert "measured on fake GPU" in retime_reason(job, record, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(relax_cutlass.stages.profile_runner, "device_name", lambda: "other GPU")
+    _regions(mod, tuning_db=str(db))
+    assert len(gpu.built) == 4 and TuningDatabase(db).lookup(job.key).device == "other GPU"
+    assert "1 re-timed: record measured on fake GPU, not on this other GPU" in capsys.readouterr().err
+    record = TuningDatabase(db).lookup(job.key)
+    # a record from before a candidate existed: re-timed, also without a GPU name (tune build)
+    older = dataclasses.replace(record, candidates=dict(list(record.candidates.items())[:-1]))
+    assert "before 1 of its candidates existed" in retime_reason(job, older)
+    TuningDatabase(db).add([older])
+    monkeypatch.setattr(relax_cutlass.stages.profile_runner, "device_name", lambda: "")
+    _regions(mod, tuning_db=str(db))
+    assert len(gpu.built) == 5 and retime_reason(job, TuningDatabase(db).lookup(job.key)) is None  # stage 1 only
+    assert retime_reason(job, None) == "no record"
 
 
 def _stage1(problem, timings: dict, arch=90):
@@ -468,6 +503,32 @@ def test_attention_takes_a_measured_tile_beyond_the_tie_margin(tmp_path):
     assert "14.0 us" in tuned.note and tuned.name != rule.name
     other = AttentionProblem(batch=4, seq_q=128, seq_kv=128, **BERT_ATTENTION)
     assert "no tuning record" in choose_attention_kernel(other, 90, db, family="sm80").note
+
+
+def test_an_attention_record_that_never_timed_the_heuristics_kernel_is_not_trusted(tmp_path):
+    """As for GEMMs: the H200's BERT attention record timed two SM90 candidates; the heuristic's
+    pingpong 128 x 128 came later, so the record cannot show its winner is faster."""
+    from relax_cutlass.kinds.attention.profile import attention_key
+    from relax_cutlass.kinds.attention.records import AttentionProblem
+    from relax_cutlass.kinds.attention.select import choose_attention_kernel
+
+    b8 = AttentionProblem(batch=8, seq_q=128, seq_kv=128, **BERT_ATTENTION)
+    rule = choose_attention_kernel(b8, 90)
+    assert (rule.schedule, rule.keys_per_block, rule.selected_by) == ("pingpong", 128, "heuristic")
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    old = {"cooperative_q128_k64": 0.0081, "pingpong_q128_k64": 0.0061}
+    db.add([TuningRecord(attention_key(b8, 90, 90), "pingpong_q128_k64", 0.0061, candidates=old, device="g")])
+    kept = choose_attention_kernel(b8, 90, db)
+    assert kept.name == rule.name and "never timed pingpong_q128_k128 (re-tune)" in kept.note
+    db.add(
+        [
+            TuningRecord(
+                attention_key(b8, 90, 90), "pingpong_q128_k64", 0.0050, candidates=old | {"pingpong_q128_k128": 0.0061}
+            )
+        ]
+    )
+    tuned = choose_attention_kernel(b8, 90, db)
+    assert (tuned.keys_per_block, tuned.selected_by) == (64, "tuned")
 
 
 @pytest.mark.parametrize("s, t, causal", [(300, 300, 0), (300, 300, 1), (120, 333, 2), (333, 120, 2), (20, 20, 1)])

@@ -157,23 +157,27 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     import tempfile
     from pathlib import Path
 
-    from .profile import build_profiler, plan_epilogue_jobs, plan_jobs
-    from .profile_runner import run_profiler
+    from .profile import build_profiler, plan_epilogue_jobs, plan_jobs, retime_reason
+    from .profile_runner import device_name, run_profiler
 
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
 
+    device = device_name()
     for stage in (1, 2):
         db = _database(options.tuning_db)
         if stage == 1:
             jobs = plan_jobs([problem for problem, _ in regions], options.arch, options.family)
         else:
             jobs = plan_epilogue_jobs(regions, options.arch, db, options.family)
-        jobs = [job for job in jobs if db.lookup(job.key) is None]
+        reasons = {job.key: retime_reason(job, db.lookup(job.key), device) for job in jobs}
+        jobs = [job for job in jobs if reasons[job.key]]
         if not jobs:
             continue
         what = "main loops of" if stage == 1 else "epilogues of"
-        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU -> {options.tuning_db}")
+        stale = [why for why in reasons.values() if why and why != "no record"]
+        again = f" ({len(stale)} re-timed: {stale[0]})" if stale else ""
+        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU{again} -> {options.tuning_db}")
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
             build_profiler(jobs, options.arch, Path(tmp), options.jobs)
             run_profiler(Path(tmp), Path(options.tuning_db), log=progress)

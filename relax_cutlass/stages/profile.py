@@ -79,6 +79,24 @@ def by_label(pool, record) -> list[tuple]:
     return ranked
 
 
+def retime_reason(job: ProfileJob, record, device: str | None = None) -> str | None:
+    """Why `job` is to be timed although the database may hold `record` for its key, or None: no
+    record; a record that did not time every candidate the job now has (measured before those
+    candidates existed: it cannot show that its winner beats them, and the build takes the
+    heuristic over it); or, when profiling on a GPU named `device`, a record measured on another
+    GPU model (an H200's choice is not the H100's). Without the last two, a build with
+    profile="auto" kept an old record forever although it ignored it or it came from another GPU."""
+    if record is None:
+        return "no record"
+    if record.candidates:
+        new = [kernel_label(k, s) for k, s in job.candidates if kernel_label(k, s) not in record.candidates]
+        if new:
+            return f"record measured before {len(new)} of its candidates existed ({new[0]}, ...)"
+    if device and record.device and record.device != device:
+        return f"record measured on {record.device}, not on this {device}"
+    return None
+
+
 def stage2_reason(epilogue: Epilogue) -> str | None:
     """Why a region's epilogue gets no stage-2 timing, if it gets none."""
     if epilogue == Epilogue():

@@ -55,7 +55,7 @@ def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> 
     manifest = json.loads((directory / "profile.json").read_text())
     lib = tvm.runtime.load_module(str(directory / manifest["library"]))
     dev = tvm.cuda(0)
-    device_name = _device_name()
+    device = device_name() or "unknown GPU"
     rng = np.random.default_rng(0)
     records = []
     for number, job in enumerate(manifest["jobs"], 1):
@@ -95,7 +95,7 @@ def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> 
                 ok[best],
                 split_k=cand["split_k"],
                 candidates=timings,
-                device=device_name,
+                device=device,
                 heuristic=job["heuristic"],
             )
         )
@@ -117,7 +117,8 @@ def _warm_up(launch, out_shape, dev, seconds: float = 3.0) -> None:
         launch(out)
 
 
-def _device_name() -> str:
+def device_name() -> str:
+    """The local GPU's model name, as tuning records store it ("" where none can be read)."""
     try:
         import torch
 
@@ -125,10 +126,13 @@ def _device_name() -> str:
     except Exception:  # torch is optional here
         import subprocess
 
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown GPU"
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
+        except OSError:
+            return ""
+        return out.splitlines()[0] if out else ""
 
 
 def main(argv: list[str] | None = None) -> int:
