@@ -170,6 +170,11 @@ def test_emitted_sm90_kernel_is_examples_88():
     assert "RelaxMask<2>" in text and "IndividualTileScheduler" in text
     assert "cute::Shape<cute::_128, cute::_128, cute::_128>" in text
     assert "can_implement" in text and "get_workspace_size" in text  # checked at run time
+    # launched as a programmatic dependent (PDL): the example's device_kernel with a wait first
+    kernel_body = text[text.index("RelaxPdlKernel(CUTLASS_GRID_CONSTANT") :]
+    assert kernel_body.index("PdlWaitForPrerequisites();") < kernel_body.index("op(params, smem);")
+    assert "ClusterLauncher::launch(" in text and "LaunchWithPdl()" in text and "Operation::run(" not in text
+    assert "cudaFuncSetAttribute(RelaxPdlKernel<Kernel>" in text
     assert "16-byte aligned" in text and "scale_softmax_log2" in text
     pingpong = emit_kernel(dataclasses.replace(region.kernel, schedule="pingpong")).text
     assert "PersistentTileScheduler" in pingpong and "kLoadsQSeparately" in pingpong

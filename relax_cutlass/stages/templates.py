@@ -112,6 +112,43 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 }
 """
 
+# Programmatic dependent launch (PDL; kinds/gemm/emit_sm90.py says what it buys): the run-time switch
+# every PDL-launched kernel unit shares (RELAX_CUTLASS_PDL=0 launches plainly), and the two device
+# instructions for kernels written here (CUTLASS's own kernels call them through
+# cutlass/arch/grid_dependency_control.h). Both are no-ops below sm_90 and in a kernel launched
+# without the attribute. A kernel launched with it must call PdlWaitForPrerequisites() before its
+# first global memory access: that waits until the kernels before it have finished and their
+# writes are visible.
+PDL_INCLUDES = "#include <cstdlib>\n#include <cstring>\n"
+PDL_LAUNCH_SWITCH = """\
+namespace {
+bool LaunchWithPdl() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("RELAX_CUTLASS_PDL");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
+}  // namespace
+"""
+PDL_SWITCH = PDL_INCLUDES + PDL_LAUNCH_SWITCH
+PDL_DEVICE = """\
+namespace {
+__device__ __forceinline__ void PdlWaitForPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// The next kernel, if launched with PDL, may be scheduled once every block has called this (or
+// exited); it still waits for this one to finish before it reads anything.
+__device__ __forceinline__ void PdlLetDependentsLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+}  // namespace
+"""
+
 # What every host unit (a module's glue, the profiler's) builds its TVM FFI functions from. They are
 # written against tvm-ffi's C ABI alone and compiled without exceptions or RTTI, so that a module
 # needs nothing from the C++ runtime (see KERNEL_PRELUDE): each function is a TVMFFISafeCallType

@@ -21,7 +21,7 @@ from string import Template
 
 from ...stages.compile import Source, _pkg_dir
 from ...stages.emit import check_device
-from ...stages.templates import KERNEL_PRELUDE
+from ...stages.templates import KERNEL_PRELUDE, PDL_DEVICE, PDL_SWITCH
 from ..epilogue import CUTLASS_ELEMENT
 from .records import CAUSAL_CODE, AttentionKernel
 from .templates import ATTENTION_ARGS, FAIL_FUNCTION
@@ -157,6 +157,11 @@ SM90_ATTENTION_TU = Template(
 #include "kernel/fmha_tile_scheduler.hpp"
 #include "kernel/fmha_options.hpp"
 #include "device/device_universal.hpp"
+#include "cutlass/cluster_launch.hpp"
+"""
+    + PDL_SWITCH
+    + PDL_DEVICE
+    + """\
 
 $attention_args
 namespace {
@@ -280,6 +285,31 @@ struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typ
 struct Kernel : cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, $scheduler$options> {};
 using Operation = cutlass::device::Universal<Kernel>;
 constexpr int kHeadDim = $head_dim;
+
+// The example's device_kernel (what Operation::run launches) with griddepcontrol.wait ahead of the
+// kernel's first global memory access, launched as a programmatic dependent (PDL) like the SM90
+// GEMMs and norms around it: its CTAs are scheduled while the kernel before it drains. The
+// example's kernel never signals its own dependents: they are scheduled as it exits.
+template <class K>
+__global__ void __launch_bounds__(K::MaxThreadsPerBlock, K::MinBlocksPerMultiprocessor)
+    RelaxPdlKernel(CUTLASS_GRID_CONSTANT typename K::Params const params) {
+  PdlWaitForPrerequisites();
+  extern __shared__ char smem[];
+  K op;
+  op(params, smem);
+}
+
+// Operation::run's launch (CUTLASS's cluster launcher), of RelaxPdlKernel, with the PDL attribute
+// unless RELAX_CUTLASS_PDL=0.
+cutlass::Status Launch(typename Kernel::Params& params, cudaStream_t stream) {
+  const dim3 cluster(cute::size<0>(typename Kernel::ClusterShape{}), cute::size<1>(typename Kernel::ClusterShape{}),
+                     cute::size<2>(typename Kernel::ClusterShape{}));
+  void* kernel_params[] = {&params};
+  const cutlass::Status status = cutlass::ClusterLauncher::launch(
+      Kernel::get_grid_shape(params), cluster, Kernel::get_block_shape(), Kernel::SharedStorageSize, stream,
+      reinterpret_cast<const void*>(RelaxPdlKernel<Kernel>), kernel_params, LaunchWithPdl());
+  return cudaPeekAtLastError() == cudaSuccess ? status : cutlass::Status::kErrorInternal;  // Fail() reads it
+}
 constexpr int kCausal = $causal;
 constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte aligned base and strides
 
@@ -372,8 +402,8 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     // Per device: the opt-in to more than 48 KB of shared memory is a property of the context.
     static bool configured[64] = {};
     if (device >= 64 || !configured[device]) {
-      if (cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               smem_bytes) != cudaSuccess) {
+      if (cudaFuncSetAttribute(RelaxPdlKernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) !=
+          cudaSuccess) {
         return Fail("shared memory opt-in");
       }
       if (device < 64) configured[device] = true;
@@ -390,7 +420,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     typename Kernel::Params params = Kernel::to_underlying_arguments(batch_args, nullptr);
     params.mainloop.scale_softmax = a->scale;
     params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
-    if (Operation::run(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
+    if (Launch(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
   }
   return nullptr;
 }

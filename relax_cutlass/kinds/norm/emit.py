@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...stages.compile import Source
 from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...stages.templates import PDL_DEVICE, PDL_SWITCH
 from .records import BYTES, NormKernel, NormRegion
 from .templates import ARGS, ARGS_TYPE, CTYPES, GLUE_FUNCTION, KERNEL_TU
 
@@ -15,6 +16,9 @@ def emit_kernel(kernel: NormKernel) -> Source:
         args=ARGS,
         args_type=ARGS_TYPE,
         check_device=check_device(kernel),
+        pdl_switch=PDL_SWITCH,
+        pdl_device=PDL_DEVICE,
+        pdl=str(kernel.target >= 90).lower(),
         data_t=CTYPES[p.data_dtype],
         residual_t=CTYPES[p.residual_dtype or p.data_dtype],
         sum_t=CTYPES[p.sum_dtype],

@@ -38,10 +38,14 @@ KERNEL_TU = Template(
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include "cutlass/util/device_utils.h"
-
+$pdl_switch
+$pdl_device
 $args
 namespace {
 $check_device
+// sm_90 and later: launched as a programmatic dependent (PDL), like the SM90 GEMMs around it, so that
+// it is scheduled while the kernel before it drains, and lets the next one be scheduled early
+constexpr bool kPdl = $pdl;
 using TData = $data_t;
 using TResidual = $residual_t;
 using TSum = $sum_t;
@@ -121,6 +125,7 @@ __device__ __forceinline__ float RowSum(float v) {
 }
 
 __global__ void __launch_bounds__(kBlock) NormKernel(RelaxCutlassNormArgs a) {
+  PdlWaitForPrerequisites();  // before any global memory access (a no-op without PDL)
   const int lane = threadIdx.x % kRowThreads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kRowThreads;
   if (kRowThreads == 32 && row >= a.rows) return;  // a whole warp: its row is past the end
@@ -145,6 +150,7 @@ __global__ void __launch_bounds__(kBlock) NormKernel(RelaxCutlassNormArgs a) {
       for (int i = 0; i < kVec; ++i) total += x[v][i];
     }
   }
+  PdlLetDependentsLaunch();  // the row is in registers: the rest is arithmetic and stores
   // Two passes over the registers: the mean, then the mean square of (x - mean) (x for RMSNorm).
   const float mean = kRms ? 0.f : RowSum(total) / kN;
   float squares = 0.f;
@@ -182,8 +188,20 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(const 
   if (p->rows == 0) return nullptr;
   const int64_t blocks = (p->rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > 2147483647LL) return "$name: too many rows for one launch";
-  NormKernel<<<static_cast<unsigned>(blocks), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(*p);
-  return cudaPeekAtLastError() == cudaSuccess ? nullptr : "$name: kernel launch failed";
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kBlock);
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = kPdl && LaunchWithPdl() ? 1 : 0;
+  if (cudaLaunchKernelEx(&config, NormKernel, *p) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is this call's, not the next one's
+    return "$name: kernel launch failed";
+  }
+  return nullptr;
 }
 """
 )
