@@ -20,7 +20,7 @@
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 #   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
-# profile= for the zoo: never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
+# profile= for the zoo (ZOO_TORCH_COMPILE=0: no torch.compile columns): never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
 # (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest arguments, shell-quoted),
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
@@ -78,6 +78,9 @@ out=${OUT:-build/session}
 mkdir -p "$out" build
 models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}
 jobs=${ZOO_JOBS:-4}
+# ZOO_TORCH_COMPILE=0: the zoo without torch.compile's columns (a short device budget)
+torch_compile=--torch-compile
+[[ ${ZOO_TORCH_COMPILE:-1} == 0 ]] && torch_compile=""
 summary=()
 export RELAX_CUTLASS_CACHE_DIR=${RELAX_CUTLASS_CACHE_DIR:-$PWD/build/kernel-cache}
 # Tuning records travel between machines: carry build/tuning-carry (a tuning.jsonl brought back from
@@ -112,7 +115,7 @@ run_build() {
   [[ -n ${PROBE:-} ]] && { python3 scripts/precision_probe.py $PROBE > "$out/probe.log" 2>&1 & }
   # every arch spelling's kernels built and their SASS read (no GPU needed; nvcc on this host's cores)
   [[ ${SASS_TABLE:-1} == 1 ]] && { python3 scripts/sass_table.py --json "$out/sass.json" > "$out/sass.log" 2>&1 & }
-  python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" --torch-compile --out build/zoo \
+  python3 bench/zoo.py --phase build --models "$models" --jobs "$jobs" $torch_compile --out build/zoo \
     --profile "${ZOO_PROFILE:-never}" --builds "${ZOO_BUILDS:-relax_cutlass,relax_cutlass_graph,tvm_default,tvm_default_graph}" > "$out/zoo-build.log" 2>&1
   if [[ -n $suite_pid ]]; then wait $suite_pid && summary+=("suite build: ok") || summary+=("suite build: FAILED (suite-build.log)"); fi
   wait
@@ -140,7 +143,7 @@ run_check() {
 
 run_time() {
   local t0=$SECONDS
-  python3 bench/zoo.py --phase time --models "$models" --torch-compile --out build/zoo > "$out/zoo-time.log" 2>&1
+  python3 bench/zoo.py --phase time --models "$models" $torch_compile --out build/zoo > "$out/zoo-time.log" 2>&1
   cp build/zoo/zoo.json "$out/zoo.json" 2>/dev/null
   if [[ ${GPU_SUITE:-1} == 1 ]]; then
     "${suite[@]}" --phase run "${suite_args[@]}" > "$out/suite-bench.log" 2>&1 \
