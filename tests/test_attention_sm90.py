@@ -173,7 +173,7 @@ def test_emitted_sm90_kernel_is_examples_88():
     # launched as a programmatic dependent (PDL): the example's device_kernel with a wait first
     kernel_body = text[text.index("RelaxPdlKernel(CUTLASS_GRID_CONSTANT") :]
     assert kernel_body.index("PdlWaitForPrerequisites();") < kernel_body.index("op(params, smem);")
-    assert "ClusterLauncher::launch(" in text and "LaunchWithPdl()" in text and "Operation::run(" not in text
+    assert "ClusterLauncher::launch(" in text and "LaunchWithPdl(stream)" in text and "Operation::run(" not in text
     assert "cudaFuncSetAttribute(RelaxPdlKernel<Kernel>" in text
     assert "16-byte aligned" in text and "scale_softmax_log2" in text
     pingpong = emit_kernel(dataclasses.replace(region.kernel, schedule="pingpong")).text

@@ -307,7 +307,7 @@ cutlass::Status Launch(typename Kernel::Params& params, cudaStream_t stream) {
   void* kernel_params[] = {&params};
   const cutlass::Status status = cutlass::ClusterLauncher::launch(
       Kernel::get_grid_shape(params), cluster, Kernel::get_block_shape(), Kernel::SharedStorageSize, stream,
-      reinterpret_cast<const void*>(RelaxPdlKernel<Kernel>), kernel_params, LaunchWithPdl());
+      reinterpret_cast<const void*>(RelaxPdlKernel<Kernel>), kernel_params, LaunchWithPdl(stream));
   return cudaPeekAtLastError() == cudaSuccess ? status : cutlass::Status::kErrorInternal;  // Fail() reads it
 }
 constexpr int kCausal = $causal;

@@ -30,7 +30,7 @@ SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),)}
 # emit_sm90.SM90_SCHEDULES' names; profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
 # The heuristic's schedule per head dim, as measured on the H100 (session 23, fp16, seq 4096 and
-# 8192, causal and not, bench/results/2026-11-27-session23-attention-sdpa-nvidia-h100.json): at
+# 8192, causal and not, bench/results/2026-11-27-session23-attention-sdpa-candidates-nvidia-h100.json): at
 # head dim 64 pingpong 128 x 128 ran at 366-425 TFLOP/s against cooperative 128 x 64's 312-358
 # (0.85-0.98x torch's sdpa instead of 0.73-0.84x); at head dim 128 cooperative stays first
 # (569 TFLOP/s causal at 4096 against pingpong's 506).

@@ -124,7 +124,7 @@ SM90_INCLUDES = (
 """
     + PDL_LAUNCH_SWITCH
 )
-SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl())"
+SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl(stream))"
 # The switch (CollectiveFamily.pdl_define) and the launch go together: a kernel without the waits
 # must never be launched early.
 # CUTLASS 4.2's stream-K scheduler does not compile with the switch (its const `is_last_tile`

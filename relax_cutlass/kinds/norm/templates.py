@@ -196,7 +196,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(const 
   pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = pdl;
-  config.numAttrs = kPdl && LaunchWithPdl() ? 1 : 0;
+  config.numAttrs = kPdl && LaunchWithPdl(config.stream) ? 1 : 0;
   if (cudaLaunchKernelEx(&config, NormKernel, *p) != cudaSuccess) {
     cudaGetLastError();  // clear it: the error is this call's, not the next one's
     return "$name: kernel launch failed";
