@@ -120,6 +120,8 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
                     op, flops, reasons = judged
                     if gv.name_hint in returned:
                         reasons = [f"offloaded, then returned to TVM at codegen: {returned[gv.name_hint]}"]
+                    notes = [k.explain_left_in_tvm(call, var2val) for k in kinds() if k.explain_left_in_tvm]
+                    reasons = [note for note in notes if note] + list(reasons)
                     rows.append(
                         {
                             "function": gv.name_hint,

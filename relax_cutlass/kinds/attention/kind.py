@@ -8,6 +8,7 @@ import tvm
 from ...stages.profile import ProfileJob
 from .. import Profiling, RegionKind
 from .causal import constant_causal_masks
+from .diagnose import explain_left_in_tvm
 from .emit import attention_glue_function, emit_attention_kernel
 from .masks import cast_attention_masks, scalar_where_fills
 from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
@@ -68,6 +69,7 @@ KIND = RegionKind(
     ),
     report_line=report_line,
     left_in_tvm={},
+    explain_left_in_tvm=explain_left_in_tvm,
     # Casts and views that frontends and mixed precision put around attention, brought to the
     # forms the patterns match (around the shared canonicalizations, in this order).
     prepare=(merge_repeated_casts, cast_attention_operands, packed_projection_slices),

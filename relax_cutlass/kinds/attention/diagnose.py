@@ -1,0 +1,123 @@
+"""Why an attention stayed in TVM, for the offload report's rows of its batched matmuls.
+
+An attention that no pattern matches (Gemma-2's logit soft-capping, BLOOM's ALiBi added beside the
+causal mask) leaves two batched matmuls in TVM, and the GEMM kind's reason for them ("batched ND x
+ND matmul stays in TVM") says nothing of the attention. This module finds, in a function, each
+softmax whose input is computed from a matmul (q @ k^T, through elementwise ops and views) and
+whose output feeds a matmul's left operand (@ v), and names the ops between the scores and the
+softmax: the part the attention patterns did not read."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+# ops that move or retype the scores without computing on them
+VIEWS = frozenset(
+    ("relax.astype", "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to")
+)
+# what the attention patterns read between the scores and the softmax: a scale, a mask or bias
+# added, a masked fill (where), and their fp32 casts (views)
+READ = frozenset(("relax.multiply", "relax.divide", "relax.add", "relax.where"))
+_MAX_DEPTH = 24  # ops between a softmax and its scores' matmul (Gemma-2: 8)
+
+
+def _call(expr, var2val) -> relax.Call | None:
+    value = var2val.get(expr) if isinstance(expr, relax.Var) else expr
+    return value if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+
+
+def _scores_path(expr, var2val, depth: int = 0) -> tuple[relax.Call, list[relax.Call]] | None:
+    """(the matmul computing the scores, the ops from it to `expr`, first to last), following
+    every tensor operand back; None where no matmul is reached."""
+    call = _call(expr, var2val)
+    if call is None or depth > _MAX_DEPTH:
+        return None
+    if call.op.name == "relax.matmul":
+        return call, []
+    if call.op.name == "relax.nn.softmax":  # another attention's probabilities: not these scores
+        return None
+    for arg in call.args:
+        if isinstance(arg, relax.Var) and isinstance(arg.ty, relax.TensorType):
+            found = _scores_path(arg, var2val, depth + 1)
+            if found is not None:
+                return found[0], [*found[1], call]
+    return None
+
+
+def _describe(call: relax.Call) -> str:
+    name = call.op.name.removeprefix("relax.").removeprefix("nn.")
+    scalars = [a.value.numpy() for a in call.args if isinstance(a, tvm.ir.GenericConst) and a.value.numpy().size == 1]
+    if name in ("multiply", "divide") and scalars:
+        return f"{name} by {float(scalars[0].reshape(-1)[0]):g}"
+    return name
+
+
+def _attention_matmuls(var2val) -> dict[relax.Call, tuple[str, list[relax.Call]]]:
+    """{matmul call: ("q @ k^T" | "@ v", the ops between the scores and the softmax)}."""
+    users: dict[relax.Var, list[relax.Var]] = {}
+    for var, value in var2val.items():
+        if isinstance(value, relax.Call):
+            for arg in value.args:
+                if isinstance(arg, relax.Var):
+                    users.setdefault(arg, []).append(var)
+    found = {}
+    for var, value in var2val.items():
+        softmax = _call(value, var2val)
+        if softmax is None or softmax.op.name != "relax.nn.softmax":
+            continue
+        scores = _scores_path(softmax.args[0], var2val)
+        if scores is None:
+            continue
+        # the probabilities, through views (and a safe softmax's where), as a matmul's left operand
+        frontier, pv = [var], None
+        while frontier and pv is None:
+            current = frontier.pop()
+            for user in users.get(current, []):
+                call = _call(user, var2val)
+                if call is None:
+                    continue
+                if call.op.name == "relax.matmul" and call.args[0].same_as(current):
+                    pv = call
+                    break
+                if call.op.name in VIEWS or call.op.name == "relax.where":  # where: a safe softmax's zero rows
+                    frontier.append(user)
+        if pv is None:
+            continue
+        qk, path = scores
+        found[qk] = ("q @ k^T", path)
+        found[pv] = ("@ v", path)
+    return found
+
+
+_CACHE: dict[int, tuple[object, dict]] = {}
+
+
+def explain_left_in_tvm(call: relax.Call, var2val) -> str | None:
+    """A note for the report when `call` (left in TVM) is one of an attention's two matmuls: which
+    one, and the ops between its scores and its softmax that no attention pattern read."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
+        return None
+    cached = _CACHE.get(id(var2val))
+    if cached is None or cached[0] is not var2val:
+        _CACHE.clear()  # one function at a time: the report judges a function's calls together
+        cached = (var2val, _attention_matmuls(var2val))
+        _CACHE[id(var2val)] = cached
+    hit = cached[1].get(call)
+    if hit is None:
+        return None
+    role, path = hit
+    computed = [c for c in path if c.op.name not in VIEWS]
+    unread = sorted({c.op.name.removeprefix("relax.") for c in computed if c.op.name not in READ})
+    adds = sum(c.op.name == "relax.add" for c in computed)
+    if unread:
+        why = f"{', '.join(unread)} there is not a form the attention kernels compute"
+    elif adds > 1:
+        why = f"{adds} additions there (a position bias such as ALiBi beside a mask): no attention pattern reads them"
+    else:
+        why = "no attention pattern matched this form (see the [not fused] rows for a refused one)"
+    steps = " -> ".join(_describe(c) for c in computed) or "nothing"
+    return (
+        f"the {role} matmul of an attention (q @ k^T -> softmax -> @ v) left in TVM: between the scores and "
+        f"the softmax it computes {steps}; {why}"
+    )

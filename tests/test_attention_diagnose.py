@@ -1,0 +1,91 @@
+"""The offload report on an attention that stays in TVM: its two batched matmuls' rows say that
+they are an attention's and which ops between the scores and the softmax no pattern read (session
+23: Gemma-2's soft-capping and BLOOM's ALiBi were reported as plain batched matmuls)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from tvm import relax
+
+import relax_cutlass
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+
+
+def _attention(between) -> relax.Function:
+    """softmax(between(q @ k^T)) @ v on (heads, seq, head dim) fp16 tensors."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((4, 64, 64), "float16")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 2, 1]))
+            scores = bb.emit(relax.op.matmul(q, kt))
+            probs = bb.emit(relax.op.nn.softmax(between(bb, scores), axis=-1))
+            out = bb.emit_output(relax.op.matmul(probs, v))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _rows(mod):
+    offloaded = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
+    return relax_cutlass.offload_report(offloaded).left_in_tvm
+
+
+def _softcap(bb, scores):
+    scaled = bb.emit(relax.op.multiply(scores, relax.const(0.125, "float16")))
+    capped = bb.emit(relax.op.tanh(relax.op.divide(scaled, relax.const(50.0, "float16"))))
+    return bb.emit(relax.op.multiply(capped, relax.const(50.0, "float16")))
+
+
+def test_a_soft_capped_attention_is_named_with_the_op_no_pattern_reads():
+    rows = _rows(_attention(_softcap))
+    assert [r["op"] for r in rows] == ["batched matmul", "batched matmul"]
+    first, second = (r["reasons"][0] for r in rows)
+    assert first.startswith("the q @ k^T matmul of an attention") and second.startswith("the @ v matmul")
+    assert "multiply by 0.125 -> divide by 50 -> tanh -> multiply by 50" in first
+    assert "tanh there is not a form the attention kernels compute" in first
+    assert any("batched ND x ND matmul stays in TVM" in reason for reason in rows[0]["reasons"])  # the GEMM's too
+
+
+def test_a_fused_attention_and_other_batched_matmuls_get_no_note():
+    from test_attention import torch_export_attention
+
+    assert _rows(torch_export_attention(h=64)) == []  # fused: nothing left in TVM
+    bb = relax.BlockBuilder()
+    a, b = (relax.Var(n, relax.TensorType((4, 64, 64), "float16")) for n in "ab")
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(relax.op.nn.softmax(a), b))  # no scores matmul before it
+        bb.emit_func_output(out)
+    (row,) = _rows(bb.get())
+    assert not any("attention" in reason for reason in row["reasons"]), row
+
+
+def test_an_attention_of_a_form_no_pattern_reads_says_so():
+    """Scaled scores only, but on 3-D (heads, seq, head dim) tensors without a batch axis."""
+    rows = _rows(_attention(lambda bb, s: bb.emit(relax.op.multiply(s, relax.const(0.125, "float16")))))
+    assert len(rows) == 2 and all("no attention pattern matched this form" in r["reasons"][0] for r in rows), rows
+
+
+@pytest.mark.parametrize(
+    "family, says",
+    [
+        ("gemma2", "tanh there is not a form the attention kernels compute"),
+        ("bloom", "2 additions there (a position bias such as ALiBi beside a mask)"),
+        ("t5_encoder", "see the [not fused] rows"),
+    ],
+)
+def test_real_models_attention_left_in_tvm_says_why(family, says):
+    """The three families of scripts/hf_sweep.py (session 22) whose attention stays in TVM."""
+    import torch
+    import transformers
+    from hf_sweep import VOCAB, _model
+
+    torch.manual_seed(0)
+    model = _model(family, torch, transformers)
+    mod = relax_cutlass.from_torch(model, (torch.randint(3, VOCAB, (1, 16)),))
+    rows = _rows(mod)
+    assert rows and all(r["reasons"][0].startswith("the ") and says in r["reasons"][0] for r in rows), rows
