@@ -89,3 +89,23 @@ def test_real_models_attention_left_in_tvm_says_why(family, says):
     mod = relax_cutlass.from_torch(model, (torch.randint(3, VOCAB, (1, 16)),))
     rows = _rows(mod)
     assert rows and all(r["reasons"][0].startswith("the ") and says in r["reasons"][0] for r in rows), rows
+
+
+def test_the_search_visits_each_binding_once():
+    """A softmax after 40 residual additions and no scores matmul: the backward search from the
+    softmax visits each binding once (157 visits; followed per operand, the additions' two
+    branches made it exponential: 514,309 visits before the depth limit stopped it)."""
+    bb = relax.BlockBuilder()
+    x, w = (
+        relax.Var("x", relax.TensorType((4, 64, 64), "float16")),
+        relax.Var("w", relax.TensorType((4, 64, 64), "float16")),
+    )
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = x
+            for _ in range(40):
+                y = bb.emit(relax.op.add(y, relax.op.multiply(y, relax.const(0.5, "float16"))))
+            out = bb.emit_output(relax.op.matmul(relax.op.nn.softmax(y), w))
+        bb.emit_func_output(out)
+    (row,) = _rows(bb.get())
+    assert not any("attention" in reason for reason in row["reasons"]), row

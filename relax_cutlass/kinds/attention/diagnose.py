@@ -27,19 +27,22 @@ def _call(expr, var2val) -> relax.Call | None:
     return value if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
 
 
-def _scores_path(expr, var2val, depth: int = 0) -> tuple[relax.Call, list[relax.Call]] | None:
-    """(the matmul computing the scores, the ops from it to `expr`, first to last), following
-    every tensor operand back; None where no matmul is reached."""
+def _scores_path(expr, var2val, seen: set | None = None, depth: int = 0):
+    """(the matmul computing the scores, the ops from it to `expr`, first to last), following every
+    tensor operand back (each binding once: a residual network's adds would otherwise branch
+    exponentially); None where no matmul is reached."""
+    seen = set() if seen is None else seen
     call = _call(expr, var2val)
-    if call is None or depth > _MAX_DEPTH:
+    if call is None or depth > _MAX_DEPTH or expr in seen:
         return None
+    seen.add(expr)
     if call.op.name == "relax.matmul":
         return call, []
     if call.op.name == "relax.nn.softmax":  # another attention's probabilities: not these scores
         return None
     for arg in call.args:
         if isinstance(arg, relax.Var) and isinstance(arg.ty, relax.TensorType):
-            found = _scores_path(arg, var2val, depth + 1)
+            found = _scores_path(arg, var2val, seen, depth + 1)
             if found is not None:
                 return found[0], [*found[1], call]
     return None
