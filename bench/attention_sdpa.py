@@ -9,9 +9,10 @@ torch picks: flash / cuDNN / memory-efficient), fp16, head dims 64 and 128, sequ
 Each case has 16384 tokens per head (batch = 16384 / seq) and 2048 / head_dim heads (as CUTLASS
 examples/88's runner sizes its problems): batch x heads is 32..1024. q, k and v are BSNH (the
 layout R.nn.attention takes); torch gets the same tensors as (B, N, S, H) views. "auto" is
-relax_cutlass's heuristic choice for the GPU (on sm_90a: the SM90 kernel, CUTLASS examples/88, its
-cooperative schedule), a schedule name ("pingpong", "cooperative_locked", ...; with ":128x128" a
-tile too) that SM90 candidate, "tuned" the build with profile="auto" (every candidate timed on
+relax_cutlass's heuristic choice for the GPU (on sm_90a: the SM90 kernel, CUTLASS examples/88:
+ping-pong 128 x 128 at head dim 64, cooperative 128 x 128 at 128), a schedule name ("pingpong",
+"cooperative_locked", ...; with ":128x64" or ":128x128" a tile too, else the heuristic's tile)
+that SM90 candidate, "tuned" the build with profile="auto" (every candidate timed on
 this GPU, the fastest used: what a user's build here does),
 "sm80" the SM80 kernel (CUTLASS examples/41) on the same GPU. Each output is checked against torch's (relative
 error). FLOPs: 4 * B * N * S * T * H (two GEMMs), half of that for causal attention (TVM's TopLeft
