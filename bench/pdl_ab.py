@@ -1,9 +1,11 @@
 """Programmatic dependent launch on and off, one built zoo library at a time, in one run.
 
     python bench/pdl_ab.py --zoo build/zoo --models bert_large [--builds relax_cutlass_graph] [--rounds 2]
+                           [--settings 1,0,always]
 
 Every SM90 GEMM, norm and SM90 attention kernel reads RELAX_CUTLASS_PDL once per process, so each
-setting is timed in its own child process (alternating on, off, on, off: clocks drift over a run),
+setting ("1": the default, PDL except inside CUDA-graph capture; "0": never; "always") is timed in
+its own child process, the settings in turn for each round (clocks drift over a run),
 on the same inputs (the zoo model's example, saved once). The outputs of the two settings must be
 identical: PDL changes when a kernel is scheduled, never what it computes. Prints a table and
 writes pdl_ab.json next to the zoo's records. Needs the GPU host (the libraries of a zoo build).
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="bert_large")
     ap.add_argument("--builds", default="relax_cutlass,relax_cutlass_graph")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--settings", default="1,0", help="RELAX_CUTLASS_PDL values, compared with the first")
     ap.add_argument("--child", nargs=3, metavar=("LIBRARY", "INPUTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -65,10 +68,11 @@ def main(argv=None) -> int:
                 library = record.get("libraries", {}).get(build)
                 if not library:
                     continue
-                times: dict[str, list[float]] = {"1": [], "0": []}
+                settings = args.settings.split(",")
+                times: dict[str, list[float]] = {pdl: [] for pdl in settings}
                 outputs: dict[str, np.ndarray] = {}
                 for _ in range(args.rounds):
-                    for pdl in ("1", "0"):
+                    for pdl in settings:
                         out_path = str(Path(tmp) / f"out{pdl}.npy")
                         done = subprocess.run(
                             [sys.executable, __file__, "--child", library, tmp, out_path],
@@ -80,25 +84,24 @@ def main(argv=None) -> int:
                             raise RuntimeError(f"{name} {build} PDL={pdl}: {done.stderr[-2000:]}")
                         times[pdl].append(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
                         outputs[pdl] = np.load(out_path)
-                same = bool(np.array_equal(outputs["1"], outputs["0"], equal_nan=True))
-                on, off = statistics.median(times["1"]), statistics.median(times["0"])
+                first = settings[0]
                 rows.append(
                     {
                         "model": name,
                         "build": build,
-                        "pdl_ms": on,
-                        "no_pdl_ms": off,
-                        "identical": same,
-                        "pdl_runs": times["1"],
-                        "no_pdl_runs": times["0"],
+                        "ms": {pdl: statistics.median(t) for pdl, t in times.items()},
+                        "runs": times,
+                        "identical": all(np.array_equal(outputs[first], outputs[p], equal_nan=True) for p in settings),
                     }
                 )
-    print("| model | build | PDL ms | no PDL ms | no PDL / PDL | outputs identical |")
-    print("|---|---|---|---|---|---|")
+    settings = args.settings.split(",")
+    print("| model | build | " + " | ".join(f"PDL={p} ms" for p in settings) + " | outputs identical |")
+    print("|---|---|" + "---|" * len(settings) + "---|")
     for r in rows:
         print(
-            f"| {r['model']} | {r['build']} | {r['pdl_ms']:.3f} | {r['no_pdl_ms']:.3f} | "
-            f"{r['no_pdl_ms'] / r['pdl_ms']:.3f}x | {r['identical']} |"
+            f"| {r['model']} | {r['build']} | "
+            + " | ".join(f"{r['ms'][p]:.3f}" for p in settings)
+            + f" | {r['identical']} |"
         )
     (Path(args.zoo) / "pdl_ab.json").write_text(json.dumps(rows, indent=1))
     return 0 if all(r["identical"] for r in rows) else 1
