@@ -89,7 +89,7 @@ def retime_reason(job: ProfileJob, record, device: str | None = None) -> str | N
     if record is None:
         return "no record"
     if record.candidates:
-        new = [kernel_label(k, s) for k, s in job.candidates if kernel_label(k, s) not in record.candidates]
+        new = [label for label in (kernel_label(k, s) for k, s in job.candidates) if label not in record.candidates]
         if new:
             return f"record measured before {len(new)} of its candidates existed ({new[0]}, ...)"
     if device and record.device and record.device != device:

@@ -123,8 +123,9 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 # 23, BERT-large 8 x 128, bench/pdl_ab.py) the graph with PDL ran 1.865 ms against 1.792 ms without,
 # while without graphs PDL saved 5% (1.943 against 2.043 ms). "always": PDL in graphs too (to
 # measure that again); "0": never.
-PDL_INCLUDES = "#include <cstdlib>\n#include <cstring>\n"
-PDL_LAUNCH_SWITCH = """\
+PDL_SWITCH = """\
+#include <cstdlib>
+#include <cstring>
 namespace {
 // 0: never, 1: except while the stream is captured into a CUDA graph, 2: always (RELAX_CUTLASS_PDL)
 int PdlMode() {
@@ -148,7 +149,6 @@ bool LaunchWithPdl(cudaStream_t stream) {
 }
 }  // namespace
 """
-PDL_SWITCH = PDL_INCLUDES + PDL_LAUNCH_SWITCH
 PDL_DEVICE = """\
 namespace {
 __device__ __forceinline__ void PdlWaitForPrerequisites() {
