@@ -97,8 +97,8 @@ class RegionKind:
     flops_name: str = ""  # the kind's root ops in the report's "% of the ... FLOPs offloaded"
     # root op name -> (call, var2val, layout_skipped) -> (op, flops, reasons): a root left in TVM
     left_in_tvm: dict = field(default_factory=dict)
-    # (call, var2val) -> a note, or None: what this kind knows of an op another kind left in TVM
-    # (the attention kind names the attention a batched matmul belongs to); put before its reasons
+    # (function, var2val) -> {call: note}: what this kind knows of ops another kind left in TVM (the
+    # attention kind names the attention a batched matmul belongs to); put before their reasons
     explain_left_in_tvm: Callable | None = None
     # Relax function rewrites run by PartitionForCutlass before (`prepare`) and after
     # (`finish`) the shared canonicalizations, in registration order

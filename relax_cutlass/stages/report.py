@@ -111,6 +111,7 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
         # stays in TVM as float32 sums cast back (AccumulateInFloat32), which is not why they stayed.
         func = fold_float32_accumulation(func)
         var2val = get_var2val(func)
+        notes = None  # the kinds' notes on this function's calls, found at its first row
         for kind in kinds():
             for op_name, row in kind.left_in_tvm.items():
                 for call in _calls(func, op_name):
@@ -120,8 +121,9 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
                     op, flops, reasons = judged
                     if gv.name_hint in returned:
                         reasons = [f"offloaded, then returned to TVM at codegen: {returned[gv.name_hint]}"]
-                    notes = [k.explain_left_in_tvm(call, var2val) for k in kinds() if k.explain_left_in_tvm]
-                    reasons = [note for note in notes if note] + list(reasons)
+                    if notes is None:
+                        notes = [k.explain_left_in_tvm(func, var2val) for k in kinds() if k.explain_left_in_tvm]
+                    reasons = [found[call] for found in notes if call in found] + list(reasons)
                     rows.append(
                         {
                             "function": gv.name_hint,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..ir import binding_readers
+
 # ops that move or retype the scores without computing on them
 VIEWS = frozenset(
     ("relax.astype", "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to")
@@ -56,14 +58,9 @@ def _describe(call: relax.Call) -> str:
     return name
 
 
-def _attention_matmuls(var2val) -> dict[relax.Call, tuple[str, list[relax.Call]]]:
+def _attention_matmuls(func: relax.Function, var2val) -> dict[relax.Call, tuple[str, list[relax.Call]]]:
     """{matmul call: ("q @ k^T" | "@ v", the ops between the scores and the softmax)}."""
-    users: dict[relax.Var, list[relax.Var]] = {}
-    for var, value in var2val.items():
-        if isinstance(value, relax.Call):
-            for arg in value.args:
-                if isinstance(arg, relax.Var):
-                    users.setdefault(arg, []).append(var)
+    readers = binding_readers(func)
     found = {}
     for var, value in var2val.items():
         softmax = _call(value, var2val)
@@ -76,15 +73,15 @@ def _attention_matmuls(var2val) -> dict[relax.Call, tuple[str, list[relax.Call]]
         frontier, pv = [var], None
         while frontier and pv is None:
             current = frontier.pop()
-            for user in users.get(current, []):
-                call = _call(user, var2val)
+            for reader in readers.get(current, []):
+                call = _call(reader.value, var2val) if reader is not None else None
                 if call is None:
                     continue
                 if call.op.name == "relax.matmul" and call.args[0].same_as(current):
                     pv = call
                     break
                 if call.op.name in VIEWS or call.op.name == "relax.where":  # where: a safe softmax's zero rows
-                    frontier.append(user)
+                    frontier.append(reader.var)
         if pv is None:
             continue
         qk, path = scores
@@ -93,23 +90,7 @@ def _attention_matmuls(var2val) -> dict[relax.Call, tuple[str, list[relax.Call]]
     return found
 
 
-_CACHE: dict[int, tuple[object, dict]] = {}
-
-
-def explain_left_in_tvm(call: relax.Call, var2val) -> str | None:
-    """A note for the report when `call` (left in TVM) is one of an attention's two matmuls: which
-    one, and the ops between its scores and its softmax that no attention pattern read."""
-    if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.matmul"):
-        return None
-    cached = _CACHE.get(id(var2val))
-    if cached is None or cached[0] is not var2val:
-        _CACHE.clear()  # one function at a time: the report judges a function's calls together
-        cached = (var2val, _attention_matmuls(var2val))
-        _CACHE[id(var2val)] = cached
-    hit = cached[1].get(call)
-    if hit is None:
-        return None
-    role, path = hit
+def _note(role: str, path: list[relax.Call]) -> str:
     computed = [c for c in path if c.op.name not in VIEWS]
     unread = sorted({c.op.name.removeprefix("relax.") for c in computed if c.op.name not in READ})
     adds = sum(c.op.name == "relax.add" for c in computed)
@@ -124,3 +105,9 @@ def explain_left_in_tvm(call: relax.Call, var2val) -> str | None:
         f"the {role} matmul of an attention (q @ k^T -> softmax -> @ v) left in TVM: between the scores and "
         f"the softmax it computes {steps}; {why}"
     )
+
+
+def explain_left_in_tvm(func: relax.Function, var2val) -> dict[relax.Call, str]:
+    """Notes for the report on `func`'s attention matmuls (left in TVM): which of an attention's two
+    matmuls each is, and the ops between its scores and its softmax that no attention pattern read."""
+    return {call: _note(role, path) for call, (role, path) in _attention_matmuls(func, var2val).items()}
