@@ -6,7 +6,7 @@
 Every SM90 GEMM, norm and SM90 attention kernel reads RELAX_CUTLASS_PDL once per process, so each
 setting ("1": the default, PDL except inside CUDA-graph capture; "0": never; "always") is timed in
 its own child process, the settings in turn for each round (clocks drift over a run),
-on the same inputs (the zoo model's example, saved once). The outputs of the two settings must be
+on the same inputs (the zoo model's example, saved once). The outputs of every setting must be
 identical: PDL changes when a kernel is scheduled, never what it computes. Prints a table and
 writes pdl_ab.json next to the zoo's records. Needs the GPU host (the libraries of a zoo build).
 """
@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     from zoo import ZOO
 
     entries = {e.name: e for e in ZOO}
+    settings = args.settings.split(",")
     rows = []
     for name in args.models.split(","):
         record = json.loads((Path(args.zoo) / name / "record.json").read_text())
@@ -68,7 +69,6 @@ def main(argv=None) -> int:
                 library = record.get("libraries", {}).get(build)
                 if not library:
                     continue
-                settings = args.settings.split(",")
                 times: dict[str, list[float]] = {pdl: [] for pdl in settings}
                 outputs: dict[str, np.ndarray] = {}
                 for _ in range(args.rounds):
@@ -94,7 +94,6 @@ def main(argv=None) -> int:
                         "identical": all(np.array_equal(outputs[first], outputs[p], equal_nan=True) for p in settings),
                     }
                 )
-    settings = args.settings.split(",")
     print("| model | build | " + " | ".join(f"PDL={p} ms" for p in settings) + " | outputs identical |")
     print("|---|---|" + "---|" * len(settings) + "---|")
     for r in rows:
