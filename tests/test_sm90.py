@@ -78,6 +78,25 @@ def test_under_filled_problems_take_the_small_tile_that_tuning_picked(m, n, k):
     assert len(set(timed)) == len(timed)
 
 
+@pytest.mark.parametrize("m, n, k", [(512, 2048, 5632), (512, 2048, 2048), (1024, 1024, 4096)])
+def test_under_filled_float32_outputs_take_128x64_cooperative(m, n, k):
+    """A float32 output (the residual stream's projections, e.g. a Llama's o and down GEMMs):
+    128x64 cooperative on a 2x1 cluster, which beat 64x128 ping-pong by 17% at 512x2048x5632 and
+    512x2048x2048 (H100, session 23 tuning of Llama-GQA); the profiler still times the ping-pong
+    tile, and 16-bit outputs of the same shape keep it."""
+    problem = GemmProblem(m, n, k, True, element_out="float32")
+    kernel = choose_kernel(problem, Epilogue(), 90)
+    assert kernel.tile.describe() == "tb128x64x64_c2x1x1_cooperative" and kernel.selected_by == "heuristic"
+    timed = [t.describe() for t in gemm_candidates(problem, 90, 90, DEFAULT_MAX_CANDIDATES)]
+    assert timed[0] == "tb128x64x64_c2x1x1_cooperative" and "tb64x128x64_c2x1x1_pingpong" in timed
+    assert len(set(timed)) == len(timed)
+    half = dataclasses.replace(problem, element_out="float16")
+    assert choose_kernel(half, Epilogue(), 90).tile.describe() == "tb64x128x64_c2x1x1_pingpong"
+    # where 128x128 tiles fill the GPU the output width changes nothing
+    large = GemmProblem(2048, 4096, 4096, True, element_out="float32")
+    assert choose_kernel(large, Epilogue(), 90).tile == sm90_large_tile(large, 90, 2048)
+
+
 def test_heuristic_never_picks_256x256_stream_k_or_split_k():
     for m, k, n in [(m, k, n) for m in (1, 128, 1024, 8192) for k in (64, 1024, 8192) for n in (256, 4096, 16384)]:
         tile = choose_kernel(GemmProblem(m, n, k, True), Epilogue(), 90).tile

@@ -74,7 +74,7 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         front.append(next(t for t in pool if t.scheduler == "splitk" and (t.threadblock, t.cluster) == SPLIT_K_TILE))
     if family == 90 and small:
         # Where 128x128 tiles leave half the SMs idle, the heuristic takes one small tile
-        # (select.SM90_UNDERFILLED): time each small tile and schedule on its first cluster within
+        # (select.sm90_underfilled_tile): time each small tile and schedule on its first cluster within
         # the default limit, then the sweep's data-parallel large tile, then the other clusters.
         smalls = sorted(
             (t for t in pool if t.threadblock in SM90_SMALL_TILES and t != chosen),

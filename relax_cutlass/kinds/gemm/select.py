@@ -391,6 +391,20 @@ SM90_COOPERATIVE_TIE = ((256, 128, 64), (1, 2, 1))
 # at 512x768x3072 (9.8 vs 16.0) and 1024x1024x1024 (7.4 vs 7.9); session 19's BERT-large took
 # 64x128 ping-pong for all of its 1024-wide projections.
 SM90_UNDERFILLED = ((64, 128, 64), (2, 1, 1), "pingpong")
+# ... unless the output is float32 (the residual stream ToMixedPrecision leaves: a Llama's o and
+# down projections): then 128x64 cooperative on a 2x1 cluster. With one tile per SM nothing hides a
+# ping-pong tile's epilogue, which one warp group does alone, and a 32-bit output doubles it; a
+# cooperative tile splits it over two. Tuned on the H100 (session 23, Llama-GQA at 1 x 512), it
+# ran 21.5 vs 25.2 us at 512x2048x5632 and 9.3 vs 10.9 at 512x2048x2048 (17% each), while at
+# 16-bit outputs the two were within 3% on BERT-large's 1024^3 and 64x128 ping-pong 5-6% ahead at
+# 1024x1024x4096 (session 24).
+SM90_UNDERFILLED_WIDE_OUTPUT = ((128, 64, 64), (2, 1, 1), "cooperative")
+
+
+def sm90_underfilled_tile(problem: GemmProblem) -> tuple:
+    """(threadblock, cluster, schedule) of the small tile the heuristic takes where 128x128 tiles
+    fill at most half of the SMs: by the output's width."""
+    return SM90_UNDERFILLED_WIDE_OUTPUT if DTYPE_BITS[problem.element_out] > 16 else SM90_UNDERFILLED
 
 
 def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int) -> GemmKernel:
@@ -398,7 +412,7 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     128x128 tiles, the ping-pong schedule (one warpgroup's epilogue overlaps the other's main loop)
     on 128x128 tiles; otherwise cooperative kernels ranked by the wave model, ties to 256x128 with
     a 1x2 cluster (best or within 3% of the best on every swept shape). Where 128x128 tiles fill
-    at most half of the SMs, `SM90_UNDERFILLED`'s smaller tile (measured, see there).
+    at most half of the SMs, a smaller tile (`sm90_underfilled_tile`, measured, see there).
 
     Never split-K, although under-filled problems look made for it: on the H100, BERT-large's
     split-K GEMMs (CUTLASS's stream-K scheduler in split-K mode, 128x128 tiles) ran slower than
@@ -410,7 +424,9 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     pool = candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
     if under_fills(m, problem.n, (128, 128), arch):
         small = [
-            t for t in pool if t.scheduler == "default" and (t.threadblock, t.cluster, t.schedule) == SM90_UNDERFILLED
+            t
+            for t in pool
+            if t.scheduler == "default" and (t.threadblock, t.cluster, t.schedule) == sm90_underfilled_tile(problem)
         ]
         if small:
             return GemmKernel(problem, epilogue, small[0], arch=90, target=arch, selected_by="heuristic")
