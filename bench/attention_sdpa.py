@@ -12,7 +12,8 @@ layout R.nn.attention takes); torch gets the same tensors as (B, N, S, H) views.
 relax_cutlass's heuristic choice for the GPU (on sm_90a: the SM90 kernel, CUTLASS examples/88:
 ping-pong 128 x 128 at head dim 64, cooperative 128 x 128 at 128), a schedule name ("pingpong",
 "cooperative_locked", ...; with ":128x64" or ":128x128" a tile too, else the heuristic's tile)
-that SM90 candidate, "tuned" the build with profile="auto" (every candidate timed on
+that SM90 candidate (at a head dim without an SM90 kernel of its own, e.g. `--head-dims 96`, the
+next wider head dim's, run padded), "tuned" the build with profile="auto" (every candidate timed on
 this GPU, the fastest used: what a user's build here does),
 "sm80" the SM80 kernel (CUTLASS examples/41) on the same GPU. Each output is checked against torch's (relative
 error). FLOPs: 4 * B * N * S * T * H (two GEMMs), half of that for causal attention (TVM's TopLeft
@@ -112,7 +113,10 @@ def run(rows: list[dict], families: list[str]) -> None:
         sm90 = schedule in select.SM90_ATTENTION_SCHEDULES
         option = "auto" if sm90 or family == "tuned" else family
         profile = "auto" if family == "tuned" else "never"
-        forced = select.sm90_candidate_first(schedule, tuple(int(x) for x in tile.split("x")) if tile else None)
+        # (a head dim without an SM90 kernel of its own, e.g. 96, then runs on the next wider one, padded)
+        forced = select.sm90_candidate_first(
+            schedule, tuple(int(x) for x in tile.split("x")) if tile else None, {c["head_dim"] for c in rows}
+        )
         with forced if sm90 else contextlib.nullcontext():
             offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows))
         report = relax_cutlass.offload_report(offloaded)

@@ -31,6 +31,7 @@ from relax_cutlass.kinds.attention.select import (
     choose_attention_kernel,
     sm90_attention_fallback_reason,
     sm90_attention_kernels,
+    sm90_padded_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
@@ -204,6 +205,68 @@ def test_profiling_times_every_sm90_tile_and_schedule():
     sm80 = attention_job(HD64, 90, family="sm80")
     assert sm80.key.family == 80 and all(k.arch == 80 for k, _ in sm80.candidates)
     assert attention_job(dataclasses.replace(HD128, seq_q=None), 90) is None
+
+
+HD96 = AttentionProblem(1, 32, 512, 512, 96, 96, 96**-0.5, causal="TopLeft")  # Phi-3 mini's attention
+
+
+@pytest.mark.parametrize("head_dim, padded", [(96, 128), (80, 128), (72, 128), (32, 64), (8, 64)])
+def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm80_kernel(head_dim, padded):
+    """Phi-3's head dim 96 (Phi-2's 80): the heuristic keeps the SM80 kernel (the padded SM90 run
+    is not measured faster yet: select.SM90_PADDED_FIRST is empty) and says so; profiling times
+    the SM90 kernel of the next wider head dim beside it, under the SM80 family's key."""
+    problem = dataclasses.replace(HD96, head_dim=head_dim, head_dim_value=head_dim, scale=head_dim**-0.5)
+    kernel = choose_attention_kernel(problem, 90)
+    assert kernel.arch == 80 and f"padded to {padded}, not yet measured faster" in kernel.note
+    job = attention_job(problem, 90)
+    assert job.key == attention_key(problem, 90) and job.key.family == 80
+    families = [k.arch for k, _ in job.candidates]
+    assert families[0] == 80 and families.count(90) == len(sm90_attention_kernels(problem, 90)) > 0
+    assert all(k.max_head_dim == padded and f"padded to {padded}" in k.note for k, _ in job.candidates if k.arch == 90)
+    # the SM90 kernel's name (and object) is the wider head dim's own
+    full = dataclasses.replace(problem, head_dim=padded, head_dim_value=padded, scale=padded**-0.5)
+    assert {k.name for k, _ in job.candidates if k.arch == 90} == {k.name for k in sm90_attention_kernels(full, 90)}
+    # not off sm_90a, nor with family="sm80", nor where the SM90 kernel cannot run the problem at all
+    for other in (attention_job(problem, 80), attention_job(problem, 90, family="sm80")):
+        assert other is None or all(k.arch == 80 for k, _ in other.candidates)
+    biased = dataclasses.replace(problem, bias_reads=((0, 1), None, None, (3, 1)), causal=None)
+    assert sm90_padded_kernels(biased, 90) == [] and sm90_padded_kernels(problem, 90, family="sm80") == []
+
+
+@pytest.mark.parametrize("head_dims", [(96, 64), (100, 100), (136, 136)])
+def test_no_padded_sm90_kernel_for_unequal_unaligned_or_too_wide_head_dims(head_dims):
+    problem = dataclasses.replace(HD96, head_dim=head_dims[0], head_dim_value=head_dims[1])
+    assert sm90_attention_kernels(problem, 90) == []
+    assert choose_attention_kernel(problem, 90).arch == 80
+    job = attention_job(problem, 90)
+    assert job is None or all(k.arch == 80 for k, _ in job.candidates)
+
+
+def test_a_tuning_record_in_which_the_padded_sm90_kernel_won_takes_it(tmp_path):
+    """The SM80 family's record of a head-dim-96 problem whose fastest correct candidate was the
+    SM90 kernel padded to 128: the build takes that kernel (tuned), and the SM80 tile where the
+    SM80 kernel won."""
+    key = attention_key(HD96, 90)
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    labels = {"q32_k128": 0.020, "cooperative_q128_k128": 0.012, "pingpong_q128_k128": 0.013}
+    db.add([TuningRecord(key, "cooperative_q128_k128", 0.012, candidates=labels, heuristic="q32_k128")])
+    kernel = choose_attention_kernel(HD96, 90, db)
+    assert kernel.arch == 90 and kernel.selected_by == "tuned" and kernel.schedule == "cooperative"
+    assert kernel.name == "sm90_fmha_f16_cooperative_q128_k128_h128_causal_tl" and "padded to 128" in kernel.note
+    db.add([TuningRecord(key, "q32_k128", 0.011, candidates=dict(labels, q32_k128=0.011), heuristic="q32_k128")])
+    kernel = choose_attention_kernel(HD96, 90, TuningDatabase(tmp_path / "t.jsonl"))
+    assert kernel.arch == 80 and kernel.selected_by == "tuned"
+
+
+def test_a_padded_head_dim_measured_faster_takes_the_sm90_kernel(monkeypatch):
+    """Once a head dim is in SM90_PADDED_FIRST the heuristic runs it padded, with its own key."""
+    from relax_cutlass.kinds.attention import select
+
+    monkeypatch.setattr(select, "SM90_PADDED_FIRST", {96})
+    kernel = choose_attention_kernel(HD96, 90)
+    assert kernel.arch == 90 and kernel.max_head_dim == 128 and kernel.note == "head dim 96 padded to 128"
+    assert attention_family(HD96, 90) == 90 and attention_job(HD96, 90).key.family == 90
+    assert choose_attention_kernel(HD96, 90, family="sm80").arch == 80
 
 
 def test_tuning_record_picks_the_schedule(tmp_path):

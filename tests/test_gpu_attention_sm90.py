@@ -4,7 +4,8 @@ scaled_dot_product_attention in float64 on the same inputs: fp16 and bf16, head 
 non-causal and TVM's causal masks (TopLeft = torch's is_causal; BottomRight = key j seen by query i
 iff j <= i + |S - T|, given to torch as a boolean mask), odd sequence lengths (77, 1000, 4096; seq_q
 != seq_kv both ways), a symbolic sequence length, heads split from a (B, S, N*H) projection (the
-kernel reads strides), every schedule and tile, and the SM80 fallback (family="sm80") with causal masks.
+kernel reads strides), every schedule and tile, head dims without an SM90 kernel of their own (96, 80, 32) run padded
+on the next wider one, and the SM80 fallback (family="sm80") with causal masks.
 
     pytest -m gpu tests/test_gpu_attention_sm90.py   (on the GPU host; skipped without a Hopper GPU)
 """
@@ -168,6 +169,53 @@ def test_sm90_candidate_schedules_and_tiles_match_sdpa(schedule, tile):
     rng = np.random.default_rng(5)
     for i, case in enumerate(cases):
         _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
+
+
+# Head dims without an SM90 kernel of their own, run on the next wider one padded
+PADDED_CASES = [
+    ("float16", 96, "TopLeft", 1, 32, 512, 512),  # Phi-3 mini's prefill
+    ("float16", 96, None, 2, 4, 77, 77),
+    ("float16", 96, "BottomRight", 2, 4, 77, 1000),
+    ("bfloat16", 80, None, 2, 8, 1000, 1000),  # Phi-2's head dim
+    ("float16", 32, "TopLeft", 2, 4, 333, 333),  # padded to 64
+]
+
+
+@pytest.mark.parametrize("schedule", ["cooperative", "pingpong", "cooperative_locked", "pingpong_locked"])
+def test_head_dims_without_their_own_sm90_kernel_run_padded(schedule):
+    """Phi-3's head dim 96 (and 80, 32) on the SM90 kernel of the next wider head dim, every
+    schedule forced first: TMA zero-fills the head columns past the problem's, and O's store stops
+    at them (select.sm90_padded_head_dim), against torch's float64 sdpa."""
+    from relax_cutlass.kinds.attention import select
+
+    with select.sm90_candidate_first(schedule, padded_head_dims={case[1] for case in PADDED_CASES}):
+        vm, rows = _build(_module(PADDED_CASES))
+    assert all(r["family"] == "sm90" and "padded to" in r["note"] for r in rows), rows
+    assert all(f"_{schedule}_q128_" in r["kernel"] for r in rows), rows
+    rng = np.random.default_rng(6)
+    for i, case in enumerate(PADDED_CASES):
+        _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
+
+
+def test_profiling_times_the_padded_sm90_kernels_beside_the_sm80_one(tmp_path):
+    """profile="auto" on Phi-3's attention: one record (the SM80 family's key) holding the SM80
+    kernel's tile and every padded SM90 candidate, each checked against the reference (a failed
+    check records None); the build takes the fastest and is right. The timings printed are the
+    measurement SM90_PADDED_FIRST waits for."""
+    import json
+
+    case = PADDED_CASES[0]
+    db = tmp_path / "tuning.jsonl"
+    offloaded = relax_cutlass.offload_pipeline("sm_90a", profile="auto", tuning_db=str(db))(_module([case]))
+    (record,) = [r for r in map(json.loads, db.read_text().splitlines()) if r["key"]["op"] == "attention"]
+    times = record["candidates"]
+    print("head dim 96 candidates (ms):", json.dumps(times))
+    assert "q32_k128" in times and sum(label.endswith("_q128_k128") for label in times) == 4, times
+    assert all(ms is not None for ms in times.values()), times
+    (row,) = [r for r in relax_cutlass.offload_report(offloaded).offloaded if r["op"] == "attention"]
+    assert row["selected_by"] == "tuned", row
+    vm = relax.VirtualMachine(tvm.compile(offloaded, gpu_convs.cuda_target()), tvm.cuda(0))
+    _check(vm, "f0", _inputs(case, np.random.default_rng(7)), case[2], case[0])
 
 
 @pytest.mark.parametrize("causal", [None, "TopLeft"])

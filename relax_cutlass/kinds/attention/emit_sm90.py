@@ -328,8 +328,10 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   if (const char* error = CheckDevice()) return error;
   if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
   if (a->causal != kCausal) return "$name: built for another causal mask than the call's";
-  if (a->head_dim != kHeadDim || a->head_dim_value != kHeadDim) {
-    return "$name: built for head dim $head_dim (q/k and v alike)";
+  // A narrower head dim runs padded: TMA zero-fills Q's, K's and V's columns past it (they add
+  // nothing to either product) and O's store stops at it (select.sm90_padded_head_dim).
+  if (a->head_dim != a->head_dim_value || a->head_dim > kHeadDim || a->head_dim % kAlignment != 0) {
+    return "$name: built for head dims up to $head_dim in 16-byte vectors (q/k and v alike)";
   }
   if (!(a->scale > 0.0f) || !std::isfinite(a->scale)) {
     return "$name: the SM90 attention kernel needs a positive finite scale";
@@ -382,7 +384,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   }
   hw_info.sm_count = device < 64 ? sm_counts[device] : 0;
   typename Kernel::Arguments args{
-      {mode0, mode1, s, t, kHeadDim},
+      {mode0, mode1, s, t, dv_},
       {static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
        static_cast<const Element*>(a->v), dv},
       {static_cast<Element*>(a->out), d_o, nullptr, {}},

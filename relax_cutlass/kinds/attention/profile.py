@@ -8,13 +8,20 @@ from string import Template
 
 from ...stages.profile import ProfileJob
 from .records import AttentionProblem, attention_key
-from .select import attention_family, attention_tiles, choose_attention_kernel, sm90_attention_kernels
+from .select import (
+    attention_family,
+    attention_tiles,
+    choose_attention_kernel,
+    sm90_attention_kernels,
+    sm90_padded_kernels,
+)
 
 
 def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") -> ProfileJob | None:
     """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) every tile and
-    schedule of `sm90_attention_kernels`; on the SM80 kernel the rule's tile, then the other one, where there is
-    a choice (head dims <= 64)."""
+    schedule of `sm90_attention_kernels`; on the SM80 kernel the rule's tile, then the other one
+    where there is a choice (head dims <= 64), then on sm_90a the SM90 kernels that run the head
+    dim padded (`sm90_padded_kernels`: Phi-3's 96 on the 128 kernel)."""
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
         return None  # symbolic sizes: the rule (the report says so)
     if attention_family(problem, arch, family) == 90:
@@ -22,15 +29,17 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
             (dataclasses.replace(k, selected_by="profiling"), 1) for k in sm90_attention_kernels(problem, arch)
         )
         return ProfileJob(attention_key(problem, arch, 90), problem, candidates)
-    if len(attention_tiles(problem)) < 2:
-        return None  # symbolic sizes, or one tile: the rule (the report says so)
+    padded = sm90_padded_kernels(problem, arch, family)
+    if len(attention_tiles(problem)) < 2 and not padded:
+        return None  # one tile: the rule (the report says so)
     chosen = dataclasses.replace(
         choose_attention_kernel(problem, arch, family=family), selected_by="profiling", note=""
     )
     tiles = [(chosen.queries_per_block, chosen.keys_per_block)]
     tiles += [t for t in attention_tiles(problem) if t != tiles[0]]
-    candidates = tuple((dataclasses.replace(chosen, queries_per_block=q, keys_per_block=k), 1) for q, k in tiles)
-    return ProfileJob(attention_key(problem, arch), problem, candidates)
+    kernels = [dataclasses.replace(chosen, queries_per_block=q, keys_per_block=k) for q, k in tiles]
+    kernels += [dataclasses.replace(k, selected_by="profiling") for k in padded]
+    return ProfileJob(attention_key(problem, arch), problem, tuple((k, 1) for k in kernels))
 
 
 PROFILE_ATTENTION = Template("""\

@@ -5,7 +5,7 @@ chosen by head dim and occupancy, or by the tuning database."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ...arch import family_note, native_family, resolve_family
@@ -43,13 +43,17 @@ def _schedules(head_dim: int) -> tuple[str, ...]:
 
 
 @contextmanager
-def sm90_candidate_first(schedule: str, tile: tuple[int, int] | None = None) -> Iterator[None]:
+def sm90_candidate_first(
+    schedule: str, tile: tuple[int, int] | None = None, padded_head_dims: Iterable[int] = ()
+) -> Iterator[None]:
     """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES, at every head dim) and `tile`
     (at the head dims that have it; elsewhere the heuristic's tile) come first among the SM90
-    candidates, so the heuristic takes them: how the GPU tests and bench/attention_sdpa.py run one
-    candidate without profiling."""
-    firsts, tiles = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES)
+    candidates, so the heuristic takes them, and `padded_head_dims` run on the SM90 kernel padded
+    (as if in SM90_PADDED_FIRST): how the GPU tests and bench/attention_sdpa.py run one candidate
+    without profiling."""
+    firsts, tiles, padded = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES), set(SM90_PADDED_FIRST)
     SM90_ATTENTION_FIRST_SCHEDULE.update({hd: schedule for hd in tiles})
+    SM90_PADDED_FIRST.update(padded_head_dims)
     if tile is not None:
         SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
     try:
@@ -58,6 +62,36 @@ def sm90_candidate_first(schedule: str, tile: tuple[int, int] | None = None) -> 
         SM90_ATTENTION_FIRST_SCHEDULE.clear()
         SM90_ATTENTION_FIRST_SCHEDULE.update(firsts)
         SM90_ATTENTION_TILES.update(tiles)
+        SM90_PADDED_FIRST.clear()
+        SM90_PADDED_FIRST.update(padded)
+
+
+# Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
+# padded (`sm90_padded_head_dim`): none until measured on a Hopper GPU. Elsewhere the SM80 kernel
+# stays the heuristic's choice and profiling times the padded SM90 kernels beside it, each checked
+# against the reference before it can win.
+SM90_PADDED_FIRST: set[int] = set()
+
+
+def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
+    """The head dim of the SM90 kernel that runs `problem` padded, where the problem's own head dim
+    has none (Phi-3's 96, Phi-2's 80): the next wider one. examples/88 runs a head dim below its
+    tile's (its can_implement asks for at most the tile's, in whole 16-byte vectors): the TMA loads
+    of Q, K and V zero-fill the columns past it, which add nothing to either product, and the TMA
+    store of O stops at it. q/k and v head dims alike, as the kernel has one."""
+    d = problem.head_dim
+    if d != problem.head_dim_value or d in SM90_ATTENTION_TILES or d % 8:
+        return None
+    return min((h for h in SM90_ATTENTION_TILES if h > d), default=None)
+
+
+def _sm90_blocker(problem: AttentionProblem) -> str | None:
+    """Why the SM90 kernel cannot run `problem` at any head dim, or None."""
+    if problem.bias_reads is not None:
+        return "additive mask/bias: the SM90 attention kernel (CUTLASS examples/88) takes none: SM80 kernel"
+    if not problem.scale > 0:
+        return f"scale {problem.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
+    return None
 
 
 def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
@@ -65,17 +99,22 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     kernel), or None. Strides and alignment are checked again at run time (every layout
     `layout_problems` accepts has strides that are multiples of the head dim)."""
     p = problem
-    if p.bias_reads is not None:
-        return "additive mask/bias: the SM90 attention kernel (CUTLASS examples/88) takes none: SM80 kernel"
-    if p.head_dim != p.head_dim_value or p.head_dim not in SM90_ATTENTION_TILES:
-        dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
-        return (
-            f"head dims {p.head_dim}/{p.head_dim_value}: the SM90 attention kernel (CUTLASS examples/88) is "
-            f"built for q/k and v head dims both {dims}: SM80 kernel"
-        )
-    if not p.scale > 0:
-        return f"scale {p.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
-    return None
+    blocker = _sm90_blocker(p)
+    if blocker:
+        return blocker
+    if p.head_dim == p.head_dim_value and p.head_dim in SM90_ATTENTION_TILES:
+        return None
+    padded = sm90_padded_head_dim(p)
+    if padded in SM90_ATTENTION_TILES and p.head_dim in SM90_PADDED_FIRST:
+        return None
+    dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
+    reason = (
+        f"head dims {p.head_dim}/{p.head_dim_value}: the SM90 attention kernel (CUTLASS examples/88) is "
+        f"built for q/k and v head dims both {dims}"
+    )
+    if padded:
+        reason += f"; it runs this one padded to {padded}, not yet measured faster (profiling times both)"
+    return reason + ": SM80 kernel"
 
 
 def attention_family(problem: AttentionProblem, arch: int, family: str = "auto") -> int:
@@ -94,14 +133,37 @@ def attention_note(problem: AttentionProblem, arch: int, family: str = "auto") -
     return sm90_attention_fallback_reason(problem) or ""
 
 
+def sm90_kernel_head_dim(problem: AttentionProblem) -> int | None:
+    """The head dim of the SM90 kernel that runs `problem`: its own, or the wider one it runs
+    padded on (`sm90_padded_head_dim`); None where there is none."""
+    if problem.head_dim == problem.head_dim_value and problem.head_dim in SM90_ATTENTION_TILES:
+        return problem.head_dim
+    return sm90_padded_head_dim(problem)
+
+
 def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[AttentionKernel]:
-    """The SM90 candidates of `problem`: every tile with every schedule, the heuristic's (the head
-    dim's first tile and schedule) first."""
+    """The SM90 candidates of `problem`: every tile with every schedule of the kernel's head dim,
+    the heuristic's (the head dim's first tile and schedule) first."""
+    head_dim = sm90_kernel_head_dim(problem)
+    if head_dim is None:
+        return []
+    note = f"head dim {problem.head_dim} padded to {head_dim}" if head_dim != problem.head_dim else ""
     return [
-        AttentionKernel(problem, queries, keys, problem.head_dim, True, arch=90, target=arch, schedule=schedule)
-        for queries, keys in SM90_ATTENTION_TILES[problem.head_dim]
-        for schedule in _schedules(problem.head_dim)
+        AttentionKernel(problem, queries, keys, head_dim, True, arch=90, target=arch, schedule=schedule, note=note)
+        for queries, keys in SM90_ATTENTION_TILES[head_dim]
+        for schedule in _schedules(head_dim)
     ]
+
+
+def sm90_padded_kernels(problem: AttentionProblem, arch: int, family: str = "auto") -> list[AttentionKernel]:
+    """The padded SM90 kernels profiling times beside the SM80 kernel's tiles where the heuristic
+    keeps the SM80 kernel (`SM90_PADDED_FIRST`): on sm_90a with the family free, for a problem the
+    SM90 kernel can run but for its head dim."""
+    if native_family(arch) != 90 or resolve_family(family, arch) != "auto" or _sm90_blocker(problem):
+        return []
+    if attention_family(problem, arch, family) == 90 or sm90_padded_head_dim(problem) is None:
+        return []
+    return sm90_attention_kernels(problem, arch)
 
 
 def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
@@ -111,14 +173,19 @@ def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
     kernel = kernels[0]
     if db is None:
         return kernel
+
+    def noted(k: AttentionKernel, why: str) -> str:
+        return "; ".join(filter(None, [k.note, why]))  # k.note: the padding, if any
+
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
-        return dataclasses.replace(kernel, note="symbolic sizes: heuristic")
+        return dataclasses.replace(kernel, note=noted(kernel, "symbolic sizes: heuristic"))
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch, 90))
     by_label = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in kernels}
     why = _unusable(record, choice, by_label, next(iter(by_label)))
     if why:
-        return dataclasses.replace(kernel, note=f"{why}: heuristic")
-    return dataclasses.replace(by_label[choice[0]], selected_by="tuned", note=tuned_note)
+        return dataclasses.replace(kernel, note=noted(kernel, f"{why}: heuristic"))
+    chosen = by_label[choice[0]]
+    return dataclasses.replace(chosen, selected_by="tuned", note=noted(chosen, tuned_note))
 
 
 def _unusable(record, choice, candidates: dict, heuristic: str) -> str | None:
@@ -159,23 +226,24 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     aligned = problem.alignment == 8
     note = attention_note(problem, arch, family)
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
-    if db is None or len(attention_tiles(problem)) < 2:
+    padded = sm90_padded_kernels(problem, arch, family)
+    if db is None or (len(attention_tiles(problem)) < 2 and not padded):
         return kernel
     if not known or problem.seq_kv is None:
         return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
-    tiles = {attention_label(*t): t for t in attention_tiles(problem)}
-    why = _unusable(record, choice, tiles, attention_label(queries, keys))
+    candidates = {
+        attention_label(q, k): dataclasses.replace(kernel, queries_per_block=q, keys_per_block=k)
+        for q, k in attention_tiles(problem)
+    }
+    candidates |= {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in padded}
+    why = _unusable(record, choice, candidates, attention_label(queries, keys))
     if why:
         return dataclasses.replace(kernel, note="; ".join(filter(None, [note, f"{why}: heuristic"])))
-    queries, keys = tiles[choice[0]]
-    return dataclasses.replace(
-        kernel,
-        queries_per_block=queries,
-        keys_per_block=keys,
-        selected_by="tuned",
-        note="; ".join(filter(None, [note, tuned_note])),
-    )
+    chosen = candidates[choice[0]]
+    if chosen.arch == 90:  # measured faster than the SM80 kernel, padded
+        return dataclasses.replace(chosen, selected_by="tuned", note="; ".join(filter(None, [chosen.note, tuned_note])))
+    return dataclasses.replace(chosen, selected_by="tuned", note="; ".join(filter(None, [note, tuned_note])))
 
 
 def attention_label(queries: int, keys: int, schedule: str = "") -> str:
