@@ -56,9 +56,11 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
     cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
     # the kernel objects compiled so far, for the next machine (carry build/kernel-carry): kept
-    # only under $OUT's 16 MiB a file
+    # only under $OUT's 16 MiB a file, so without what is cheap to redo and never hit again (the
+    # linked module and profiler objects, ld -r of the kernels; the sources, written on a miss)
     if [[ -d build/kernel-cache ]]; then
-      tar czf "$OUT/kernel-cache.tgz" --exclude='*.tmp' -C build kernel-cache 2>/dev/null
+      tar czf "$OUT/kernel-cache.tgz" --exclude='*.tmp' --exclude='*.cu' --exclude='*.cc' \
+        --exclude='relax_cutlass_module-*.o' --exclude='relax_cutlass_profiler-*.o' -C build kernel-cache 2>/dev/null
       [[ $(stat -c %s "$OUT/kernel-cache.tgz") -gt 16000000 ]] && rm -f "$OUT/kernel-cache.tgz"
     fi
   fi
