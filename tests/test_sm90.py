@@ -322,6 +322,58 @@ def test_choice_does_not_depend_on_the_hash_seed():
     assert len(runs) == 1, runs
 
 
+@pytest.mark.parametrize(
+    "value, modes",
+    [
+        (None, (1, 1, 1)),
+        ("1", (1, 1, 1)),
+        ("0", (0, 0, 0)),
+        ("always", (2, 2, 2)),
+        ("always:gemm", (2, 1, 1)),
+        ("always:norm+attention", (1, 2, 2)),
+        ("always:gem+normx", (1, 1, 1)),  # whole names only
+        ("always:", (1, 1, 1)),
+    ],
+)
+def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes):
+    """RELAX_CUTLASS_PDL as each kind's kernel unit reads it (templates.pdl_switch), built with the
+    host compiler: "always:" and "+"-joined kinds keep PDL inside CUDA graphs for those kinds only
+    (bench/pdl_ab.py's way to find which kernels a graph loses on)."""
+    import os
+    import shutil
+    import subprocess
+
+    from relax_cutlass.stages.templates import pdl_switch
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    units = []
+    for kind in ("gemm", "norm", "attention"):
+        # each unit's anonymous namespace, as in its own translation unit
+        unit = pdl_switch(kind).replace("namespace {", f"namespace {kind}_unit {{", 1)
+        units.append(unit.replace("bool LaunchWithPdl(cudaStream_t stream)", "bool LaunchWithPdl(int)", 1))
+    main = (
+        "\n".join(units)
+        + """
+#include <cstdio>
+int main() { std::printf("%d %d %d", gemm_unit::PdlMode(), norm_unit::PdlMode(), attention_unit::PdlMode()); }
+"""
+    )
+    # LaunchWithPdl needs the CUDA runtime; only PdlMode is exercised here
+    main = main.replace("cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;", "int capture = 0;")
+    main = main.replace("if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {", "if (false) {")
+    main = main.replace("cudaGetLastError();", "")
+    main = main.replace("return capture == cudaStreamCaptureStatusNone;", "return capture == 0;")
+    (tmp_path / "pdl.cc").write_text(main)
+    subprocess.run([cxx, "-O1", "-o", str(tmp_path / "pdl"), str(tmp_path / "pdl.cc")], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "RELAX_CUTLASS_PDL"}
+    if value is not None:
+        env["RELAX_CUTLASS_PDL"] = value
+    out = subprocess.run([str(tmp_path / "pdl")], check=True, capture_output=True, text=True, env=env).stdout
+    assert tuple(int(x) for x in out.split()) == modes
+
+
 def test_sm90_kernels_launch_as_programmatic_dependents():
     """PDL hid 1.5-2 us of each back-to-back SM90 GEMM behind the previous kernel's tail on the H100
     (session 8 sweep). CUTLASS reads the switch when its headers are included, so it must come

@@ -122,18 +122,31 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 # use_cuda_graph build): there the graph already removes the launch gaps, and on the H100 (session
 # 23, BERT-large 8 x 128, bench/pdl_ab.py) the graph with PDL ran 1.865 ms against 1.792 ms without,
 # while without graphs PDL saved 5% (1.943 against 2.043 ms). "always": PDL in graphs too (to
-# measure that again); "0": never.
-PDL_SWITCH = """\
+# measure that again); "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs too for
+# those kinds' kernels only, to find which ones the graph loses on; "0": never.
+_PDL_SWITCH = """\
 #include <cstdlib>
 #include <cstring>
 namespace {
-// 0: never, 1: except while the stream is captured into a CUDA graph, 2: always (RELAX_CUTLASS_PDL)
+// This unit's kernels' RELAX_CUTLASS_PDL mode: 0 never, 1 except while the stream is captured into
+// a CUDA graph, 2 always ("always", or "always:" and a "+"-joined list of kinds that names KIND)
 int PdlMode() {
   static const int mode = [] {
     const char* value = std::getenv("RELAX_CUTLASS_PDL");
     if (value == nullptr) return 1;
     if (std::strcmp(value, "0") == 0) return 0;
-    return std::strcmp(value, "always") == 0 ? 2 : 1;
+    if (std::strcmp(value, "always") == 0) return 2;
+    if (std::strncmp(value, "always:", 7) != 0) return 1;
+    const char* kind = "KIND";
+    const size_t length = std::strlen(kind);
+    for (const char* p = value + 7; *p != '\\0';) {
+      const char* end = std::strchr(p, '+');
+      const size_t n = end != nullptr ? static_cast<size_t>(end - p) : std::strlen(p);
+      if (n == length && std::strncmp(p, kind, n) == 0) return 2;
+      if (end == nullptr) break;
+      p = end + 1;
+    }
+    return 1;
   }();
   return mode;
 }
@@ -149,6 +162,13 @@ bool LaunchWithPdl(cudaStream_t stream) {
 }
 }  // namespace
 """
+
+
+def pdl_switch(kind: str) -> str:
+    """The run-time PDL switch of one region kind's kernel unit (RELAX_CUTLASS_PDL above)."""
+    return _PDL_SWITCH.replace("KIND", kind)
+
+
 PDL_DEVICE = """\
 namespace {
 __device__ __forceinline__ void PdlWaitForPrerequisites() {

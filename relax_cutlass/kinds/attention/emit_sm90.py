@@ -21,7 +21,7 @@ from string import Template
 
 from ...stages.compile import Source, _pkg_dir
 from ...stages.emit import check_device
-from ...stages.templates import KERNEL_PRELUDE, PDL_DEVICE, PDL_SWITCH
+from ...stages.templates import KERNEL_PRELUDE, PDL_DEVICE, pdl_switch
 from ..epilogue import CUTLASS_ELEMENT
 from .records import CAUSAL_CODE, AttentionKernel
 from .templates import ATTENTION_ARGS, FAIL_FUNCTION
@@ -159,7 +159,7 @@ SM90_ATTENTION_TU = Template(
 #include "device/device_universal.hpp"
 #include "cutlass/cluster_launch.hpp"
 """
-    + PDL_SWITCH
+    + pdl_switch("attention")
     + PDL_DEVICE
     + """\
 

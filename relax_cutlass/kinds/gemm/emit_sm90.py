@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from ...stages.templates import PDL_SWITCH
+from ...stages.templates import pdl_switch
 from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
 from .records import SPLIT_K_MAX_SLICES, SPLIT_K_MIN_ITERATIONS, GemmKernel
 
@@ -109,8 +109,7 @@ using StrideA = typename Gemm::GemmKernel::StrideA;
 # it drains its epilogue. Without the attribute both instructions are no-ops. RELAX_CUTLASS_PDL=0
 # launches without it (e.g. to compare, or for tools that do not support PDL).
 SM90_DEFINES = "#define CUTLASS_ENABLE_GDC_FOR_SM90 1  // before any CUTLASS header: see emit_sm90.py\n"
-SM90_INCLUDES = (
-    """\
+SM90_INCLUDES = """\
 #include "cutlass/numeric_types.h"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
@@ -119,9 +118,7 @@ SM90_INCLUDES = (
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/util/packed_stride.hpp"
-"""
-    + PDL_SWITCH
-)
+""" + pdl_switch("gemm")
 SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl(stream))"
 # The switch (CollectiveFamily.pdl_define) and the launch go together: a kernel without the waits
 # must never be launched early.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...stages.compile import Source
 from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
-from ...stages.templates import PDL_DEVICE, PDL_SWITCH
+from ...stages.templates import PDL_DEVICE, pdl_switch
 from .records import BYTES, NormKernel, NormRegion
 from .templates import ARGS, ARGS_TYPE, CTYPES, GLUE_FUNCTION, KERNEL_TU
 
@@ -16,7 +16,7 @@ def emit_kernel(kernel: NormKernel) -> Source:
         args=ARGS,
         args_type=ARGS_TYPE,
         check_device=check_device(kernel),
-        pdl_switch=PDL_SWITCH,
+        pdl_switch=pdl_switch("norm"),
         pdl_device=PDL_DEVICE,
         pdl=str(kernel.target >= 90).lower(),
         data_t=CTYPES[p.data_dtype],
