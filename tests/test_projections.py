@@ -12,7 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, offload_pipeline_on_cpu, op_names, rel_error, run_vm, small_transformer
+from harness import (
+    build_cpu,
+    offload_for_cpu,
+    offload_pipeline_on_cpu,
+    op_names,
+    rel_error,
+    run_vm,
+    small_transformer,
+)
+from test_attention import check_regions_against_kernel_model
 from tvm import relax
 
 import relax_cutlass
@@ -192,6 +201,48 @@ def test_llama_fuses_its_grouped_projections_and_not_its_gated_mlp():
     # per layer: q|k|v (none, 256, 128) and up (none, 256, 128); gate with up in its epilogue
     assert by_epilogue[("none", 256, 128)] == 4 and by_epilogue[("silu+residual_mul", 256, 128)] == 2
     assert all(r["mnk"][1] != 64 for r in gemms)  # no k or v projection of its own
+
+
+def test_llama_attention_reads_its_value_in_place():
+    """Llama's q and k are computed (rotary) from their parts of the q|k|v GEMM, so TVM writes
+    them, but v reaches the attention through views only: the attention reads it in place (before,
+    TVM wrote a transposed copy per layer), and the offloaded model computes the same values."""
+    report = _offloaded_transformer("llama")
+    (attention,) = [r for r in report.offloaded if r["op"] == "attention"]
+    assert attention["composite"] == "relax_cutlass.attention_softmax_gqa_packed_v" and attention["calls"] == 2
+    assert attention["attention"]["packed"] == {"value": [2, 192, 256]}, attention["attention"]
+    # the kernel's read of v (an offset and the projection's row stride) gives the region's values
+    torch = pytest.importorskip("torch")
+    from relax_cutlass.models.torch_transformers import last_hidden_state
+
+    model = last_hidden_state(small_transformer("llama", layers=1))
+    partitioned, _ = offload_for_cpu(relax_cutlass.from_torch(model, (torch.randint(0, 512, (2, 16)),)))
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+@pytest.mark.parametrize(
+    "family, packed",
+    [("gpt_neox", {"value": [3, 64, 96]}), ("phi", {"value": [2, 256, 384]}), ("qwen2", {"value": [2, 192, 256]})],
+)
+def test_rotary_families_read_their_value_in_place(family, packed):
+    """GPT-NeoX (its per-head q|k|v split on the last of (B, S, N, 3H)), Phi and Qwen2 as
+    scripts/hf_sweep.py builds them: v read in place, and the kernel's reads of it give the
+    region's values."""
+    import sys
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    from hf_sweep import VOCAB, _model
+
+    torch.manual_seed(0)
+    mod = relax_cutlass.from_torch(_model(family, torch, transformers), (torch.randint(3, VOCAB, (1, 16)),))
+    partitioned, rewritten = offload_for_cpu(mod)
+    rows = [r for r in relax_cutlass.offload_report(rewritten).offloaded if r["op"] == "attention"]
+    assert sum(r["calls"] for r in rows) == 2, rows  # both layers
+    assert all(r["composite"].endswith("_packed_v") and r["attention"]["packed"] == packed for r in rows), rows
+    assert check_regions_against_kernel_model(partitioned) == len(rows)
 
 
 def test_gpt2_keeps_its_packed_projection():

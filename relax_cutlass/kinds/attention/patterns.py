@@ -25,15 +25,17 @@ class AttentionPatternSpec:
     region: the kernel reads each kv head for its whole group, and the repeat is never written)."""
 
     form: str
-    # q, k and v may be parts of one packed projection, read in place (`_packed`). Its own spec,
-    # tried first: where such a region is refused, the plain one still fuses the attention (the
-    # parts then written by TVM).
-    packed: bool = False
+    # Which of q, k and v are parts of one packed projection, read in place (`_packed`): "qkv" all
+    # three (GPT-2, BERT), "v" the value only (Llama, GPT-NeoX: their rotary q and k are computed
+    # from their parts, so TVM writes those anyway, but v reaches the attention through views
+    # only), "" none. Each its own spec, tried first: where such a region is refused, the plain one
+    # still fuses the attention (the parts then written by TVM).
+    packed: str = ""
 
     @property
     def name(self) -> str:
         form = "" if self.form == "op" else f"_{self.form}"
-        return f"{CODEGEN}.attention{form}" + ("_packed" if self.packed else "")
+        return f"{CODEGEN}.attention{form}" + {"": "", "qkv": "_packed", "v": "_packed_v"}[self.packed]
 
     @property
     def size(self) -> int:
@@ -49,9 +51,11 @@ class AttentionPatternSpec:
 # Grouped-query first: where its layout is refused (a repeat the kernel cannot read through
 # strides), the plain decomposed pattern still takes the attention, the repeat left to TVM.
 ATTENTION_SPECS = (
-    AttentionPatternSpec("softmax_gqa", packed=True),
+    AttentionPatternSpec("softmax_gqa", packed="qkv"),
+    AttentionPatternSpec("softmax_gqa", packed="v"),
     AttentionPatternSpec("softmax_gqa"),
-    AttentionPatternSpec("softmax", packed=True),
+    AttentionPatternSpec("softmax", packed="qkv"),
+    AttentionPatternSpec("softmax", packed="v"),
     AttentionPatternSpec("softmax"),
     AttentionPatternSpec("op"),
 )
@@ -173,7 +177,7 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     the region), softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
-    q_seen, k_seen, v_seen = (_packed(x) for x in (q, k, v)) if spec.packed else (q, k, v)
+    q_seen, k_seen, v_seen = (_packed(x) if r in spec.packed else x for x, r in zip((q, k, v), "qkv", strict=True))
     if spec.form == "softmax_gqa":
         k_seen, v_seen = _repeated_kv(k_seen), _repeated_kv(v_seen)
     if spec.form == "op":
