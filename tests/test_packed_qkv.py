@@ -115,8 +115,9 @@ def test_a_take_becomes_a_slice_only_where_it_is_one(order):
 
 def test_a_part_off_a_16_byte_boundary_is_copied_with_the_reason():
     """Parts of 12 columns (head dim 4, 3 heads) start at elements 12 and 24 of the rows: the
-    kernels' 16-byte vector loads cannot read them in place, so the packed region is refused
-    (the report says why) and the plain one fuses the attention from TVM's copies."""
+    kernels' 16-byte vector loads cannot read the key (24 bytes in) in place, so the packed region
+    is refused (the report says why) and the value-only one fuses the attention, q and k from
+    TVM's copies, v (48 bytes in) in place."""
     s, b, n, h = 8, 2, 3, 4
     p = relax.Var("p", relax.TensorType((b, s, 3 * n * h), "float16"))
     bb = relax.BlockBuilder()
@@ -135,8 +136,10 @@ def test_a_part_off_a_16_byte_boundary_is_copied_with_the_reason():
     report = relax_cutlass.offload_report(partition_for_cpu(bb.get(), "sm_90a"))
     text = str(report)
     assert "attention_softmax_packed refused (the key starts at element 12 of its packed projection's rows" in text
+    # the value, at element 24 (48 bytes), is still read in place; q and k from TVM's copies
     (row,) = [r for r in report.offloaded if r["op"] == "attention"]
-    assert "packed" not in row["attention"] and row["composite"] == "relax_cutlass.attention_softmax", text
+    assert row["composite"] == "relax_cutlass.attention_softmax_packed_v", text
+    assert row["attention"]["packed"] == {"value": [2, 24, 36]}, row
 
 
 @pytest.mark.nvcc

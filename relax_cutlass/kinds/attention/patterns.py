@@ -40,8 +40,9 @@ class AttentionPatternSpec:
     @property
     def size(self) -> int:
         # before every GEMM pattern: its matmuls must not be taken one by one; a packed one before
-        # the plain one (it takes the slices too), and reported where refused
-        return 101 if self.packed else 100
+        # the plain one (it takes the slices too), all three parts before the value alone, each
+        # reported where refused
+        return {"": 100, "v": 101, "qkv": 102}[self.packed]
 
     @property
     def epilogue(self) -> Epilogue:
