@@ -102,18 +102,16 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     blocker = _sm90_blocker(p)
     if blocker:
         return blocker
-    if p.head_dim == p.head_dim_value and p.head_dim in SM90_ATTENTION_TILES:
-        return None
-    padded = sm90_padded_head_dim(p)
-    if padded in SM90_ATTENTION_TILES and p.head_dim in SM90_PADDED_FIRST:
+    kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
+    if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
     dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
     reason = (
         f"head dims {p.head_dim}/{p.head_dim_value}: the SM90 attention kernel (CUTLASS examples/88) is "
         f"built for q/k and v head dims both {dims}"
     )
-    if padded:
-        reason += f"; it runs this one padded to {padded}, not yet measured faster (profiling times both)"
+    if kernel_head_dim is not None:
+        reason += f"; it runs this one padded to {kernel_head_dim}, not yet measured faster (profiling times both)"
     return reason + ": SM80 kernel"
 
 
@@ -226,8 +224,10 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     aligned = problem.alignment == 8
     note = attention_note(problem, arch, family)
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
+    if db is None:
+        return kernel
     padded = sm90_padded_kernels(problem, arch, family)
-    if db is None or (len(attention_tiles(problem)) < 2 and not padded):
+    if len(attention_tiles(problem)) < 2 and not padded:
         return kernel
     if not known or problem.seq_kv is None:
         return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))

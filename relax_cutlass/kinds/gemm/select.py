@@ -423,11 +423,8 @@ def _choose_sm90(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: in
     m = problem.m or m_hint
     pool = candidate_tiles_sm90(problem.element_accumulator, problem.element_a)
     if under_fills(m, problem.n, (128, 128), arch):
-        small = [
-            t
-            for t in pool
-            if t.scheduler == "default" and (t.threadblock, t.cluster, t.schedule) == sm90_underfilled_tile(problem)
-        ]
+        wanted = sm90_underfilled_tile(problem)
+        small = [t for t in pool if t.scheduler == "default" and (t.threadblock, t.cluster, t.schedule) == wanted]
         if small:
             return GemmKernel(problem, epilogue, small[0], arch=90, target=arch, selected_by="heuristic")
     return GemmKernel(
