@@ -118,12 +118,13 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 # below sm_90 and in a kernel launched without the attribute. A kernel launched with it must call
 # PdlWaitForPrerequisites() before its first global memory access: that waits until the kernels
 # before it have finished and their writes are visible.
-# RELAX_CUTLASS_PDL: unset or "1", PDL except on a stream being captured into a CUDA graph (TVM's
-# use_cuda_graph build): there the graph already removes the launch gaps, and on the H100 (session
-# 23, BERT-large 8 x 128, bench/pdl_ab.py) the graph with PDL ran 1.865 ms against 1.792 ms without,
-# while without graphs PDL saved 5% (1.943 against 2.043 ms). "always": PDL in graphs too (to
-# measure that again); "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs too for
-# those kinds' kernels only, to find which ones the graph loses on; "0": never.
+# RELAX_CUTLASS_PDL: unset or "1", each kind's default: PDL outside CUDA graphs everywhere, and inside
+# graph capture (TVM's use_cuda_graph build) for the SM90 GEMMs only. bench/pdl_ab.py on the H100,
+# BERT-large 8 x 128 in its CUDA-graph build (session 25): PDL kept in graphs for the GEMMs alone
+# 1.775 ms, for no kind 1.842, for the norms alone 2.001, for attention alone 1.838; without graphs
+# PDL saves 5% (session 23: 1.943 against 2.043 ms). "always": PDL in graphs for every kind;
+# "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs for those kinds' kernels only
+# ("always:none": in graphs for none, the default before session 25); "0": never.
 _PDL_SWITCH = """\
 #include <cstdlib>
 #include <cstring>
@@ -133,10 +134,10 @@ namespace {
 int PdlMode() {
   static const int mode = [] {
     const char* value = std::getenv("RELAX_CUTLASS_PDL");
-    if (value == nullptr) return 1;
+    if (value == nullptr) return DEFAULT_MODE;
     if (std::strcmp(value, "0") == 0) return 0;
     if (std::strcmp(value, "always") == 0) return 2;
-    if (std::strncmp(value, "always:", 7) != 0) return 1;
+    if (std::strncmp(value, "always:", 7) != 0) return DEFAULT_MODE;
     const char* kind = "KIND";
     const size_t length = std::strlen(kind);
     for (const char* p = value + 7; *p != '\\0';) {
@@ -164,9 +165,15 @@ bool LaunchWithPdl(cudaStream_t stream) {
 """
 
 
+# The kinds whose kernels keep PDL inside CUDA graphs by default (RELAX_CUTLASS_PDL above).
+PDL_IN_GRAPHS_BY_DEFAULT = frozenset({"gemm"})
+
+
 def pdl_switch(kind: str) -> str:
-    """The run-time PDL switch of one region kind's kernel unit (RELAX_CUTLASS_PDL above)."""
-    return _PDL_SWITCH.replace("KIND", kind)
+    """The run-time PDL switch of one region kind's kernel unit (RELAX_CUTLASS_PDL above): unset,
+    "1" or unknown, the kind's default mode (DEFAULT_MODE: 2 for PDL_IN_GRAPHS_BY_DEFAULT, else 1)."""
+    default = 2 if kind in PDL_IN_GRAPHS_BY_DEFAULT else 1
+    return _PDL_SWITCH.replace("KIND", kind).replace("DEFAULT_MODE", str(default))
 
 
 PDL_DEVICE = """\
