@@ -323,24 +323,28 @@ def test_choice_does_not_depend_on_the_hash_seed():
 
 
 @pytest.mark.parametrize(
-    "value, modes",
+    "value, modes, captured",
     [
-        # default: the GEMMs keep PDL inside CUDA graphs, the norms and attention do not (session 25)
-        (None, (2, 1, 1)),
-        ("1", (2, 1, 1)),
-        ("0", (0, 0, 0)),
-        ("always", (2, 2, 2)),
-        ("always:gemm", (2, 1, 1)),
-        ("always:norm+attention", (1, 2, 2)),
-        ("always:gem+normx", (1, 1, 1)),  # whole names only
-        ("always:", (1, 1, 1)),
-        ("always:none", (1, 1, 1)),  # the default before session 25, for bench/pdl_ab.py
+        # default: the GEMMs keep PDL inside CUDA graphs up to PDL_IN_GRAPHS_MAX_FLOPS per launch,
+        # the norms and attention do not (session 25)
+        (None, (3, 1, 1), "1 0 1 0 0"),
+        ("1", (3, 1, 1), "1 0 1 0 0"),
+        ("0", (0, 0, 0), "0 0 0 0 0"),
+        ("always", (2, 2, 2), "1 1 1 1 1"),
+        ("always:gemm", (2, 1, 1), "1 1 1 0 0"),
+        ("always:norm+attention", (1, 2, 2), "0 0 0 1 1"),
+        ("always:gem+normx", (1, 1, 1), "0 0 0 0 0"),  # whole names only
+        ("always:", (1, 1, 1), "0 0 0 0 0"),
+        ("always:none", (1, 1, 1), "0 0 0 0 0"),  # the default before session 25, for bench/pdl_ab.py
     ],
 )
-def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes):
+def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes, captured):
     """RELAX_CUTLASS_PDL as each kind's kernel unit reads it (templates.pdl_switch), built with the
     host compiler: "always:" and "+"-joined kinds keep PDL inside CUDA graphs for those kinds only
-    (bench/pdl_ab.py's way to find which kernels a graph loses on)."""
+    (bench/pdl_ab.py's way to find which kernels a graph loses on). `captured`: LaunchWithPdl on a
+    stream being captured, for a GEMM of 8.6 GFLOP (BERT-large's largest), one of 69 GFLOP
+    (llama_8b_2l's smallest) and one of unknown size, then a norm and an attention; outside a
+    graph every mode but 0 launches with PDL."""
     import os
     import shutil
     import subprocess
@@ -354,26 +358,36 @@ def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes):
     for kind in ("gemm", "norm", "attention"):
         # each unit's anonymous namespace, as in its own translation unit
         unit = pdl_switch(kind).replace("namespace {", f"namespace {kind}_unit {{", 1)
-        units.append(unit.replace("bool LaunchWithPdl(cudaStream_t stream)", "bool LaunchWithPdl(int)", 1))
+        units.append(unit.replace("bool LaunchWithPdl(cudaStream_t stream,", "bool LaunchWithPdl(int capturing,", 1))
     main = (
         "\n".join(units)
         + """
 #include <cstdio>
-int main() { std::printf("%d %d %d", gemm_unit::PdlMode(), norm_unit::PdlMode(), attention_unit::PdlMode()); }
+int main() {
+  std::printf("%d %d %d\\n", gemm_unit::PdlMode(), norm_unit::PdlMode(), attention_unit::PdlMode());
+  for (int capturing = 0; capturing < 2; ++capturing) {
+    std::printf("%d %d %d %d %d\\n", gemm_unit::LaunchWithPdl(capturing, 8.6e9),
+                gemm_unit::LaunchWithPdl(capturing, 6.9e10), gemm_unit::LaunchWithPdl(capturing),
+                norm_unit::LaunchWithPdl(capturing), attention_unit::LaunchWithPdl(capturing));
+  }
+}
 """
     )
-    # LaunchWithPdl needs the CUDA runtime; only PdlMode is exercised here
-    main = main.replace("cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;", "int capture = 0;")
+    # LaunchWithPdl needs the CUDA runtime; here `capturing` stands for the stream's capture status
+    main = main.replace("cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;", "int capture = capturing;")
     main = main.replace("if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {", "if (false) {")
     main = main.replace("cudaGetLastError();", "")
-    main = main.replace("return capture == cudaStreamCaptureStatusNone;", "return capture == 0;")
+    main = main.replace("if (capture == cudaStreamCaptureStatusNone) return true;", "if (capture == 0) return true;")
     (tmp_path / "pdl.cc").write_text(main)
     subprocess.run([cxx, "-O1", "-o", str(tmp_path / "pdl"), str(tmp_path / "pdl.cc")], check=True)
     env = {k: v for k, v in os.environ.items() if k != "RELAX_CUTLASS_PDL"}
     if value is not None:
         env["RELAX_CUTLASS_PDL"] = value
     out = subprocess.run([str(tmp_path / "pdl")], check=True, capture_output=True, text=True, env=env).stdout
-    assert tuple(int(x) for x in out.split()) == modes
+    mode_line, outside, inside = out.splitlines()
+    assert tuple(int(x) for x in mode_line.split()) == modes
+    assert outside == ("0 0 0 0 0" if value == "0" else "1 1 1 1 1")
+    assert inside == captured
 
 
 def test_sm90_kernels_launch_as_programmatic_dependents():
@@ -382,7 +396,9 @@ def test_sm90_kernels_launch_as_programmatic_dependents():
     first; CUTLASS 2.x (SM80) kernels have no such launch."""
     text = emit_kernel(region(dense_epilogue_model(512, 256, 128)).kernel).text
     assert text.index("#define CUTLASS_ENABLE_GDC_FOR_SM90") < text.index("#include")
-    assert "/*launch_with_pdl=*/LaunchWithPdl(stream))" in text and 'getenv("RELAX_CUTLASS_PDL")' in text
+    assert (
+        "/*launch_with_pdl=*/LaunchWithPdl(stream, 2.0 * m * n * k))" in text and 'getenv("RELAX_CUTLASS_PDL")' in text
+    )
     # the switch asks whether the stream is being captured: in CUDA graphs only the GEMMs keep PDL
     # by default (session 25, bench/pdl_ab.py)
     assert "cudaStreamIsCapturing(stream, &capture)" in text

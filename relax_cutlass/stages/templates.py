@@ -118,19 +118,27 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 # below sm_90 and in a kernel launched without the attribute. A kernel launched with it must call
 # PdlWaitForPrerequisites() before its first global memory access: that waits until the kernels
 # before it have finished and their writes are visible.
-# RELAX_CUTLASS_PDL: unset or "1", each kind's default: PDL outside CUDA graphs everywhere, and inside
-# graph capture (TVM's use_cuda_graph build) for the SM90 GEMMs only. bench/pdl_ab.py on the H100,
-# BERT-large 8 x 128 in its CUDA-graph build (session 25): PDL kept in graphs for the GEMMs alone
-# 1.775 ms, for no kind 1.842, for the norms alone 2.001, for attention alone 1.838; without graphs
-# PDL saves 5% (session 23: 1.943 against 2.043 ms). "always": PDL in graphs for every kind;
-# "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs for those kinds' kernels only
-# ("always:none": in graphs for none, the default before session 25); "0": never.
+# RELAX_CUTLASS_PDL: unset or "1", each kind's default: PDL outside CUDA graphs everywhere; inside
+# graph capture (TVM's use_cuda_graph build) for the SM90 GEMMs of at most PDL_IN_GRAPHS_MAX_FLOPS
+# only. Measured with bench/pdl_ab.py on the H100 (session 25), CUDA-graph builds:
+#   BERT-large 8 x 128: PDL in graphs for the GEMMs alone 1.775 ms, for no kind 1.842, for the norms
+#     alone 2.001, for attention alone 1.838 (a second machine: GEMMs 1.760, none 1.794);
+#   GEMMs in graphs against none: GPT-2 0.591 against 0.637 ms, Llama-GQA 0.499 / 0.505, Phi-3
+#     0.492 / 0.496, but llama_8b_2l (hidden 4096, 1 x 2048; GEMMs of 69-240 GFLOP) 3.215 / 2.997.
+# PDL hides a GEMM's launch and prologue (1.5-2 us, session 8) behind the kernel before it: that
+# matters for short GEMMs and not for ones of 100 us and more, which lost 7% here (why is not
+# known), so those launch plainly inside graphs. Without graphs PDL saves 5% on BERT-large
+# (session 23: 1.943 against 2.043 ms). "always": PDL in graphs for every kind and size;
+# "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs for those kinds' kernels only,
+# every size ("always:none": in graphs for none, the default before session 25); "0": never.
+PDL_IN_GRAPHS_MAX_FLOPS = 4e10  # about 55 us at the H100's 700-770 TFLOP/s; BERT-large's largest 8.6e9
 _PDL_SWITCH = """\
 #include <cstdlib>
 #include <cstring>
 namespace {
 // This unit's kernels' RELAX_CUTLASS_PDL mode: 0 never, 1 except while the stream is captured into
-// a CUDA graph, 2 always ("always", or "always:" and a "+"-joined list of kinds that names KIND)
+// a CUDA graph, 2 always ("always", or "always:" and a "+"-joined list of kinds that names KIND),
+// 3 as 1, and while captured too for work of at most MAX_FLOPS flops (the GEMMs' default)
 int PdlMode() {
   static const int mode = [] {
     const char* value = std::getenv("RELAX_CUTLASS_PDL");
@@ -151,29 +159,32 @@ int PdlMode() {
   }();
   return mode;
 }
-bool LaunchWithPdl(cudaStream_t stream) {
+// Whether this launch, of `flops` work (0: unknown), is a programmatic dependent one.
+bool LaunchWithPdl(cudaStream_t stream, double flops = 0.0) {
   const int mode = PdlMode();
-  if (mode != 1) return mode == 2;
+  if (mode == 0 || mode == 2) return mode == 2;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();  // not this call's error to report: launch as outside a graph
     return true;
   }
-  return capture == cudaStreamCaptureStatusNone;
+  if (capture == cudaStreamCaptureStatusNone) return true;
+  return mode == 3 && flops <= MAX_FLOPS;
 }
 }  // namespace
 """
 
-
-# The kinds whose kernels keep PDL inside CUDA graphs by default (RELAX_CUTLASS_PDL above).
+# The kinds whose kernels keep PDL inside CUDA graphs by default, up to PDL_IN_GRAPHS_MAX_FLOPS of
+# work per launch (RELAX_CUTLASS_PDL above; their launches pass the flops).
 PDL_IN_GRAPHS_BY_DEFAULT = frozenset({"gemm"})
 
 
 def pdl_switch(kind: str) -> str:
     """The run-time PDL switch of one region kind's kernel unit (RELAX_CUTLASS_PDL above): unset,
-    "1" or unknown, the kind's default mode (DEFAULT_MODE: 2 for PDL_IN_GRAPHS_BY_DEFAULT, else 1)."""
-    default = 2 if kind in PDL_IN_GRAPHS_BY_DEFAULT else 1
-    return _PDL_SWITCH.replace("KIND", kind).replace("DEFAULT_MODE", str(default))
+    "1" or unknown, the kind's default mode (3 for PDL_IN_GRAPHS_BY_DEFAULT, else 1)."""
+    default = 3 if kind in PDL_IN_GRAPHS_BY_DEFAULT else 1
+    text = _PDL_SWITCH.replace("KIND", kind).replace("DEFAULT_MODE", str(default))
+    return text.replace("MAX_FLOPS", f"{PDL_IN_GRAPHS_MAX_FLOPS:.1e}")
 
 
 PDL_DEVICE = """\

@@ -68,12 +68,14 @@ def sm90_candidate_first(
 
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
 # padded (`sm90_padded_head_dim`), as measured on the H100 (session 25, fp16, bench/attention_sdpa.py,
-# bench/results/2026-11-27-session25-attention-sdpa-padded-nvidia-h100.json): Phi-3's 96 on the
-# cooperative head-dim-128 kernel ran at 306-473 TFLOP/s (0.66-1.03x torch's sdpa) against the SM80
-# kernel's 110-153 (0.30-0.41x), seq 512 to 4096, causal and not. Elsewhere the SM80 kernel stays
-# the heuristic's choice and profiling times the padded SM90 kernels beside it, each checked
-# against the reference before it can win.
-SM90_PADDED_FIRST: set[int] = {96}
+# seq 512 to 4096, causal and not; bench/results/2026-11-27-session25-attention-sdpa-padded-*.json):
+#   96 (Phi-3) on the head-dim-128 cooperative kernel: 178-473 TFLOP/s (0.66-1.03x torch's sdpa),
+#      the SM80 kernel 110-153 (0.30-0.41x);
+#   80 (Phi-2) likewise: 157-401 TFLOP/s (0.67-1.08x sdpa), the SM80 kernel 91-127;
+#   32 on the head-dim-64 ping-pong kernel: 111-227 TFLOP/s (0.80-0.94x sdpa), the SM80 kernel 62-85.
+# Every other head dim keeps the SM80 kernel as the heuristic's choice until measured, and profiling
+# times the padded SM90 kernels beside it, each checked against the reference before it can win.
+SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 
 
 def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:

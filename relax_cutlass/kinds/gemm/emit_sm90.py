@@ -119,7 +119,7 @@ SM90_INCLUDES = """\
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/util/packed_stride.hpp"
 """ + pdl_switch("gemm")
-SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl(stream))"
+SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl(stream, 2.0 * m * n * k))"
 # The switch (CollectiveFamily.pdl_define) and the launch go together: a kernel without the waits
 # must never be launched early.
 # CUTLASS 4.2's stream-K scheduler does not compile with the switch (its const `is_last_tile`
