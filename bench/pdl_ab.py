@@ -4,8 +4,9 @@
                            [--settings 1,0,always]
 
 Every SM90 GEMM, norm and SM90 attention kernel reads RELAX_CUTLASS_PDL once per process, so each
-setting ("1": the default, PDL except inside CUDA-graph capture; "0": never; "always"; "always:gemm",
-"always:norm+attention": in graphs too for those kinds only) is timed in
+setting ("1": the default, PDL except inside CUDA-graph capture, where only GEMMs of at most 40
+GFLOP keep it; "0": never; "always"; "always:gemm", "always:norm+attention": in graphs too for
+those kinds only; "always:none": in graphs for none) is timed in
 its own child process, the settings in turn for each round (clocks drift over a run),
 on the same inputs (the zoo model's example, saved once). The outputs of every setting must be
 identical: PDL changes when a kernel is scheduled, never what it computes. Prints a table and

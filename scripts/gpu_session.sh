@@ -53,7 +53,7 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   # $OUT brings back at most 8 files: one archive of the logs and records, and the zoo's JSON
   if [[ -n ${OUT:-} && $OUT != build/session ]]; then
     tar czf "$OUT/session.tgz" build/session \
-      $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log 2>/dev/null)
+      $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log build/zoo/pdl_ab.json 2>/dev/null)
     cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
     # the kernel objects compiled so far, for the next machine (carry build/kernel-carry): kept
     # only under $OUT's 16 MiB a file, so without what is cheap to redo and never hit again (the
