@@ -169,6 +169,11 @@ def sm90_padded_kernels(problem: AttentionProblem, arch: int, family: str = "aut
     return sm90_attention_kernels(problem, arch)
 
 
+def _noted(kernel: AttentionKernel, why: str) -> str:
+    """`kernel`'s note (why its family, or its padding), then `why` (how the tuning chose)."""
+    return "; ".join(filter(None, [kernel.note, why]))
+
+
 def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
     """The head dim's measured first tile and schedule (SM90_ATTENTION_FIRST_SCHEDULE), or the
     tuning database's measured candidate for a static problem."""
@@ -177,18 +182,15 @@ def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
     if db is None:
         return kernel
 
-    def noted(k: AttentionKernel, why: str) -> str:
-        return "; ".join(filter(None, [k.note, why]))  # k.note: the padding, if any
-
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
-        return dataclasses.replace(kernel, note=noted(kernel, "symbolic sizes: heuristic"))
+        return dataclasses.replace(kernel, note=_noted(kernel, "symbolic sizes: heuristic"))
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch, 90))
     by_label = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in kernels}
     why = _unusable(record, choice, by_label, next(iter(by_label)))
     if why:
-        return dataclasses.replace(kernel, note=noted(kernel, f"{why}: heuristic"))
+        return dataclasses.replace(kernel, note=_noted(kernel, f"{why}: heuristic"))
     chosen = by_label[choice[0]]
-    return dataclasses.replace(chosen, selected_by="tuned", note=noted(chosen, tuned_note))
+    return dataclasses.replace(chosen, selected_by="tuned", note=_noted(chosen, tuned_note))
 
 
 def _unusable(record, choice, candidates: dict, heuristic: str) -> str | None:
@@ -235,7 +237,7 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     if len(attention_tiles(problem)) < 2 and not padded:
         return kernel
     if not known or problem.seq_kv is None:
-        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, "symbolic sizes: heuristic"])))
+        return dataclasses.replace(kernel, note=_noted(kernel, "symbolic sizes: heuristic"))
     record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
     candidates = {
         attention_label(q, k): dataclasses.replace(kernel, queries_per_block=q, keys_per_block=k)
@@ -244,11 +246,9 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     candidates |= {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in padded}
     why = _unusable(record, choice, candidates, attention_label(queries, keys))
     if why:
-        return dataclasses.replace(kernel, note="; ".join(filter(None, [note, f"{why}: heuristic"])))
-    chosen = candidates[choice[0]]
-    if chosen.arch == 90:  # measured faster than the SM80 kernel, padded
-        return dataclasses.replace(chosen, selected_by="tuned", note="; ".join(filter(None, [chosen.note, tuned_note])))
-    return dataclasses.replace(chosen, selected_by="tuned", note="; ".join(filter(None, [note, tuned_note])))
+        return dataclasses.replace(kernel, note=_noted(kernel, f"{why}: heuristic"))
+    chosen = candidates[choice[0]]  # an SM80 tile (its note the family's), or a padded SM90 kernel
+    return dataclasses.replace(chosen, selected_by="tuned", note=_noted(chosen, tuned_note))
 
 
 def attention_label(queries: int, keys: int, schedule: str = "") -> str:
