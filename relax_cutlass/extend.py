@@ -43,6 +43,7 @@ from tvm.relax.dpl import pattern as dpl
 from .kinds import epilogue_patterns as patterns
 from .kinds.epilogue import ACTIVATIONS, Activation
 from .kinds.epilogue_templates import ACTIVATION_CHECK_PROGRAM, ACTIVATION_FUNCTOR
+from .stages.literals import cxx_float
 from .stages.patterns import clear_caches
 
 __all__ = [
@@ -228,7 +229,7 @@ def evaluate_functor(activation: Activation, xs: np.ndarray, arch: str | int = "
     source = ACTIVATION_CHECK_PROGRAM.substitute(
         definition=activation.definition,
         functor=activation.functor,
-        inputs=", ".join(f"{float(v)!r}f" if np.isfinite(v) else "0.0f" for v in xs),
+        inputs=", ".join(cxx_float(v) for v in xs),
     )
     tc = toolchain()
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:

@@ -714,3 +714,20 @@ def test_operand_casts_move_bit_identically(scales, in_float16, dtype):
         results.append(run_vm(vm, [x_np, w_np]))
     np.testing.assert_array_equal(results[0].view("uint16"), results[1].view("uint16"))
     assert np.isfinite(results[0].astype("float32")).any()  # the comparison saw numbers, not only inf/NaN
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_attention_with_scale_one_builds(arch):
+    """A speech encoder's attention has scale exactly 1: its glue was written with the C++ literal
+    `1f`, which g++ rejects, and the whole build raised. Built for real here (kernel, glue, link)."""
+    import warnings
+
+    import relax_cutlass
+
+    mod = op_attention(b=2, s=128, n=8, h=64, scale=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a region sent back to TVM warns
+        built = relax_cutlass.offload_pipeline(arch, profile="never")(mod)
+    (row,) = relax_cutlass.offload_report(built).offloaded
+    assert row["attention"]["scale"] == 1.0 and built.attrs["external_mods"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..stages.literals import cxx_float
 from .epilogue_templates import GELU16_FUNCTOR, SIGMOID16_FUNCTOR
 
 # Relax dtype -> CUTLASS element type.
@@ -51,7 +52,7 @@ _GELU16 = Activation(
     "RelaxCutlassGelu16",
     is_heavy=True,
     definition=GELU16_FUNCTOR.substitute(
-        functor="RelaxCutlassGelu16", **{f"c{i}": f"{c:.9g}" for i, c in enumerate(GELU16_LOG2_TAIL)}
+        functor="RelaxCutlassGelu16", **{f"c{i}": cxx_float(c) for i, c in enumerate(GELU16_LOG2_TAIL)}
     ),
 )
 

@@ -57,12 +57,12 @@ struct $functor {
   CUTLASS_HOST_DEVICE T operator()(T const& value) const {
     float const x = static_cast<float>(value);
     float const t = fabsf(x);
-    float p = ${c5}f;
-    p = fmaf(p, t, ${c4}f);
-    p = fmaf(p, t, ${c3}f);
-    p = fmaf(p, t, ${c2}f);
-    p = fmaf(p, t, ${c1}f);
-    p = fmaf(p, t, ${c0}f);
+    float p = ${c5};
+    p = fmaf(p, t, ${c4});
+    p = fmaf(p, t, ${c3});
+    p = fmaf(p, t, ${c2});
+    p = fmaf(p, t, ${c1});
+    p = fmaf(p, t, ${c0});
     float tail;
 #if defined(__CUDA_ARCH__)
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(tail) : "f"(p));

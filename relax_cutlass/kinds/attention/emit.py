@@ -8,6 +8,7 @@ import tempfile
 
 from ...stages.compile import Source, _pkg_dir, cache_dir
 from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...stages.literals import cxx_float
 from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
@@ -94,7 +95,7 @@ def attention_glue_function(region: AttentionRegion) -> str:
         head_dim=p.head_dim,
         head_dim_value=p.head_dim_value,
         operands=",\n      ".join(operands),
-        scale=format(p.scale, ".9g"),
+        scale=cxx_float(p.scale),
         bias=bias,
         causal=CAUSAL_CODE[p.causal],
         kv_group=p.kv_group,

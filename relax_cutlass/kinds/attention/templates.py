@@ -296,7 +296,7 @@ $shape_checks
   }
   RelaxCutlassAttentionArgs args{batch, $heads, seq_q, seq_kv, $head_dim, $head_dim_value,
       $operands,
-      const_cast<void*>(Data(out)), ${scale}f${bias}};
+      const_cast<void*>(Data(out)), ${scale}${bias}};
   args.causal = $causal;
   args.kv_group = $kv_group;
 """

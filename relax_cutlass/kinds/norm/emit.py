@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...stages.compile import Source
 from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...stages.literals import cxx_float
 from ...stages.templates import PDL_DEVICE, pdl_switch
 from .records import BYTES, NormKernel, NormRegion
 from .templates import ARGS, ARGS_TYPE, CTYPES, GLUE_FUNCTION, KERNEL_TU
@@ -30,7 +31,7 @@ def emit_kernel(kernel: NormKernel) -> Source:
         rms=str(p.norm == "rms_norm").lower(),
         scale=str(p.gamma_dtype is not None).lower(),
         center=str(p.beta_dtype is not None).lower(),
-        epsilon=repr(float(p.epsilon)),
+        epsilon=cxx_float(p.epsilon),
         n=p.n,
         vec=layout.vec,
         row_threads=layout.row_threads,

@@ -57,7 +57,7 @@ constexpr bool kResidual = $residual;
 constexpr bool kRms = $rms;
 constexpr bool kScale = $scale;
 constexpr bool kCenter = $center;
-constexpr float kEpsilon = static_cast<float>($epsilon);
+constexpr float kEpsilon = $epsilon;
 constexpr int kN = $n;
 constexpr int kVec = $vec;                // elements per vector access
 constexpr int kRowThreads = $row_threads;  // threads per row: 32 = a warp per row
