@@ -3,10 +3,19 @@ the pipeline never crashes on it, the model still computes the same values, the 
 says why, and a warning asks for a bug report."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import tvm
-from harness import build_cpu, offload_pipeline_on_cpu, random_inputs, rel_error, run_vm
+from harness import (
+    build_cpu,
+    offload_pipeline_on_cpu,
+    partition_for_cpu,
+    random_inputs,
+    rel_error,
+    run_vm,
+    serve_regions_on_cpu,
+)
 from tvm.script import relax as R
 
 import relax_cutlass
@@ -49,7 +58,7 @@ def test_a_region_that_fails_to_plan_runs_in_tvm(monkeypatch):
     _refuse_n(monkeypatch, 64)
     inputs = random_inputs(TwoLayers)
     expected = run_vm(build_cpu(TwoLayers), inputs)
-    with pytest.warns(UserWarning, match="could not offload .*, so it runs in TVM: KeyError.*relax_cutlass bug"):
+    with pytest.warns(UserWarning, match="could not offload a region, so it runs in TVM: .*KeyError.*bug"):
         rewritten = offload_pipeline_on_cpu(TwoLayers)
     got = run_vm(build_cpu(rewritten), inputs)
     assert rel_error(got, expected) <= 1e-2
@@ -95,3 +104,108 @@ def test_a_kernel_that_does_not_compile_returns_its_regions(monkeypatch, tmp_pat
     failed = codegen.compile_kernels(regions, options)
     assert list(failed) == [regions[0].symbol]
     assert "did not compile" in failed[regions[0].symbol] and "test's compile failure" in failed[regions[0].symbol]
+
+
+# Failures injected into a real build (nvcc for sm_80, the host compiler, the linker): the region
+# that breaks goes back to TVM alone, the other is still offloaded, one warning names it, the
+# report gives the compiler's first error line, and the model computes what TVM's build computes.
+
+
+def _injected_build(monkeypatch, inject) -> tuple[tvm.IRModule, list]:
+    """offload_pipeline("sm_80") of TwoLayers with `inject(bad_region)` applied; -> (module, regions)."""
+    from relax_cutlass.pipeline import partition_as_offloaded
+    from relax_cutlass.stages.constants import offloaded_functions
+
+    options = codegen.CodegenOptions.create("sm_80", profile="never")
+    part = partition_as_offloaded(TwoLayers, "sm_80")
+    regions = codegen.plan_regions([f for _, f in offloaded_functions(part)], options)
+    assert len({k.name for r in regions for k in r.kernels}) == 2  # one kernel each: one can fail alone
+    inject(regions[0])
+    with pytest.warns(UserWarning) as caught:
+        rewritten = relax_cutlass.offload_pipeline("sm_80", profile="never")(TwoLayers)
+    offload_warnings = [str(w.message) for w in caught if "could not offload" in str(w.message)]
+    assert len(offload_warnings) == 1 and regions[0].symbol in offload_warnings[0], offload_warnings
+    return rewritten, regions
+
+
+def _check_runs_like_tvm(rewritten: tvm.IRModule, regions: list, why: str) -> None:
+    report = relax_cutlass.offload_report(rewritten)
+    assert [r["symbol"] for r in report.offloaded] == [regions[1].symbol], report
+    (left,) = report.left_in_tvm
+    assert why in left["reasons"][0] and "injected" in left["reasons"][0], left
+    assert len(left["reasons"][0]) < 1000  # the first error line, not the whole log
+    # the kept region's extern is served by its composite here; the returned one is TVM's own
+    serve_regions_on_cpu(partition_for_cpu(TwoLayers, "sm_80"))
+    inputs = random_inputs(TwoLayers)
+    expected = run_vm(build_cpu(TwoLayers), inputs)
+    got = run_vm(build_cpu(rewritten.without_attr("external_mods")), inputs)
+    assert rel_error(got, expected) <= 1e-2
+
+
+@pytest.mark.nvcc
+def test_a_kernel_that_does_not_compile_runs_in_tvm(monkeypatch):
+    def inject(bad):
+        emit = codegen.emit_kernel
+
+        def broken(kernel):
+            source = emit(kernel)
+            if kernel.name == bad.kernels[0].name:
+                source = dataclasses.replace(source, text=source.text + "\n#error injected kernel failure\n")
+            return source
+
+        monkeypatch.setattr(codegen, "emit_kernel", broken)
+
+    rewritten, regions = _injected_build(monkeypatch, inject)
+    _check_runs_like_tvm(rewritten, regions, "did not compile")
+
+
+@pytest.mark.nvcc
+def test_a_glue_that_does_not_compile_runs_in_tvm(monkeypatch):
+    def inject(bad):
+        emit = codegen.emit_glue
+
+        def broken(regions, module_name):
+            source = emit(regions, module_name)
+            if any(r.symbol == bad.symbol for r in regions):
+                source = dataclasses.replace(source, text=source.text + "\n#error injected glue failure\n")
+            return source
+
+        monkeypatch.setattr(codegen, "emit_glue", broken)
+
+    rewritten, regions = _injected_build(monkeypatch, inject)
+    _check_runs_like_tvm(rewritten, regions, "host glue did not compile")
+
+
+@pytest.mark.nvcc
+def test_a_kernel_that_fails_its_sass_check_runs_in_tvm(monkeypatch):
+    from relax_cutlass.stages import sass_check
+
+    def inject(bad):
+        verify = sass_check.verify_object
+
+        def stub(obj, name, family, arch):
+            if name == bad.kernels[0].name:
+                record = {"counts": {"HMMA": 0}, "command": ["cuobjdump"], "sass": ["sm_80"]}
+                raise sass_check.StubKernelError(f"{name} (injected)", arch, family or "sm80", record, obj)
+            return verify(obj, name, family, arch)
+
+        monkeypatch.setattr(sass_check, "verify_object", stub)
+
+    rewritten, regions = _injected_build(monkeypatch, inject)
+    _check_runs_like_tvm(rewritten, regions, "failed its SASS check")
+
+
+@pytest.mark.nvcc
+def test_a_module_that_does_not_link_returns_the_region_that_breaks_it(monkeypatch):
+    def inject(bad):
+        link = codegen.link_relocatable
+
+        def broken(objects, name):
+            if any(Path(o).name.startswith(bad.kernels[0].name + "-") for o in objects):
+                raise CompileError(Path(objects[0]), ["ld", "-r"], "ld: error: injected link failure")
+            return link(objects, name)
+
+        monkeypatch.setattr(codegen, "link_relocatable", broken)
+
+    rewritten, regions = _injected_build(monkeypatch, inject)
+    _check_runs_like_tvm(rewritten, regions, "link or load failed")

@@ -24,9 +24,10 @@ from ..arch import parse_arch, resolve_family
 from ..kinds import CODEGEN, kind_of
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from ..kinds.ir import json_attr
-from .compile import cache_dir, compile_all, link_relocatable
+from .compile import cache_dir, compile_all, failure_summary, link_relocatable
 from .emit import emit_glue, emit_kernel
 from .regions import RegionError, analyze, make_region
+from .sass_check import StubKernelError
 from .tuning import TuningDatabase
 
 REGIONS_ATTR = "relax_cutlass.regions"
@@ -183,7 +184,10 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
             run_profiler(Path(tmp), Path(options.tuning_db), log=progress)
 
 
-def build_regions(regions: list, options: CodegenOptions, module_name: str):
+MODULE_NAME = f"{CODEGEN}_module"
+
+
+def build_regions(regions: list, options: CodegenOptions, module_name: str = MODULE_NAME):
     """Emit, compile (cached, parallel) and link one static-library module for these regions."""
     kernels = {k.name: k for r in regions for k in r.kernels}
     sources = [emit_kernel(k) for k in kernels.values()]
@@ -193,6 +197,38 @@ def build_regions(regions: list, options: CodegenOptions, module_name: str):
     return tvm.runtime.load_static_library(str(merged), [r.symbol for r in regions])
 
 
+def module_failures(regions: list, options: CodegenOptions) -> dict[str, str]:
+    """Build the module of these regions (kernels compiled already) as RunCodegen will: host glue,
+    link, load. Where that fails, find the regions that break it, so that only they return to TVM:
+    each region's glue compiled alone (in parallel), then linked and loaded alone. {symbol: why}."""
+    if not regions:
+        return {}
+    try:
+        build_regions(regions, options)
+        return {}
+    except Exception as err:
+        whole = failure_summary(err)
+    if len(regions) == 1:
+        return {regions[0].symbol: f"its host glue or link failed: {whole}"}
+    glue = {r.symbol: emit_glue([r], f"{MODULE_NAME}_{r.symbol}") for r in regions}
+    errors: dict[str, Exception] = {}
+    compile_all(list(glue.values()), options.arch, options.jobs, errors)
+    failed = {
+        r.symbol: f"its host glue did not compile: {failure_summary(errors[glue[r.symbol].name])}"
+        for r in regions
+        if glue[r.symbol].name in errors
+    }
+    for region in regions:
+        if region.symbol not in failed:
+            try:
+                build_regions([region], options, f"{MODULE_NAME}_{region.symbol}")
+            except Exception as err:
+                failed[region.symbol] = f"its link or load failed: {failure_summary(err)}"
+    if not failed:  # each region builds alone, only not together: none can be blamed alone
+        return {r.symbol: f"the module of all regions did not build: {whole}" for r in regions}
+    return failed | module_failures([r for r in regions if r.symbol not in failed], options)
+
+
 @tvm_ffi.register_global_func(f"relax.ext.{CODEGEN}", override=True)
 def _relax_ext_codegen(functions, options, _constant_names):
     """Entry point RunCodegen calls with all functions annotated Codegen="relax_cutlass"."""
@@ -200,7 +236,7 @@ def _relax_ext_codegen(functions, options, _constant_names):
     regions = plan_regions(list(functions), opts)
     if not regions or not opts.compile:
         return []
-    return [build_regions(regions, opts, f"{CODEGEN}_module")]
+    return [build_regions(regions, opts)]
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.CutlassCodegen")
@@ -227,6 +263,9 @@ class CutlassCodegen:
         regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options, failed)
         if self.options.compile:
             failed |= compile_kernels(regions, self.options)
+            # the module RunCodegen builds from what is left: its glue, link and load checked here
+            # (every object is cached, so RunCodegen's own build compiles nothing again)
+            failed |= module_failures([r for r in regions if r.symbol not in failed], self.options)
         if failed:
             mod = return_to_tvm(mod, failed)
             regions = [r for r in regions if r.symbol not in failed]
@@ -244,11 +283,15 @@ def compile_kernels(regions: list, options: CodegenOptions) -> dict[str, str]:
     kernels = {k.name: k for r in regions for k in r.kernels}
     compile_all([emit_kernel(k) for k in kernels.values()], options.arch, options.jobs, failures)
     return {
-        region.symbol: f"kernel {name} did not compile: {type(err).__name__}: {str(err)[:600]}"
+        region.symbol: f"kernel {name} {_failed(err)}: {failure_summary(err)}"
         for region in regions
         for name, err in failures.items()
         if any(k.name == name for k in region.kernels)
     }
+
+
+def _failed(err: Exception) -> str:
+    return "failed its SASS check" if isinstance(err, StubKernelError) else "did not compile"
 
 
 RETURNED_ATTR = "relax_cutlass.returned_to_tvm"
@@ -263,6 +306,7 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
     from .constants import composite_of, offloaded_functions
 
     returned = json_attr(mod, RETURNED_ATTR, {})
+    now_returned = []
     for gv, func in list(offloaded_functions(mod)):
         symbol = str(func.attrs["global_symbol"])
         if symbol not in failed:
@@ -280,5 +324,9 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
             "relax_cutlass.returned", symbol
         )
         returned[gv.name_hint] = failed[symbol]
-        warnings.warn(f"relax_cutlass could not offload {symbol}, so it runs in TVM: {failed[symbol]}", stacklevel=3)
+        now_returned.append(f"{symbol}: {failed[symbol]}")
+    if now_returned:  # one warning per build, however many regions went back
+        many = len(now_returned) > 1
+        count = f"{len(now_returned)} regions, which run in TVM" if many else "a region, so it runs in TVM"
+        warnings.warn(f"relax_cutlass could not offload {count}: " + "; ".join(now_returned), stacklevel=3)
     return mod.with_attr(RETURNED_ATTR, json.dumps(returned))

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -35,6 +36,7 @@ __all__ = [
     "cache_dir",
     "compile_all",
     "cxx_runtime_symbols",
+    "failure_summary",
     "link_relocatable",
 ]
 
@@ -48,6 +50,21 @@ class CompileError(RuntimeError):
             f"compiling {source_path} failed (source kept there for inspection):\n"
             f"$ {' '.join(command)}\n{log.strip()[-8000:]}"
         )
+
+    @property
+    def first_error(self) -> str:
+        """The compiler's first error line (else its first line): what a report has room for."""
+        lines = [line.strip() for line in self.log.splitlines() if line.strip()]
+        return next((line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)), lines[0] if lines else "")
+
+
+def failure_summary(err: Exception) -> str:
+    """One line on why a source did not build: a CompileError's first error line and where its source
+    was kept; any other error's type and first line."""
+    if isinstance(err, CompileError):
+        return f"{err.first_error or type(err).__name__} (source kept at {err.source_path})"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
 @dataclass(frozen=True)
