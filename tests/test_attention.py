@@ -731,3 +731,45 @@ def test_attention_with_scale_one_builds(arch):
         built = relax_cutlass.offload_pipeline(arch, profile="never")(mod)
     (row,) = relax_cutlass.offload_report(built).offloaded
     assert row["attention"]["scale"] == 1.0 and built.attrs["external_mods"]
+
+
+def op_attention_bias(bias_shape, causal=None, b=2, s=16, t=16, n=4, h=16, bias_dtype=F16):
+    """R.nn.attention(q, k, v, bias) on BSNH tensors: TVM's relax.nn.attention_bias (inputs x, y,
+    z: q, k, v, then the bias)."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(name, _tensor((b, rows, n, h))) for name, rows in (("x", s), ("y", t), ("z", t)))
+    bias = relax.Var("bias", _tensor(bias_shape, bias_dtype))
+    with bb.function("main", [q, k, v, bias]):
+        with bb.dataflow():
+            gv = bb.emit_output(bb.emit(relax.op.nn.attention(q, k, v, bias, causal_mask=causal)))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 16, 24), (2, 1, 16, 24), (2, 1, 1, 24), (1, 4, 16, 24), (1, 1, 1, 24)])
+@pytest.mark.parametrize("causal", [None, "TopLeft", "BottomRight"])
+def test_attention_op_with_a_bias_is_offloaded_and_correct(bias_shape, causal):
+    """Relax's own attention op given a bias (what hand-written modules and other frontends give)
+    was neither offloaded nor reported; every broadcast of the (B, N, S, T) bias reads through
+    strides (0 where broadcast), with TVM's causal masks on top."""
+    mod = op_attention_bias(bias_shape, causal, t=24)
+    (row,) = offload_report(mod, "sm_80").offloaded
+    assert row["composite"] == "relax_cutlass.attention_op_bias"
+    # masked keys where no causal mask could leave a query row without any (NaN, in TVM too)
+    compare_on_cpu(mod, masked_inputs(mod, full_row=False) if causal is None else random_inputs(mod))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"bias_dtype": "float32"}, "the additive mask/bias is float32, but the kernel reads it as float16"),
+        ({"h": 6}, "head dims 6/6 must be multiples of 4"),
+    ],
+)
+def test_attention_op_with_a_bias_left_in_tvm_is_reported(kwargs, reason):
+    report = offload_report(op_attention_bias((2, 4, 16, 16), **kwargs), "sm_80")
+    assert not report.offloaded
+    (left,) = report.left_in_tvm
+    assert left["op"] == "attention op" and reason in left["reasons"][0], left

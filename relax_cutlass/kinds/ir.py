@@ -154,3 +154,15 @@ def json_attr(mod: tvm.IRModule, name: str, default):
     refusals, returned regions), or `default` where the attribute is absent."""
     attrs = mod.attrs or {}
     return json.loads(str(attrs[name])) if name in attrs else default
+
+
+def rules_at(pattern_of, rules, spec, call: relax.Call, var2val) -> list[str] | None:
+    """The legality problems `rules` (a kind's) finds in `call` matched as the output of `spec`'s
+    pattern (`pattern_of(spec)`: one that ends at its root op), or None where it does not match
+    there: why an op a kind knows stayed in TVM, for the kind's `left_in_tvm` report row."""
+    pattern, annotations = pattern_of(spec)
+    matched = pattern.extract_matched_expr(call, var2val)
+    if matched is None:
+        return None
+    ann = {name: matched[p] for name, p in annotations.items() if p in matched}
+    return rules(spec, ann, call, var2val)

@@ -7,14 +7,15 @@ import tvm
 
 from ...stages.profile import ProfileJob
 from .. import Profiling, RegionKind
+from ..ir import rules_at
 from .causal import constant_causal_masks
 from .diagnose import explain_left_in_tvm
 from .emit import attention_glue_function, emit_attention_kernel
 from .masks import cast_attention_masks, scalar_where_fills
 from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
 from .packed import packed_projection_slices
-from .patterns import ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
-from .problems import attention_problems, read_problem
+from .patterns import ATTENTION_OPS, ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
+from .problems import attention_flops, attention_problems, read_problem
 from .profile import PROFILE_ATTENTION, attention_job
 from .records import CAUSAL_CODE, AttentionKernel, AttentionProblem, AttentionRegion, report_line
 from .select import attention_label, choose_attention_kernel
@@ -26,6 +27,17 @@ def _independent_inputs(_spec, ann: dict) -> list[tuple]:
     if bias is None or isinstance(bias, tvm.ir.GenericConst):
         return []
     return [(bias, "the attention's mask/bias is computed from its own scores")]
+
+
+def _op_left_in_tvm(form: str):
+    """The report row of an R.nn.attention call left in TVM (`form` "op" or "op_bias"): its FLOPs
+    and why the attention kind refused it."""
+
+    def row(call, var2val, _layout_skipped) -> tuple:
+        reasons = rules_at(attention_pattern, attention_problems, AttentionPatternSpec(form), call, var2val)
+        return "attention op", attention_flops(call), reasons or []
+
+    return row
 
 
 def plan(problem: AttentionProblem, _spec, options, db) -> tuple[AttentionKernel, dict]:
@@ -68,7 +80,7 @@ KIND = RegionKind(
         },
     ),
     report_line=report_line,
-    left_in_tvm={},
+    left_in_tvm={op: _op_left_in_tvm(form) for form, op in ATTENTION_OPS.items()},
     explain_left_in_tvm=explain_left_in_tvm,
     # Casts and views that frontends and mixed precision put around attention, brought to the
     # forms the patterns match (around the shared canonicalizations, in this order).

@@ -128,7 +128,7 @@ def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var
     """Check that the matched region is softmax(q k^T * scale) v over (B, N) and return its
     layout. Raises ValueError (with the reason) when it is not, or not in a form the kernel runs."""
     try:
-        if spec.form == "op":
+        if spec.form in ("op", "op_bias"):
             return _op_layout(ann, out, var2val)
         return _softmax_layout(ann, out, var2val, grouped=spec.form == "softmax_gqa")
     except _NotAttention as err:
@@ -152,7 +152,28 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(int(head_dim))
     whole = ((0, 1), (1, 1), (2, 1), (3, 1))
     causal = None if attrs.causal_mask is None else str(attrs.causal_mask)
-    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale, causal=causal)
+    bias, bias_rank = _op_bias_reads(tracer, ann["bias"]) if "bias" in ann else (None, 0)
+    # relax.nn.attention_bias has no safe-softmax tail: a row whose every score is -inf is NaN
+    return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale, bias, bias_rank, causal=causal)
+
+
+def _op_bias_reads(tracer: _Tracer, bias: relax.Expr) -> tuple[tuple, int]:
+    """How the kernel reads relax.nn.attention_bias's bias: numpy broadcasting, right-aligned, to
+    the scores' (B, N, S, T); a dimension of size 1 is broadcast (stride 0)."""
+    dims = _dims(bias)
+    if len(dims) > len(BIAS_AXES):
+        raise _NotAttention(f"the bias has rank {len(dims)}; it broadcasts to the scores' (B, N, S, T)")
+    offset = len(BIAS_AXES) - len(dims)
+    reads: list = []
+    for i, axis in enumerate(BIAS_AXES):
+        j = i - offset
+        if j < 0 or _is_one(dims[j]):
+            reads.append(None)
+        elif tracer.equal(dims[j], tracer.sizes[axis]):
+            reads.append((j, 1))
+        else:
+            raise _NotAttention(f"the bias dim {j} has size {dims[j]}: neither 1 nor the scores' {tracer.sizes[axis]}")
+    return tuple(reads), len(dims)
 
 
 def _scalar_value(const, cast=None) -> float:

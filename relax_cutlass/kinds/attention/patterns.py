@@ -20,9 +20,10 @@ _VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
 
 @dataclass(frozen=True)
 class AttentionPatternSpec:
-    """One attention composite: `form` "op" (R.nn.attention), "softmax" (decomposed) or
-    "softmax_gqa" (decomposed, with keys and values repeated across groups of query heads in the
-    region: the kernel reads each kv head for its whole group, and the repeat is never written)."""
+    """One attention composite: `form` "op" (R.nn.attention), "op_bias" (R.nn.attention given a
+    bias, which TVM spells relax.nn.attention_bias), "softmax" (decomposed) or "softmax_gqa"
+    (decomposed, with keys and values repeated across groups of query heads in the region: the
+    kernel reads each kv head for its whole group, and the repeat is never written)."""
 
     form: str
     # Which of q, k and v are parts of one packed projection, read in place (`_packed`): "qkv" all
@@ -59,7 +60,12 @@ ATTENTION_SPECS = (
     AttentionPatternSpec("softmax", packed="v"),
     AttentionPatternSpec("softmax"),
     AttentionPatternSpec("op"),
+    AttentionPatternSpec("op_bias"),
 )
+
+# The Relax ops the "op" forms match: TVM's R.nn.attention is relax.nn.attention without a bias
+# and relax.nn.attention_bias with one.
+ATTENTION_OPS = {"op": "relax.nn.attention", "op_bias": "relax.nn.attention_bias"}
 
 
 def _scale_of(x: DFPattern) -> DFPattern:
@@ -182,7 +188,11 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     if spec.form == "softmax_gqa":
         k_seen, v_seen = _repeated_kv(k_seen), _repeated_kv(v_seen)
     if spec.form == "op":
-        ann["root"] = out = is_op("relax.nn.attention")(q, k, v)
+        ann["root"] = out = is_op(ATTENTION_OPS["op"])(q, k, v)
+        return out, ann
+    if spec.form == "op_bias":
+        ann["bias"] = bias = wildcard()
+        ann["root"] = out = is_op(ATTENTION_OPS["op_bias"])(q, k, v, bias)
         return out, ann
     ann["root"] = scores = is_op("relax.matmul")(_views(q_seen, _OPERAND_VIEWS), _views(k_seen, _OPERAND_VIEWS))
     scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))

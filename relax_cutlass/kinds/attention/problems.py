@@ -118,3 +118,14 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
         kv_group=layout.kv_group,
         slices=layout.slices,
     )
+
+
+def attention_flops(call: relax.Call) -> int | None:
+    """2 (S T H + S T V) B N of an R.nn.attention call on (B, S, N, H) query and (B, T, N, V)
+    value, None where a shape is symbolic."""
+    query, value = (_known_dims(call.args[i]) for i in (0, 2))
+    dims = [_static(d) for d in (query or []) + (value or [])]
+    if query is None or value is None or None in dims:
+        return None
+    (b, s, n, h), t, v = dims[:4], dims[5], dims[7]
+    return 2 * b * n * s * t * (h + v)

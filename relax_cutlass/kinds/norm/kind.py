@@ -5,6 +5,7 @@ sum and the un-cast norm where the graph uses them outside the region (RegionKin
 from __future__ import annotations
 
 from .. import RegionKind
+from ..ir import rules_at
 from .emit import emit_kernel, glue_function
 from .patterns import NormSpec, all_specs, pattern, read_problem, rules
 from .records import NormKernel, NormProblem, NormRegion
@@ -15,6 +16,16 @@ def plan(problem: NormProblem, _spec, options, _db) -> tuple[NormKernel, dict]:
     """One kernel per problem (its row layout follows from n): nothing to choose, nothing to tune."""
     kernel = NormKernel(problem, target=options.arch, note="CUDA row-wise norm (statistics in float32)")
     return kernel, {}
+
+
+def _left_in_tvm(norm: str):
+    """The report row of a `norm` op (R.nn.layer_norm / R.nn.rms_norm) left in TVM: why the norm
+    kind refused it (no FLOPs: the kind is memory-bound)."""
+
+    def row(call, var2val, _layout_skipped) -> tuple:
+        return norm, 0, rules_at(pattern, rules, NormSpec(norm), call, var2val) or []
+
+    return row
 
 
 def report_line(r: dict) -> str:
@@ -45,6 +56,7 @@ KIND = RegionKind(
     args_type=ARGS_TYPE,
     args=ARGS,
     report_line=report_line,
+    left_in_tvm={f"relax.nn.{norm}": _left_in_tvm(norm) for norm in ("layer_norm", "rms_norm")},
     report_refused=True,
     extra_outputs=("sum", "norm"),
 )
