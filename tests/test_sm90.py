@@ -333,9 +333,15 @@ def test_choice_does_not_depend_on_the_hash_seed():
         ("always", (2, 2, 2), "1 1 1 1 1"),
         ("always:gemm", (2, 1, 1), "1 1 1 0 0"),
         ("always:norm+attention", (1, 2, 2), "0 0 0 1 1"),
-        ("always:gem+normx", (1, 1, 1), "0 0 0 0 0"),  # whole names only
-        ("always:", (1, 1, 1), "0 0 0 0 0"),
-        ("always:none", (1, 1, 1), "0 0 0 0 0"),  # the default before session 25, for bench/pdl_ab.py
+        ("always:none", (1, 1, 1), "0 0 0 0 0"),  # in graphs for no kind, for bench/pdl_ab.py
+        # no settings: refused at run time (-1: the run functions return PdlSettingError() and launch
+        # nothing) as at build time (stages.settings.check_pdl_setting)
+        ("always:gem+normx", (-1, -1, -1), "0 0 0 0 0"),  # whole names only
+        ("always:", (-1, -1, -1), "0 0 0 0 0"),
+        ("always:gemm+", (-1, -1, -1), "0 0 0 0 0"),
+        ("off", (-1, -1, -1), "0 0 0 0 0"),
+        ("", (-1, -1, -1), "0 0 0 0 0"),
+        ("2", (-1, -1, -1), "0 0 0 0 0"),
     ],
 )
 def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes, captured):
@@ -386,8 +392,19 @@ int main() {
     out = subprocess.run([str(tmp_path / "pdl")], check=True, capture_output=True, text=True, env=env).stdout
     mode_line, outside, inside = out.splitlines()
     assert tuple(int(x) for x in mode_line.split()) == modes
-    assert outside == ("0 0 0 0 0" if value == "0" else "1 1 1 1 1")
+    assert outside == ("0 0 0 0 0" if value == "0" or modes[0] < 0 else "1 1 1 1 1")
     assert inside == captured
+    from relax_cutlass.stages.settings import SettingError, check_pdl_setting
+
+    with pytest.MonkeyPatch.context() as env_patch:
+        env_patch.delenv("RELAX_CUTLASS_PDL", raising=False)
+        if value is not None:
+            env_patch.setenv("RELAX_CUTLASS_PDL", value)
+        if modes[0] < 0:  # the build refuses exactly what the kernels refuse
+            with pytest.raises(SettingError, match="RELAX_CUTLASS_PDL=.* is not a setting"):
+                check_pdl_setting()
+        else:
+            assert check_pdl_setting() == value
 
 
 def test_sm90_kernels_launch_as_programmatic_dependents():

@@ -49,7 +49,7 @@ const char* Fail(const char* step, cutlass::Status status) {
 extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     const ${args_type}* p, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  if (const char* error = CheckDevice()) return error;
+  if (const char* error = CheckDevice()) return error;${run_checks}
   using Gemm = $operation_type;
   $arguments
   Gemm op;
@@ -162,6 +162,7 @@ def device_kernel_source(kernel, parts: dict[str, str], args: str, args_type: st
     parts["instance"] = kernel.epilogue.definitions(kernel.problem.element_out) + parts["instance"]
     parts.setdefault("defines", "")
     parts.setdefault("run", "op.run(stream)")
+    parts.setdefault("run_checks", "")  # C++ after the device check (e.g. the PDL setting's)
     text = KERNEL_TU.substitute(
         name=kernel.name, args=args, args_type=args_type, check_device=check_device(kernel), **parts
     )

@@ -2,6 +2,8 @@
 
 from string import Template
 
+from .settings import PDL_ACCEPTED, PDL_KINDS
+
 # Every kernel object's guard; a Template over name, arch, arch_exact and arch_name.
 CHECK_DEVICE = """\
 // Fails clearly, before any launch, when the current GPU cannot run this object's machine code
@@ -136,33 +138,48 @@ _PDL_SWITCH = """\
 #include <cstdlib>
 #include <cstring>
 namespace {
+// Whether n characters at p name a kind RELAX_CUTLASS_PDL=always:<kinds> may list.
+bool KnownPdlKind(const char* p, size_t n) {
+  static const char* const kKnown[] = {KNOWN_KINDS};
+  for (const char* known : kKnown) {
+    if (std::strlen(known) == n && std::strncmp(known, p, n) == 0) return true;
+  }
+  return false;
+}
 // This unit's kernels' RELAX_CUTLASS_PDL mode: 0 never, 1 except while the stream is captured into
 // a CUDA graph, 2 always ("always", or "always:" and a "+"-joined list of kinds that names KIND),
-// 3 as 1, and while captured too for work of at most MAX_FLOPS flops (the GEMMs' default)
+// 3 as 1, and while captured too for work of at most MAX_FLOPS flops (the GEMMs' default); -1 a
+// value that is no setting (the build refuses it too: stages.settings.check_pdl_setting)
 int PdlMode() {
   static const int mode = [] {
     const char* value = std::getenv("RELAX_CUTLASS_PDL");
-    if (value == nullptr) return DEFAULT_MODE;
+    if (value == nullptr || std::strcmp(value, "1") == 0) return DEFAULT_MODE;
     if (std::strcmp(value, "0") == 0) return 0;
     if (std::strcmp(value, "always") == 0) return 2;
-    if (std::strncmp(value, "always:", 7) != 0) return DEFAULT_MODE;
+    if (std::strncmp(value, "always:", 7) != 0) return -1;
     const char* kind = "KIND";
-    const size_t length = std::strlen(kind);
-    for (const char* p = value + 7; *p != '\\0';) {
+    bool named = false;
+    for (const char* p = value + 7;;) {
       const char* end = std::strchr(p, '+');
       const size_t n = end != nullptr ? static_cast<size_t>(end - p) : std::strlen(p);
-      if (n == length && std::strncmp(p, kind, n) == 0) return 2;
+      if (!KnownPdlKind(p, n)) return -1;
+      named = named || (n == std::strlen(kind) && std::strncmp(p, kind, n) == 0);
       if (end == nullptr) break;
       p = end + 1;
     }
-    return 1;
+    return named ? 2 : 1;
   }();
   return mode;
+}
+// The run functions' refusal of a RELAX_CUTLASS_PDL that is no setting (before any launch).
+const char* PdlSettingError() {
+  return PdlMode() >= 0 ? nullptr
+                        : "RELAX_CUTLASS_PDL is set to a value that is no setting: use ACCEPTED; nothing was launched";
 }
 // Whether this launch, of `flops` work (0: unknown), is a programmatic dependent one.
 bool LaunchWithPdl(cudaStream_t stream, double flops = 0.0) {
   const int mode = PdlMode();
-  if (mode == 0 || mode == 2) return mode == 2;
+  if (mode <= 0 || mode == 2) return mode == 2;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();  // not this call's error to report: launch as outside a graph
@@ -183,7 +200,9 @@ def pdl_switch(kind: str) -> str:
     """The run-time PDL switch of one region kind's kernel unit (RELAX_CUTLASS_PDL above): unset,
     "1" or unknown, the kind's default mode (3 for PDL_IN_GRAPHS_BY_DEFAULT, else 1)."""
     default = 3 if kind in PDL_IN_GRAPHS_BY_DEFAULT else 1
-    text = _PDL_SWITCH.replace("KIND", kind).replace("DEFAULT_MODE", str(default))
+    known = ", ".join(f'"{k}"' for k in PDL_KINDS)
+    text = _PDL_SWITCH.replace("KNOWN_KINDS", known).replace("KIND", kind).replace("DEFAULT_MODE", str(default))
+    text = text.replace("ACCEPTED", PDL_ACCEPTED.format("{" + ", ".join(PDL_KINDS) + "}"))
     return text.replace("MAX_FLOPS", f"{PDL_IN_GRAPHS_MAX_FLOPS:.1e}")
 
 

@@ -326,6 +326,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
     const RelaxCutlassAttentionArgs* a, void* stream_handle) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (const char* error = CheckDevice()) return error;
+  if (const char* error = PdlSettingError()) return error;
   if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
   if (a->causal != kCausal) return "$name: built for another causal mask than the call's";
   // A narrower head dim runs padded: TMA zero-fills Q's, K's and V's columns past it (they add

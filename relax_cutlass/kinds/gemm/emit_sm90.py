@@ -119,6 +119,7 @@ SM90_INCLUDES = """\
 #include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/util/packed_stride.hpp"
 """ + pdl_switch("gemm")
+SM90_RUN_CHECKS = "\n  if (const char* error = PdlSettingError()) return error;"
 SM90_RUN = "op.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/LaunchWithPdl(stream, 2.0 * m * n * k))"
 # The switch (CollectiveFamily.pdl_define) and the launch go together: a kernel without the waits
 # must never be launched early.
@@ -230,5 +231,9 @@ def sm90_kernel_parts(kernel: GemmKernel, family: CollectiveFamily = SM90) -> di
         "instance": instance,
         "operation_type": f"cutlass::gemm::device::GemmUniversalAdapter<{kernel.name}_kernel>",
         "arguments": arguments,
-        **({"defines": family.pdl_define, "run": SM90_RUN} if t.scheduler in PDL_SCHEDULERS else {}),
+        **(
+            {"defines": family.pdl_define, "run": SM90_RUN, "run_checks": SM90_RUN_CHECKS}
+            if t.scheduler in PDL_SCHEDULERS
+            else {}
+        ),
     }

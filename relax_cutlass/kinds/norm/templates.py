@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(kBlock) NormKernel(RelaxCutlassNormArgs a) {
 
 extern "C" __attribute__((visibility("default"))) const char* ${name}_run(const ${args_type}* p, void* stream) {
   if (const char* error = CheckDevice()) return error;
+  if (const char* error = PdlSettingError()) return error;
   if (p->n != kN) return "$name: called with another normalized size than it was built for";
   if (p->rows == 0) return nullptr;
   const int64_t blocks = (p->rows + kRowsPerBlock - 1) / kRowsPerBlock;
