@@ -20,12 +20,42 @@ __all__ = ["from_torch", "import_float32"]
 SUPPORTED_DTYPES = ("float16", "bfloat16")
 
 
-def _example_tuple(example_inputs: Any) -> tuple:
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
+def _example_tuple(example_inputs: Any, example_kwargs: Mapping | None, torch, caller: str) -> tuple:
+    """The forward's positional example arguments: a tensor, or a tuple / list of them (one per
+    argument). Examples without any tensor (a list of numbers, a numpy array) are refused by name."""
+    args = tuple(example_inputs) if isinstance(example_inputs, tuple | list) else (example_inputs,)
+    if not any(isinstance(a, torch.Tensor) for a in _leaves((args, dict(example_kwargs or {})))):
+        got = type(example_inputs).__name__
+        inner = f" of {type(example_inputs[0]).__name__}" if isinstance(example_inputs, tuple | list) and args else ""
+        raise TypeError(
+            f"{caller}: example_inputs is a {got}{inner} with no torch.Tensor in it; give the forward's example "
+            "arguments as a torch.Tensor, or a tuple of them, one per positional argument (a list of numbers "
+            "becomes one tensor with torch.tensor(values); a numpy array with torch.from_numpy(array))"
+        )
+    return args
+
+
+def _leaves(value: Any):
+    """Every value inside nested tuples, lists and dicts."""
+    if isinstance(value, tuple | list):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def _check_materialized(model, torch, caller: str) -> None:
+    """A model with parameters or buffers on the meta device has no weights to import."""
+    meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if meta:
+        raise ValueError(
+            f"{caller}: the model's weights are on the meta device ({len(meta)} tensors, first {meta[0]!r}), so "
+            "there is nothing to import; load real weights first (e.g. model.to_empty(device='cpu') then "
+            "load_state_dict, or from_pretrained without device_map='meta')"
+        )
 
 
 def _float32(value: Any, torch) -> Any:
@@ -193,7 +223,8 @@ def import_float32(
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{caller}: expected a torch.nn.Module, got {type(model).__name__}")
-    args = _float32(_example_tuple(example_inputs), torch)
+    _check_materialized(model, torch, caller)
+    args = _float32(_example_tuple(example_inputs, example_kwargs, torch, caller), torch)
     kwargs = _float32(dict(example_kwargs or {}), torch)
     args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
     kwargs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}

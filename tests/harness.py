@@ -78,7 +78,7 @@ def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRM
     reshapes folded and NCHW convs brought to NHWC first, broadcasts of what stays in TVM made
     explicit last, as offload_pipeline does)."""
     t = relax_cutlass.transform
-    partitioned = partition_for_cpu(mod)
+    partitioned = partition_for_cpu(mod, *([options["arch"]] if "arch" in options else []))
     rewritten = t.MakeGemmBroadcastsExplicit()(t.CutlassCodegen(compile=False, **options)(partitioned))
     return partitioned, rewritten
 

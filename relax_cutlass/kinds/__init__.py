@@ -111,6 +111,14 @@ class RegionKind:
     # DPS order, each named by its annotation in the glue). Any other intermediate used outside
     # refuses the match (a fused kernel does not produce it).
     extra_outputs: tuple[str, ...] = ()
+    # the `tile=` option's spellings of this kind's configurations: (a regular expression the option
+    # is checked against where it is given, an example); (): the kind takes no tile
+    tile_spelling: tuple[str, str] = ()
+
+
+class PlanError(ValueError):
+    """A region that cannot be planned as asked (a pinned `tile=` that is no candidate for its
+    problem): the message explains it; it is no relax_cutlass bug. The region stays in TVM."""
 
 
 _EXTRA: list[RegionKind] = []

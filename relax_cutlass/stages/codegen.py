@@ -14,6 +14,8 @@ import dataclasses
 import functools
 import json
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 
 import tvm
@@ -21,14 +23,16 @@ import tvm_ffi
 from tvm import relax
 
 from ..arch import parse_arch, resolve_family
-from ..kinds import CODEGEN, kind_of
+from ..kinds import CODEGEN, PlanError, kind_of, kinds
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from ..kinds.ir import json_attr
 from .compile import cache_dir, compile_all, failure_summary, link_relocatable
 from .emit import emit_glue, emit_kernel
 from .regions import RegionError, analyze, make_region
 from .sass_check import StubKernelError
-from .tuning import TuningDatabase
+from .sass_check import enabled as sass_check_enabled
+from .settings import SettingError, check_pdl_setting, jobs_setting, positive_int
+from .tuning import TuningDatabase, TuningDatabaseWarning
 
 REGIONS_ATTR = "relax_cutlass.regions"
 # M assumed by the kernel heuristics when M is symbolic (CodegenOptions.m_hint).
@@ -64,9 +68,23 @@ class CodegenOptions:
         sm = parse_arch(arch)
         # "sm90" is "auto" on sm_90a and an error elsewhere (its kernels would be stubs there).
         options["family"] = resolve_family(options.get("family", "auto"), sm)
+        if not isinstance(options.get("compile", True), bool):
+            raise SettingError(
+                f"compile={options['compile']!r}: use True (build the kernels) or False (plan and rewrite only)"
+            )
+        options["jobs"] = jobs_setting(options.get("jobs"))  # also checks RELAX_CUTLASS_JOBS
+        if "m_hint" in options:
+            options["m_hint"] = positive_int("m_hint", options["m_hint"], "the M assumed where M is symbolic")
+        options["tile"] = _checked_tile(options.get("tile", ""))
         created = CodegenOptions(arch=sm, **options)
         if created.profile not in ("auto", "never"):
-            raise ValueError(f"profile={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
+            name = "profile" if "profile" in options else "RELAX_CUTLASS_PROFILE"
+            raise SettingError(f"{name}={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
+        created = dataclasses.replace(created, tuning_db=_checked_tuning_db(created.tuning_db, "tuning_db" in options))
+        check_pdl_setting()  # read by the kernels at run time; refused here as there
+        if created.compile:
+            cache_dir()  # RELAX_CUTLASS_CACHE_DIR must be writable: every object is written there
+            sass_check_enabled()  # RELAX_CUTLASS_SASS_CHECK
         return created
 
     def to_map(self) -> dict:
@@ -86,6 +104,47 @@ class CodegenOptions:
             tuning_db=str(values.get("tuning_db", "")),
             profile=str(values.get("profile", "auto")),
         )
+
+
+def _checked_tile(tile) -> str:
+    """The `tile` option: "" or a configuration in the spelling of a kind that takes one."""
+    spellings = {kind.name: kind.tile_spelling for kind in kinds() if kind.tile_spelling}
+    if not isinstance(tile, str) or (tile and not any(re.fullmatch(s, tile) for s, _ in spellings.values())):
+        examples = "; ".join(f"{name}: e.g. {example}" for name, (_, example) in spellings.items())
+        raise SettingError(
+            f"tile={tile!r} is no kernel configuration of any kind ({examples}); tile='' (the default) leaves "
+            "the choice to tuning records and the heuristic"
+        )
+    return tile
+
+
+@functools.cache
+def _warned_missing_directory(path: str) -> None:
+    warnings.warn(
+        f"tuning database {path}: its directory does not exist, so it holds no records (a mistyped path?); "
+        "profiling creates it",
+        TuningDatabaseWarning,
+        stacklevel=4,
+    )
+
+
+def _checked_tuning_db(path, given: bool) -> str:
+    """The tuning database option (or RELAX_CUTLASS_TUNING_DB): a file path, not a directory; a
+    path in a directory that does not exist warns once (it reads as an empty database)."""
+    name = "tuning_db" if given else "RELAX_CUTLASS_TUNING_DB"
+    if not isinstance(path, str | os.PathLike):
+        raise SettingError(f"{name}={path!r}: give the path of a JSON-lines tuning database file, or ''")
+    path = os.fspath(path)
+    if not path:
+        return path
+    if os.path.isdir(path):
+        raise SettingError(
+            f"{name}={path!r} is a directory: give the path of a JSON-lines file in it, e.g. "
+            f"{os.path.join(path, 'tuning.jsonl')!r}"
+        )
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        _warned_missing_directory(os.path.abspath(path))
+    return path
 
 
 def _database(path: str):
@@ -136,7 +195,7 @@ def _recorded(symbol: str, failed: dict[str, str] | None):
         if failed is None:
             raise
         failed[symbol] = f"{type(err).__name__}: {err}"
-        if not isinstance(err, RegionError):  # RegionError explains itself; anything else is ours
+        if not isinstance(err, RegionError | PlanError):  # these explain themselves; anything else is ours
             failed[symbol] += " (a relax_cutlass bug: please report it with the offload report)"
 
 
@@ -254,6 +313,9 @@ class CutlassCodegen:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         from .constants import call_counts, offloaded_functions
+        from .partition import check_same_arch
+
+        check_same_arch(mod, self.options.arch, "build its kernels")
 
         # Planning is deterministic and cheap, so the report rows are computed here rather than
         # smuggled out of the RunCodegen callback. A region that cannot be planned, or whose kernel

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import nvcc_gencode
+from .settings import SettingError, env_jobs
 from .templates import CXX_ABI_SUPPORT
 
 __all__ = [
@@ -81,9 +82,18 @@ class Source:
 
 
 def cache_dir() -> Path:
-    """RELAX_CUTLASS_CACHE_DIR, else ~/.cache/relax_cutlass."""
-    path = Path(os.environ.get("RELAX_CUTLASS_CACHE_DIR", Path.home() / ".cache" / "relax_cutlass"))
-    path.mkdir(parents=True, exist_ok=True)
+    """RELAX_CUTLASS_CACHE_DIR, else ~/.cache/relax_cutlass; it must be a writable directory."""
+    given = os.environ.get("RELAX_CUTLASS_CACHE_DIR")
+    path = Path(given or Path.home() / ".cache" / "relax_cutlass")
+    name = f"RELAX_CUTLASS_CACHE_DIR={given!r}" if given else f"the object cache {str(path)!r}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SettingError(
+            f"{name} cannot be created ({err.strerror}): point RELAX_CUTLASS_CACHE_DIR at a writable directory"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SettingError(f"{name} is not writable: point RELAX_CUTLASS_CACHE_DIR at a writable directory")
     return path
 
 
@@ -125,6 +135,8 @@ def _cuda_home(nvcc: str) -> Path:
 @functools.cache
 def toolchain() -> Toolchain:
     nvcc = os.environ.get("RELAX_CUTLASS_NVCC") or shutil.which("nvcc")
+    if os.environ.get("RELAX_CUTLASS_NVCC") and not os.access(nvcc, os.X_OK):
+        raise SettingError(f"RELAX_CUTLASS_NVCC={nvcc!r} is not an executable: give the path of nvcc, or unset it")
     if not nvcc:
         raise RuntimeError(
             "nvcc was not found: install the CUDA toolkit (12.x or 13.x) and put nvcc on PATH, "
@@ -245,7 +257,7 @@ def compile_all(
     result and its error recorded there by name; else the first error is raised."""
     tc = toolchain()
     unique = {s.name: s for s in sources}
-    jobs = jobs or int(os.environ.get("RELAX_CUTLASS_JOBS", 0)) or os.cpu_count() or 1
+    jobs = jobs or env_jobs() or os.cpu_count() or 1
     results = {}
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(unique)))) as pool:
         futures = {name: pool.submit(_compile_checked, tc, s, arch) for name, s in unique.items()}

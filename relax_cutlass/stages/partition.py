@@ -69,6 +69,25 @@ def _describe(var: relax.Var, call: relax.Call) -> str:
     return f"{var.name} = {call.op.name}({shapes})"
 
 
+ARCH_ATTR = "relax_cutlass.arch"
+
+
+def check_same_arch(mod: tvm.IRModule, arch: int, doing: str) -> None:
+    """Refuse to `doing` for `arch` a module relax_cutlass already partitioned or offloaded for
+    another arch: its regions were checked, and its kernels built, for that one (an sm_90a kernel
+    call kept in a module re-labelled sm_80 cannot run on an A100)."""
+    from ..arch import arch_name
+
+    before = (mod.attrs or {}).get(ARCH_ATTR)
+    if before is not None and int(before) != arch:
+        raise ValueError(
+            f"this module was already partitioned for {arch_name(int(before))} by relax_cutlass, so it cannot "
+            f"{doing} for {arch_name(arch)}: its regions were checked and its kernels built for "
+            f"{arch_name(int(before))}. Run offload_pipeline({arch_name(arch)!r}) on the module as it was before "
+            "relax_cutlass (e.g. from_torch's result), or keep the first arch"
+        )
+
+
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.PartitionForCutlass")
 class PartitionForCutlass:
     """Mark each legal region of a registered kind as a composite function for the relax_cutlass codegen.
@@ -90,6 +109,7 @@ class PartitionForCutlass:
         self.arch = parse_arch(arch)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        check_same_arch(mod, self.arch, "offload it")
         mod = relax.transform.ConvertToDataflow()(mod)
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs):
@@ -102,6 +122,6 @@ class PartitionForCutlass:
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json_attr(mod, NOT_FUSED_ATTR, [])
-        return mod.with_attr("relax_cutlass.arch", self.arch).with_attr(
+        return mod.with_attr(ARCH_ATTR, self.arch).with_attr(
             NOT_FUSED_ATTR, json.dumps(previous + log.rows())
         )

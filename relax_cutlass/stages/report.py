@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..arch import arch_name, parse_arch
 from ..kinds import kind_of, kinds
 from ..kinds.ir import json_attr
 from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
 from .constants import offloaded_functions
+from .partition import ARCH_ATTR, check_same_arch
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class OffloadReport:
     offloaded: list[dict]
     left_in_tvm: list[dict]
     not_fused: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # about the report itself (asked for another arch)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -33,6 +37,7 @@ class OffloadReport:
                 "offloaded": self.offloaded,
                 "left_in_tvm": self.left_in_tvm,
                 "not_fused": self.not_fused,
+                "notes": self.notes,
                 "offloaded_flop_fraction": self.offloaded_flop_fraction,
             },
             indent=2,
@@ -62,6 +67,7 @@ class OffloadReport:
             lines.append(_kind_of_row(r).report_line(r))
         for r in self.left_in_tvm:
             lines.append(f"  [in TVM]    {r['op']} in {r['function']} {r['shapes']}: {'; '.join(r['reasons'])}")
+        lines += [f"  [note]      {note}" for note in self.notes]
         for r in self.not_fused:
             largest = r["refused"][0]
             outcome = f"offloaded as {r['fused_as']}" if r["fused_as"] else "stays in TVM"
@@ -155,7 +161,10 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
-        return OffloadReport(json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod))
+        notes = _built_for_another_arch(mod, arch)
+        return OffloadReport(json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod), notes)
+    if arch is not None:
+        check_same_arch(mod, parse_arch(arch), "report its plan")
     arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
     if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
         mod = partition_as_offloaded(mod, arch)
@@ -169,6 +178,21 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     calls = call_counts(mod)
     rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions if r.symbol not in failed]
     return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
+
+
+def _built_for_another_arch(mod: tvm.IRModule, arch) -> list[str]:
+    """A note (and a warning) where the report of an offloaded module is asked for another arch
+    than its kernels were built for: the report shows what the module holds."""
+    built = (mod.attrs or {}).get(ARCH_ATTR)
+    if arch is None or built is None or parse_arch(arch) == int(built):
+        return []
+    note = (
+        f"asked for {arch_name(parse_arch(arch))}, but this module's kernels were built for "
+        f"{arch_name(int(built))}: this is the report of what it holds; offload the module as it was before "
+        f"relax_cutlass for {arch_name(parse_arch(arch))} to see that plan"
+    )
+    warnings.warn(note, stacklevel=3)
+    return [note]
 
 
 def _not_fused(mod: tvm.IRModule) -> list[dict]:

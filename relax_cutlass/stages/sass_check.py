@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..arch import arch_name
 from .compile import CompileError
+from .settings import env_flag
 
 __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_object"]
 
@@ -137,7 +138,7 @@ def _wheel_binaries(wheel: str, tool: str) -> list[Path]:
 
 
 def enabled() -> bool:
-    return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_flag(CHECK_ENV, default=True)
 
 
 # An instruction line of `cuobjdump -sass`: "/*0150*/  @!P0 HMMA.16816.F32 R24, R4, R16, R24 ;"

@@ -118,8 +118,14 @@ class TuningRecord:
 @contextlib.contextmanager
 def _locked(path: Path, exclusive: bool):
     lock = path.with_name(path.name + ".lock")
+    if not exclusive and not lock.exists() and not os.access(path.parent, os.W_OK):
+        # a database on a read-only mount: nothing can write it, so nothing to wait for
+        yield
+        return
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+") as handle:
+    # a reader of a lock file it cannot write (a read-only mount) shares it read-only
+    readable_only = not exclusive and lock.exists() and not os.access(lock, os.W_OK)
+    with open(lock, "r" if readable_only else "a+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
@@ -132,6 +138,11 @@ class TuningDatabase:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(
+                f"tuning database {self.path} is a directory: give the path of a JSON-lines file (e.g. "
+                f"{self.path / 'tuning.jsonl'})"
+            )
         self.problems: list[str] = []  # why lines were ignored, for the report
         self.records: dict[TuningKey, TuningRecord] = {}
         self.reload()

@@ -10,6 +10,7 @@ from .. import Profiling, RegionKind
 from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input
 from ..gemm.profile import candidate_label
+from ..gemm.records import TILE_SPELLING
 from ..region import mnk_report_line
 from .channels import pad_odd_input_channels
 from .emit import conv2d_glue_function, emit_conv2d_kernel
@@ -116,4 +117,5 @@ KIND = RegionKind(
     left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
     # after the shared canonicalizations, so that the conv is the 16-bit one its patterns match
     finish=(pad_odd_input_channels, merge_narrow_groups),
+    tile_spelling=TILE_SPELLING,
 )

@@ -12,6 +12,7 @@ import math
 from ...arch import SM_COUNT, family_note, native_family, resolve_family
 from ...cutlass_lib import data_type
 from ...stages.tuning import epilogue_key
+from .. import PlanError
 from ..epilogue import Epilogue
 from ..gemm.records import GemmProblem, TileConfig
 from ..gemm.select import (
@@ -203,7 +204,7 @@ def choose_conv2d_kernel(
         chosen = next((t for t in legal if t.describe() == tile), None)
         if chosen is None:
             names = sorted(t.describe() for t in legal)
-            raise ValueError(f"tile={tile!r} is not a conv2d candidate for {problem} on sm_{arch}; candidates: {names}")
+            raise PlanError(f"tile={tile!r} is not a conv2d candidate for {problem} on sm_{arch}; candidates: {names}")
         selected_by = "pinned"
     else:
         chosen, selected_by = legal[0], "heuristic"

@@ -15,7 +15,7 @@ from .patterns import (
     read_problem,
 )
 from .records import DepthwiseKernel, DepthwiseProblem, DepthwiseRegion
-from .select import choose_depthwise_kernel
+from .select import TILE_SPELLING, choose_depthwise_kernel
 from .templates import ARGS_TYPE, DWCONV2D_ARGS
 
 
@@ -55,4 +55,5 @@ KIND = RegionKind(
     report_line=_report_line,
     flops_name="dwconv2d",
     left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
+    tile_spelling=TILE_SPELLING,
 )

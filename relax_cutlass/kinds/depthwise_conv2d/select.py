@@ -10,6 +10,7 @@ import re
 from dataclasses import replace
 
 from ...arch import SM_COUNT, resolve_family
+from .. import PlanError
 from ..epilogue import Epilogue
 from .records import MAX_GRID_Z, MAX_HALO_BYTES, BlockedTile, DepthwiseKernel, DepthwiseProblem, DirectConvTile
 
@@ -63,7 +64,7 @@ def choose_depthwise_kernel(
     uncovered = direct_problems(problem)
     if tile.startswith("direct_") or (not tile and not uncovered):
         if uncovered:
-            raise ValueError(f"tile={tile!r}: " + "; ".join(uncovered))
+            raise PlanError(f"tile={tile!r}: " + "; ".join(uncovered))
         chosen = parse_direct_tile(tile, problem) if tile else direct_tile_for(problem, arch)
         kernel = DepthwiseKernel(problem, epilogue, chosen, fixed_stride=True, arch=80, target=arch, note=DIRECT_NOTE)
         return (replace(kernel, selected_by="pinned") if tile else kernel), 1
@@ -108,6 +109,10 @@ def direct_tile_for(problem: DepthwiseProblem, arch: int) -> BlockedTile:
     return tile
 
 
+# The `tile=` option's spellings: CUTLASS's direct convolution (parse_tile), the blocked one (parse_direct_tile)
+TILE_SPELLING = (r"p\d+q\d+g\d+w\d+s\d+|direct_p\d+q\d+g\d+(t\d+x\d+)?", "p4q4g64w4s4, direct_p8q16g32")
+
+
 def parse_direct_tile(tile: str, problem: DepthwiseProblem | None = None) -> BlockedTile:
     """'direct_p8q16g32' (4 x 4 pixels per thread) or 'direct_p8q16g32t2x4' -> BlockedTile."""
     match = re.fullmatch(r"direct_p(\d+)q(\d+)g(\d+)(?:t(\d+)x(\d+))?", tile)
@@ -120,13 +125,13 @@ def parse_direct_tile(tile: str, problem: DepthwiseProblem | None = None) -> Blo
     rows, cols = (int(v) for v in match.groups()[3:]) if match.group(4) else (min(4, p), min(4, q))
     chosen = BlockedTile(p, q, groups, rows, cols)
     if groups % 8 or not groups or p % rows or q % cols or not rows or not cols:
-        raise ValueError(
+        raise PlanError(
             f"tile={tile!r}: channels must be a multiple of 8, and the per-thread block must divide the CTA's"
         )
     if chosen.threads > 1024:
-        raise ValueError(f"tile={tile!r}: {chosen.threads} threads per CTA, more than CUDA's 1024")
+        raise PlanError(f"tile={tile!r}: {chosen.threads} threads per CTA, more than CUDA's 1024")
     if problem is not None and chosen.halo_bytes(problem) > MAX_HALO_BYTES:
-        raise ValueError(
+        raise PlanError(
             f"tile={tile!r}: its input halo takes {chosen.halo_bytes(problem)} bytes of shared memory for a "
             f"{problem.r}x{problem.s} stride-{problem.stride[0]} filter, more than {MAX_HALO_BYTES}"
         )
@@ -144,7 +149,7 @@ def parse_tile(tile: str) -> DirectConvTile:
         )
     p, q, groups, warps, stages = map(int, match.groups())
     if groups % 8 or (p * q) % warps:
-        raise ValueError(f"tile={tile!r}: groups must be a multiple of 8 and warps must divide P*Q")
+        raise PlanError(f"tile={tile!r}: groups must be a multiple of 8 and warps must divide P*Q")
     return DirectConvTile(p, q, groups, warps, stages)
 
 

@@ -14,7 +14,7 @@ from ..region import mnk_report_line
 from .emit import emit_gemm_kernel, gemm_glue_function
 from .patterns import GemmPatternSpec, all_gemm_specs, gemm_pattern, left_in_tvm_row, matmul_problems, read_problem
 from .profile import PROFILE_GEMM, candidate_label, gemm_candidates
-from .records import GemmKernel, GemmProblem, GemmRegion, gemm_key
+from .records import TILE_SPELLING, GemmKernel, GemmProblem, GemmRegion, gemm_key
 from .scales import fold_output_scales
 from .select import choose_kernel, native_3x, tiles_of_family
 from .templates import ARGS_TYPE, GEMM_ARGS
@@ -103,4 +103,5 @@ KIND = RegionKind(
     flops_name="GEMM",
     left_in_tvm={"relax.matmul": left_in_tvm_row},
     prepare=(fold_output_scales,),
+    tile_spelling=TILE_SPELLING,
 )

@@ -74,6 +74,13 @@ class TileConfig:
         return f"tb{tb}_w{warps}_s{self.stages}_swz{self.swizzle}{split}"
 
 
+# TileConfig.describe()'s spellings (the `tile=` option): CUTLASS 2.x multistage, then 3.x
+TILE_SPELLING = (
+    r"tb\d+x\d+x\d+_(w\d+x\d+x\d+_s\d+_swz\d+(_splitk\d+)?|c\d+x\d+x\d+_[a-z0-9]+(_[a-z]+)?(_epi\d+x\d+)?)",
+    "tb128x128x32_w2x2x1_s3_swz8, tb128x128x64_c1x1x1_cooperative",
+)
+
+
 @dataclass(frozen=True)
 class GemmKernel:
     """One kernel to instantiate: problem class (dtypes, layout, alignment) + epilogue + tile."""

@@ -28,6 +28,7 @@ from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
 from ...stages.codegen import DEFAULT_M_HINT
 from ...stages.tuning import epilogue_key, m_bucket, parse_label
+from .. import PlanError
 from ..epilogue import DTYPE_BITS, Epilogue
 from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
 from .sm100 import candidate_tiles_sm100, choose_sm100
@@ -373,7 +374,7 @@ def _pinned(problem, epilogue, arch, family, candidates, tile: str, note: str = 
         if family == 90
         else ""
     )
-    raise ValueError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}{spill}; candidates: {names}")
+    raise PlanError(f"tile={tile!r} is not an SM{family} candidate for sm_{arch}{spill}; candidates: {names}")
 
 
 # Measured on an H100 (bench/results, sweep of 14 configurations x 9 shapes, dense + bias + gelu):
