@@ -272,7 +272,9 @@ def test_epilogue_tree_type_and_arguments_agree(epilogue):
 def test_tile_can_be_pinned_and_bad_names_list_the_candidates():
     r = region(dense_epilogue_model(512, 256, 128), tile="tb64x256x64_c1x2x1_pingpong")
     assert r.kernel.selected_by == "pinned" and r.kernel.tile.schedule == "pingpong"
-    with pytest.raises(ValueError, match="candidates"):
+    with pytest.raises(ValueError, match="candidates"):  # spelt right, no candidate: the region's PlanError
+        region(dense_epilogue_model(512, 256, 128), tile="tb1x1x1_c1x1x1_pingpong")
+    with pytest.raises(ValueError, match="is no kernel configuration of any kind"):  # refused where it enters
         region(dense_epilogue_model(512, 256, 128), tile="tb1x1x1")
     with pytest.raises(ValueError, match="they spill"):
         region(dense_epilogue_model(512, 256, 128), tile="tb128x256x64_c1x2x1_pingpong")
