@@ -773,3 +773,42 @@ def test_attention_op_with_a_bias_left_in_tvm_is_reported(kwargs, reason):
     assert not report.offloaded
     (left,) = report.left_in_tvm
     assert left["op"] == "attention op" and reason in left["reasons"][0], left
+
+
+@pytest.mark.parametrize("bias_batch", ["b", 1])
+def test_attention_op_with_a_bias_and_symbolic_sizes(bias_batch):
+    """A symbolic batch and length, the bias (b | 1, 1, 1, s) a padding mask: read through strides
+    whose sizes the glue takes at run time, which the host compiler builds."""
+    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.stages.constants import offloaded_functions as offloaded
+
+    b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(name, _tensor((b, s, 4, 16))) for name in "xyz")
+    bias = relax.Var("bias", _tensor((b if bias_batch == "b" else 1, 1, 1, s)))
+    with bb.function("main", [q, k, v, bias]):
+        with bb.dataflow():
+            gv = bb.emit_output(bb.emit(relax.op.nn.attention(q, k, v, bias)))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    for size in ({"b": 1, "s": 5}, {"b": 3, "s": 24}):
+        compare_on_cpu(mod, masked_inputs_sized(mod, size))
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned, b=3, s=24) == 1
+    regions = _regions(partitioned)
+    assert regions[0].kernel.problem.batch is None and regions[0].kernel.problem.seq_kv is None
+    compile_all([emit_glue(regions, "symbolic_bias")], 90)  # host compiler only
+    assert len(list(offloaded(partitioned))) == 1
+
+
+def masked_inputs_sized(mod: tvm.IRModule, dims: dict[str, int], seed: int = 0) -> list[np.ndarray]:
+    """Random inputs for symbolic `dims`; the bias -inf on about a third of the keys, never key 0."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for p in mod["main"].params:
+        shape = [_evaluate(d, dims) for d in p.ty.shape.values]
+        values = rng.uniform(-1, 1, size=shape)
+        if p.name == "bias":
+            values[..., 1:][rng.random(values[..., 1:].shape) < 0.3] = -np.inf
+        arrays.append(values.astype(str(p.ty.dtype)))
+    return arrays
