@@ -7,6 +7,7 @@ import tvm
 from .arch import parse_arch
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.conv1d import Conv1dAsConv2d
 from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.projections import FuseParallelProjections
@@ -58,7 +59,14 @@ def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass
     the partition (the offload report, tuning, kernel dumps, the tests' CPU harness) runs exactly
     these, so it plans the regions the build gets."""
     layout = [ConvertToNHWC()] if convert_layout else []
-    return [FixTvmCudaForms(), FoldLinearReshapes(), SplitPackedGatedProjections(), FuseParallelProjections(), *layout]
+    return [
+        FixTvmCudaForms(),
+        FoldLinearReshapes(),
+        SplitPackedGatedProjections(),
+        FuseParallelProjections(),
+        Conv1dAsConv2d(),
+        *layout,
+    ]
 
 
 def partition_as_offloaded(mod: tvm.IRModule, arch: str | int = "sm_80", convert_layout: bool = True) -> tvm.IRModule:

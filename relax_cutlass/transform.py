@@ -2,6 +2,7 @@
 
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
+from .rewrites.conv1d import Conv1dAsConv2d
 from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.projections import FuseParallelProjections
@@ -13,6 +14,7 @@ from .stages.partition import PartitionForCutlass
 __all__ = [
     "AccumulateInFloat32",
     "BoundSymbolicShapes",
+    "Conv1dAsConv2d",
     "ConvertToNHWC",
     "CutlassCodegen",
     "FixTvmCudaForms",

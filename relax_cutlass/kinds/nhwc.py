@@ -44,6 +44,21 @@ def conv_geometry_of(ann: dict) -> dict:
     )  # fmt: skip
 
 
+# The conv1d form rewrites.conv1d.Conv1dAsConv2d turns into a conv2d of height 1.
+CONV1D_LAYOUTS = {"data_layout": "NCW", "kernel_layout": "OIW", "out_layout": "NCW"}
+
+
+def conv1d_refusal(call: relax.Call) -> str | None:
+    """Why `call` (a relax.nn.conv1d) is not rewritten as a conv2d, or None."""
+    attrs = call.attrs
+    for name, layout in CONV1D_LAYOUTS.items():
+        if str(getattr(attrs, name)) != layout:
+            return f"a conv1d with {name} {getattr(attrs, name)} (Conv1dAsConv2d rewrites {layout} only)"
+    if any(getattr(a.ty, "ndim", -1) != 3 for a in call.args[:2]):
+        return "a conv1d whose operands are not 3-D"
+    return None
+
+
 def conv_flops(call: relax.Call) -> int | None:
     """2 x output elements x C/groups x R x S; None when a shape is symbolic."""
     out, data, weight = static_shape(call), static_shape(call.args[0]), static_shape(call.args[1])

@@ -11,6 +11,7 @@ from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input
 from ..gemm.profile import candidate_label
 from ..gemm.records import TILE_SPELLING
+from ..nhwc import conv1d_refusal, conv_flops
 from ..region import mnk_report_line
 from .channels import pad_odd_input_channels
 from .emit import conv2d_glue_function, emit_conv2d_kernel
@@ -87,6 +88,15 @@ def _report_line(r: dict) -> str:
     return mnk_report_line(r, detail)
 
 
+def conv1d_left_in_tvm_row(call, _var2val, _layout_skipped) -> tuple:
+    """A conv1d left in TVM: offload_pipeline rewrites the NCW ones as conv2d (Conv1dAsConv2d)."""
+    why = conv1d_refusal(call) or (
+        "a conv1d is offloaded as a conv2d of height 1, which offload_pipeline's Conv1dAsConv2d writes before "
+        "partitioning; run offload_pipeline (or relax_cutlass.transform.Conv1dAsConv2d first)"
+    )
+    return "conv1d", conv_flops(call), [why]
+
+
 KIND = RegionKind(
     name="conv2d",
     specs=all_conv2d_specs,
@@ -114,7 +124,7 @@ KIND = RegionKind(
     ),
     report_line=_report_line,
     flops_name="conv2d",
-    left_in_tvm={"relax.nn.conv2d": left_in_tvm_row},
+    left_in_tvm={"relax.nn.conv2d": left_in_tvm_row, "relax.nn.conv1d": conv1d_left_in_tvm_row},
     # after the shared canonicalizations, so that the conv is the 16-bit one its patterns match
     finish=(pad_odd_input_channels, merge_narrow_groups),
     tile_spelling=TILE_SPELLING,
