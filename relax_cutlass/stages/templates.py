@@ -122,17 +122,17 @@ __attribute__((visibility("hidden"))) void __cxa_guard_abort(uint64_t* guard) {
 # before it have finished and their writes are visible.
 # RELAX_CUTLASS_PDL: unset or "1", each kind's default: PDL outside CUDA graphs everywhere; inside
 # graph capture (TVM's use_cuda_graph build) for the SM90 GEMMs of at most PDL_IN_GRAPHS_MAX_FLOPS
-# only. Measured with bench/pdl_ab.py on the H100 (session 25), CUDA-graph builds:
+# only. Measured with bench/pdl_ab.py on the H100 (bench/results, 2026-11-27), CUDA-graph builds:
 #   BERT-large 8 x 128: PDL in graphs for the GEMMs alone 1.775 ms, for no kind 1.842, for the norms
-#     alone 2.001, for attention alone 1.838 (a second machine: GEMMs 1.760, none 1.794);
+#     alone 2.001, for attention alone 1.838 (another H100: GEMMs 1.760, none 1.794);
 #   GEMMs in graphs against none: GPT-2 0.591 against 0.637 ms, Llama-GQA 0.499 / 0.505, Phi-3
 #     0.492 / 0.496, but llama_8b_2l (hidden 4096, 1 x 2048; GEMMs of 69-240 GFLOP) 3.215 / 2.997.
-# PDL hides a GEMM's launch and prologue (1.5-2 us, session 8) behind the kernel before it: that
+# PDL hides a GEMM's launch and prologue (1.5-2 us on the H100) behind the kernel before it: that
 # matters for short GEMMs and not for ones of 100 us and more, which lost 7% here (why is not
 # known), so those launch plainly inside graphs. Without graphs PDL saves 5% on BERT-large
-# (session 23: 1.943 against 2.043 ms). "always": PDL in graphs for every kind and size;
+# (H100, 2026-11-27: 1.943 against 2.043 ms). "always": PDL in graphs for every kind and size;
 # "always:" and kinds joined by "+" ("always:gemm+norm"): in graphs for those kinds' kernels only,
-# every size ("always:none": in graphs for none, the default before session 25); "0": never.
+# every size ("always:none": in graphs for none, PDL outside them only); "0": never.
 PDL_IN_GRAPHS_MAX_FLOPS = 4e10  # about 55 us at the H100's 700-770 TFLOP/s; BERT-large's largest 8.6e9
 _PDL_SWITCH = """\
 #include <cstdlib>

@@ -4,7 +4,7 @@ Models that project q, k and v with one GEMM hand each to the attention through 
 its part: GPT-2 `split`s the (B, S, 3E) projection on its last axis; torch's
 nn.MultiheadAttention (ViT) unflattens it to (3, S, B, E) with reshape, expand_dims, permute_dims
 and squeeze, then `take`s part i. TVM writes every one of those as a copy (ViT-B/16 at batch 8:
-0.46 of its 1.70 ms on the H200, session 19). `packed_projection_slices` rewrites each such part
+0.46 of its 1.70 ms on the H200, measured 2026-11-27). `packed_projection_slices` rewrites each such part
 as what it is in value, `strided_slice(P, [last axis], [lo], [hi])` of the projection P, a form the
 attention pattern takes into its region: the kernel then reads q, k and v in place, through
 strides and an offset, and nothing is copied. Exact: a slice selects the same elements.

@@ -29,8 +29,8 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),)}
 # emit_sm90.SM90_SCHEDULES' names; profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
-# The heuristic's schedule per head dim, as measured on the H100 (session 23, fp16, seq 4096 and
-# 8192, causal and not, bench/results/2026-11-27-session23-attention-sdpa-candidates-nvidia-h100.json): at
+# The heuristic's schedule per head dim, as measured on the H100 (fp16, seq 4096 and 8192, causal
+# and not, bench/results/2026-11-27-attention-sdpa-candidates-nvidia-h100.json): at
 # head dim 64 pingpong 128 x 128 ran at 366-425 TFLOP/s against cooperative 128 x 64's 312-358
 # (0.85-0.98x torch's sdpa instead of 0.73-0.84x); at head dim 128 cooperative stays first
 # (569 TFLOP/s causal at 4096 against pingpong's 506).
@@ -67,8 +67,8 @@ def sm90_candidate_first(
 
 
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
-# padded (`sm90_padded_head_dim`), as measured on the H100 (session 25, fp16, bench/attention_sdpa.py,
-# seq 512 to 4096, causal and not; bench/results/2026-11-27-session25-attention-sdpa-padded-*.json):
+# padded (`sm90_padded_head_dim`), as measured on the H100 (fp16, bench/attention_sdpa.py, seq 512
+# to 4096, causal and not; bench/results/2026-11-27-attention-sdpa-padded-nvidia-h100.json):
 #   96 (Phi-3) on the head-dim-128 cooperative kernel: 178-473 TFLOP/s (0.66-1.03x torch's sdpa),
 #      the SM80 kernel 110-153 (0.30-0.41x);
 #   80 (Phi-2) likewise: 157-401 TFLOP/s (0.67-1.08x sdpa), the SM80 kernel 91-127;

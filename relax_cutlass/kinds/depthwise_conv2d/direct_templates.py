@@ -3,7 +3,7 @@ convolution written for relax_cutlass (the "direct" tiles, `BlockedTile`).
 
 Why a hand-written kernel: CUTLASS 2.x's SIMT direct convolution (examples/46, the kind's other
 family) was measured on an H200 against cuDNN (fp16, channels_last, batch 32;
-bench/results/2026-11-26-session16-depthwise-tiles-nvidia-h200.json), ms per conv, cuDNN / best
+bench/results/2026-11-26-depthwise-tiles-nvidia-h200.json), ms per conv, cuDNN / best
 CUTLASS tile, for ConvNeXt-tiny's 7x7 stride-1 convs: 56x56x96 0.095 / 0.146, 28x28x192 0.056 /
 0.086, 14x14x384 0.032 / 0.061, 7x7x768 0.024 / 0.039 -- weighted by how often the model runs each
 (3, 3, 9, 3), cuDNN 0.81 ms against CUTLASS's 1.37 ms, the largest single cost of ConvNeXt's ~3.9 ms

@@ -19,7 +19,7 @@ from .records import MAX_GRID_Z, MAX_HALO_BYTES, BlockedTile, DepthwiseKernel, D
 FIXED_GEOMETRIES = {((1, 1), (1, 1)), ((2, 2), (1, 1))}
 # Output tiles, from cutlass_library's depthwise generator (8x8 / 4x4 tiles of 16-64 channels),
 # chosen by bench/depthwise_tiles.py on an H200 (ConvNeXt-tiny's and EfficientNet-B0's depthwise
-# convs at batch 32; bench/results/2026-11-26-session16-depthwise-tiles-*.json): 8x8 tiles of 32
+# convs at batch 32; bench/results/2026-11-26-depthwise-tiles-nvidia-h200.json): 8x8 tiles of 32
 # channels were fastest wherever C is not a multiple of 64 (a 64-channel tile then computes padding
 # channels: C = 96 is 2 tiles of 64, half of the second idle) and for 3x3 / 5x5 filters on small
 # (< 14x14) outputs; 64-channel tiles where C is a multiple of 64 on larger ones. A 7x7 filter in
@@ -88,7 +88,7 @@ def choose_depthwise_kernel(
 # to leave the fewest idle channels in the last group (ties: the wider); 8 x 16 output pixels per
 # CTA, 4 x 4 per thread, smaller where the halo would not fit or the grid would not fill the GPU.
 # No 24-channel groups: bench/depthwise_tiles.py measured them slower than 16 on the H200 (56x56
-# x 144, 3x3: 0.048 ms against 0.035; 2026-11-26-session16-depthwise-tiles-direct-*.json).
+# x 144, 3x3: 0.048 ms against 0.035; 2026-11-26-depthwise-tiles-direct-nvidia-h200.json).
 DIRECT_GROUPS = (32, 16, 8)
 # CTAs the grid aims for per SM at least (a symbolic batch counts as 16 images: no tile is shrunk
 # for a batch of 1 that may never come).

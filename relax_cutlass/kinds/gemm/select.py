@@ -173,8 +173,8 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
 # Accumulator registers per thread an SM90 configuration may need. A ping-pong warp group holds a
 # whole CTA tile, a cooperative one half of it: 128x256 ping-pong (and 256x256 cooperative) need 256
 # fp32 registers per thread, more than a consumer warp group gets (240), and spill. On the H100
-# every such kernel cutlass_library lists ran 10-20x slower than the fastest candidate (session 6-7
-# tuning records), wasting tuning slots and compile time.
+# every such kernel cutlass_library lists ran 10-20x slower than the fastest candidate (tuning records
+# of 2026-11-23), wasting tuning slots and compile time.
 SM90_MAX_ACCUMULATOR_REGISTERS = 128
 
 
@@ -310,7 +310,7 @@ def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
 
 
 # Two timings closer than this are a tie: back-to-back launches in the profiler and the same
-# kernel inside a model differ by a few percent (H100, session 6: conv stages whose stage-2 winner
+# kernel inside a model differ by a few percent (H100, 2026-11-23: conv stages whose stage-2 winner
 # was 2% faster alone ran 4% slower in the model).
 TIE_MARGIN = 0.03
 
@@ -386,19 +386,19 @@ SM90_HEURISTIC_TILES = ((128, 128, 64), (128, 256, 64), (256, 128, 64))
 SM90_PINGPONG = ((128, 128, 64), (2, 1, 1))  # short main loops: K <= 2048, >= 2 waves of tiles
 SM90_COOPERATIVE_TIE = ((256, 128, 64), (1, 2, 1))
 # Where 128x128 tiles fill at most half of the SMs: 64x128 ping-pong on a 2x1 cluster (twice the
-# CTAs). Tuned on the H200 (session 20, the profiler timing both small tiles, both schedules and
+# CTAs). Tuned on the H200 (2026-11-27, the profiler timing both small tiles, both schedules and
 # the heuristic's 128x128), a small tile won every such problem of BERT-large and GPT-2: 64x128
 # ping-pong at 1024x1024x4096 (15.8 vs 20.7 us) and 512x768x768 (5.3 vs 5.8), 128x64 cooperative
-# at 512x768x3072 (9.8 vs 16.0) and 1024x1024x1024 (7.4 vs 7.9); session 19's BERT-large took
-# 64x128 ping-pong for all of its 1024-wide projections.
+# at 512x768x3072 (9.8 vs 16.0) and 1024x1024x1024 (7.4 vs 7.9); a BERT-large tuning on the H200
+# took 64x128 ping-pong for all of its 1024-wide projections.
 SM90_UNDERFILLED = ((64, 128, 64), (2, 1, 1), "pingpong")
 # ... unless the output is float32 (the residual stream ToMixedPrecision leaves: a Llama's o and
 # down projections): then 128x64 cooperative on a 2x1 cluster. With one tile per SM nothing hides a
 # ping-pong tile's epilogue, which one warp group does alone, and a 32-bit output doubles it; a
-# cooperative tile splits it over two. Tuned on the H100 (session 23, Llama-GQA at 1 x 512), it
+# cooperative tile splits it over two. Tuned on the H100 (2026-11-27, Llama-GQA at 1 x 512), it
 # ran 21.5 vs 25.2 us at 512x2048x5632 and 9.3 vs 10.9 at 512x2048x2048 (17% each), while at
 # 16-bit outputs the two were within 3% on BERT-large's 1024^3 and 64x128 ping-pong 5-6% ahead at
-# 1024x1024x4096 (session 24).
+# 1024x1024x4096 (bench/results/2026-11-27-tuning-nvidia-h100.jsonl).
 SM90_UNDERFILLED_WIDE_OUTPUT = ((128, 64, 64), (2, 1, 1), "cooperative")
 
 
