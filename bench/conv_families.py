@@ -7,9 +7,10 @@ cudnn.benchmark), each checked against torch float64.
     python bench/conv_families.py [--batches 32,1] [--out DIR]
 
 Each family's convs are one module (a function per conv), built once; the table weights each conv
-by how often ResNet-50 runs it. The "SM90" column is family="auto", the heuristic's choice: since
-this benchmark's first run (bench/results/2026-11-26-session15-conv-families-*.json, where it was
-the SM90 kernel for every conv) convs with C < 128 keep the SM80 kernel there (select_3x.py).
+by how often ResNet-50 runs it. The "SM90" column is family="auto", the heuristic's choice: convs
+with C < 128 keep the SM80 kernel there (select_3x.py), as measured on the H200
+(bench/results/2026-11-26-conv-families-nvidia-h200.json, whose "SM90" column is the SM90 kernel for
+every conv).
 JSON under DIR. Needs a Hopper GPU, torch and TVM's compiler (the GPU host with the full bundle).
 """
 

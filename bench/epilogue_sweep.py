@@ -36,8 +36,8 @@ GELU_TILES = (
     "tb128x128x64_c1x2x1_cooperative_streamk",
     "tb256x128x64_c1x2x1_cooperative_streamk",
 )
-# CUTLASS's own erf GELU (erff, about 20 instructions per element), which relax_cutlass used for
-# every output type before session 7; "gelu" is now the 16-bit polynomial form (templates.py).
+# CUTLASS's own erf GELU (erff, about 20 instructions per element), for comparison with
+# relax_cutlass's "gelu", the 16-bit polynomial form (templates.py).
 ERFF_TILES = (
     "tb128x128x64_c2x1x1_pingpong",
     "tb128x256x64_c1x2x1_cooperative",

@@ -90,8 +90,8 @@ def alternating_samples(
 def time_alternating(timers: dict[str, Callable[[], float]], rounds: int = 3, discard: int = 1) -> dict[str, float]:
     """Median of `rounds` measurements per timer, taken in turn after `discard` rounds thrown away.
     A GPU's clocks drift with its temperature over a run: timed one after the other, the first of
-    two equal kernels looks faster (H100, session 6: 8% on 8192^3), and the first round after the
-    warm-up ran 7-10% faster than every later one for relax_cutlass and cuBLAS alike (H100, session
-    7), so ratios are taken this way."""
+    two equal kernels looks faster (H100, 2026-11-23: 8% on 8192^3), and the first round after the
+    warm-up ran 7-10% faster than every later one for relax_cutlass and cuBLAS alike (the same
+    H100), so ratios are taken this way."""
     samples = alternating_samples(timers, rounds, discard)
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -173,7 +173,7 @@ BUILDERS = {
         num_hidden_layers=2,
         vocab_size=32000,
     ),
-    # Siblings of GPT-2's packed projection (session 19): Falcon's fused projection with multi-query
+    # Siblings of GPT-2's packed projection: Falcon's fused projection with multi-query
     # attention (its key/value heads taken with negative indices: NaN in TVM's float16 build before
     # FixTvmCudaForms wrapped them) and GPT-NeoX's (Pythia's) per-head interleaved q/k/v
     "falcon_mq": _transformer(
@@ -198,7 +198,7 @@ BUILDERS = {
         vocab_size=32000,
     ),
     # Phi-3-mini's layer shapes (hidden 3072, 32 heads, intermediate 8192), two layers: its packed
-    # gate_up_proj is split so the gated multiply fuses (session 21; before, it ran in TVM)
+    # gate_up_proj is split so the gated multiply fuses (unsplit, it runs in TVM)
     "phi3": _transformer(
         "Phi3Config",
         "Phi3Model",

@@ -2,7 +2,7 @@
 from_torch -> offload_pipeline (externs served by their regions' llvm-built composites) -> the
 offloaded module against torch float32 and TVM's own build, and both modules through TVM's CUDA
 build (compile only: no GPU needed, nvcc is not called). It finds the crashes, wrong results and
-unfused attention a new user of a family would meet, before a GPU session.
+unfused attention a new user of a family would meet, without a GPU.
 
     python scripts/hf_sweep.py [--families mistral,qwen2,...] [--seq 24] [--batch 1] [--symbolic] [--json F]
 
