@@ -589,7 +589,7 @@ def test_emitted_kernel_and_glue():
 
 
 def test_a_bias_off_16_byte_rows_is_padded_at_run_time():
-    """Regression (session 21, H100): BERT and Llama exported with a symbolic sequence length ran
+    """Regression (H100): BERT and Llama exported with a symbolic sequence length ran
     only at lengths that are multiples of 8; the glue raised "pad the sequence" at 7 and 300 keys.
     Now the kernel's run function copies such a bias into rows rounded up to 8 keys (PadBiasRows)
     and no key count is refused, static (13 keys) or symbolic."""
@@ -653,7 +653,7 @@ def test_torchvision_vit_attention_is_fused():
 
 
 def test_torchvision_vit_attention_with_head_dim_64_is_fused():
-    """Regression (ViT-B/16 on the H100, session 12: its 24 attention matmuls stayed in TVM): at
+    """Regression (ViT-B/16 on the H100: its 24 attention matmuls stayed in TVM): at
     head dim 64 torch.export scales q and k^T by 1/sqrt(8) each, no power of two, so the scales
     cannot run in float16 bit-identically; they stay in float32 between two casts, which the
     pattern reads through. The test above uses head dim 16, whose scales are 0.5."""

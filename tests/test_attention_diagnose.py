@@ -1,6 +1,6 @@
 """The offload report on an attention that stays in TVM: its two batched matmuls' rows say that
-they are an attention's and which ops between the scores and the softmax no pattern read (session
-23: Gemma-2's soft-capping and BLOOM's ALiBi were reported as plain batched matmuls)."""
+they are an attention's and which ops between the scores and the softmax no pattern read
+(Gemma-2's soft-capping, BLOOM's ALiBi), rather than plain batched matmuls."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_an_attention_of_a_form_no_pattern_reads_says_so():
     ],
 )
 def test_real_models_attention_left_in_tvm_says_why(family, says):
-    """The three families of scripts/hf_sweep.py (session 22) whose attention stays in TVM."""
+    """The three families of scripts/hf_sweep.py whose attention stays in TVM."""
     import torch
     import transformers
     from hf_sweep import VOCAB, _model

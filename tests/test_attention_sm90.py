@@ -273,8 +273,8 @@ def test_a_tuning_record_in_which_the_padded_sm90_kernel_won_takes_it(tmp_path, 
 )
 def test_a_padded_head_dim_measured_faster_takes_the_sm90_kernel(head_dim, padded, schedule):
     """The head dims in SM90_PADDED_FIRST (Phi-3's 96, Phi-2's 80, 32: 1.6-3.3x the SM80 kernel's
-    speed on the H100, session 25) run padded by the heuristic, on the wider head dim's first
-    schedule, with the SM90 family's key."""
+    speed on the H100, bench/attention_sdpa.py) run padded by the heuristic, on the wider head
+    dim's first schedule, with the SM90 family's key."""
     problem = dataclasses.replace(HD96, head_dim=head_dim, head_dim_value=head_dim, scale=head_dim**-0.5)
     kernel = choose_attention_kernel(problem, 90)
     assert kernel.arch == 90 and kernel.max_head_dim == padded and kernel.schedule == schedule
@@ -301,7 +301,7 @@ def test_tuning_record_picks_the_schedule(tmp_path):
         (128, "TopLeft", 1, None, None),
         (128, "TopLeft", 4, None, None),
         # what profiling adds, in one compile: the warp groups' ordered softmax, persistent, on
-        # head dim 64's 128 x 128 tile (each candidate ran against sdpa on the H100, session 22)
+        # head dim 64's 128 x 128 tile (each candidate checked against sdpa on the H100)
         (64, "TopLeft", 1, (128, 128), "pingpong_locked"),
     ],
 )

@@ -264,7 +264,7 @@ def _partial_rotary_module(rotary: int, head_dim: int = 32):
 
 
 def test_an_empty_concat_operand_is_dropped_so_tvm_builds_the_module():
-    """Regression (session 22, the zoo's Phi-3 on the H100): with the rotary dim the whole head dim,
+    """Regression (the zoo's Phi-3 on the H100): with the rotary dim the whole head dim,
     the pass-through slice is empty, and TVM 0.27's CUDA build divides by zero scheduling the cast
     over it ("Check failed: pb->value != 0"): Phi-3 built neither offloaded nor in TVM. The empty
     operand and its producers go; a partial rotary (a real pass-through) keeps its concat."""

@@ -179,7 +179,7 @@ def test_an_input_free_mask_of_zeros_is_dropped():
 
 
 def test_bert_without_an_attention_mask_runs_attention_with_no_mask_tensor():
-    """Regression (bert_large in the zoo, session 18): transformers' BERT called without an
+    """Regression (bert_large in the zoo): transformers' BERT called without an
     attention_mask adds where(arange(S) >= 0, 0, -inf), a mask of zeros, to every layer's scores;
     read as a bias it kept BERT-large on the SM80 kernel (0.29 ms of 2.4 ms) plus a masked-rows
     fix-up kernel per layer."""

@@ -20,8 +20,8 @@ from relax_cutlass.kinds.epilogue import Epilogue
 
 
 def test_depthwise_kind_is_registered_by_default_and_the_old_opt_in_still_works(monkeypatch):
-    """On by default since its kernels passed on the H200 (session 13); the opt-in spellings of
-    the sessions before stay accepted (a no-op)."""
+    """On by default (its kernels pass the GPU tests on the H200); the older opt-in spellings stay
+    accepted (a no-op)."""
     from relax_cutlass import kinds
 
     assert kinds.is_registered("depthwise_conv2d")

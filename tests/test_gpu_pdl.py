@@ -1,4 +1,4 @@
-"""Programmatic dependent launch across a transformer's kernel chain, on the GPU (session 23).
+"""Programmatic dependent launch across a transformer's kernel chain, on the GPU.
 
 The SM90 GEMMs, the norm kernel and the SM90 attention kernel launch as programmatic dependents
 (PDL) outside CUDA graphs, and plainly while a stream is captured into one. A kernel that read its

@@ -101,7 +101,7 @@ class _MultiQuery(torch.nn.Module):
 @pytest.mark.parametrize("form, batch", [("causal", 1), ("causal", 2), ("padding", 2), ("expand", 3)])
 def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(form, batch):
     """Falcon's multi-query attention (one kv head broadcast to all query heads) stayed in TVM:
-    the broadcast was refused as a repeat of data (session 20, the zoo's falcon_mq). It is grouped-
+    the broadcast was refused as a repeat of data (the zoo's falcon_mq). It is grouped-
     query attention with G = N: one region, the kv head read for every query head, never written."""
     heads, rows, h = 4, 24, 16
     q = torch.randn(batch, heads, rows, h)

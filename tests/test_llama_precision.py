@@ -139,7 +139,7 @@ def test_offload_pipeline_keeps_a_conv_left_in_tvm_summing_in_float32():
 
 
 # How rotary embeddings compute their angles, by source: transformers' Llama until 5.2x
-# (`inv_freq[None, :, None] @ position_ids[:, None, :]`, a K=1 batched matmul, as the lent GPU
+# (`inv_freq[None, :, None] @ position_ids[:, None, :]`, a K=1 batched matmul, as the GPU
 # host's transformers exports it), transformers 5.24 (a broadcast multiply), GPT-NeoX/RoFormer-era
 # code (torch.outer) and einsum-based code.
 ROTARY_ANGLES = {

@@ -239,7 +239,7 @@ def test_from_torch_imports_gpt2_with_its_cache_on_and_integer_token_ids():
     # causal attention, 4 GEMMs, ln_1, ln_2 and ln_f (the norm kind)
     assert ops == ["attention", "matmul", "matmul", "matmul", "matmul", "norm", "norm", "norm"]
     # GPT-2's tanh gelu (NewGELUActivation, decomposed) runs in c_fc's epilogue: TVM ran it as a
-    # kernel of its own, 0.058 of GPT-2's 0.82 ms on the H200 (session 19's profile)
+    # kernel of its own, 0.058 of GPT-2's 0.82 ms on the H200 (a per-kernel profile)
     epilogues = [r["epilogue"] for r in relax_cutlass.offload_report(offloaded).offloaded if r["op"] == "matmul"]
     assert "bias+gelu_tanh" in epilogues, epilogues
 
@@ -379,7 +379,7 @@ def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
     assert mod["main"].ret_ty.fields[0].shape.values[1].same_as(length)  # an exact output type
     offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
     assert relax_cutlass.offload_report(offloaded).offloaded
-    # The attention is one region (session 20: it stayed in TVM, unreported, because torch.export
+    # The attention is one region (it stayed in TVM, unreported, because torch.export
     # writes the safe softmax's zeros as full_like(scores, 0) at a symbolic length; then Llama's
     # region failed at codegen: its repeat_kv broadcast's shape is a Shape parameter in the region).
     # The mask, built from the symbolic length at run time, is read as an additive bias.
@@ -411,8 +411,8 @@ def _multi_query_falcon(transformers, layers: int):
 def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
     """Falcon's multi-query attention takes its key and value heads out of the fused projection
     as `fused[..., [-2], :]` and `[..., [-1], :]`; TVM's frontend writes `take(mode="fast")`, which
-    read before the tensor: NaN outputs in float16 (session 19, a sibling of GPT-2's packed
-    projection). FixTvmCudaForms wraps the constant indices as torch does."""
+    read before the tensor: NaN outputs in float16 (a sibling of GPT-2's packed projection).
+    FixTvmCudaForms wraps the constant indices as torch does."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
@@ -427,8 +427,8 @@ def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
     assert np.isfinite(got).all() and rel_error(got, expected) < 1e-2
     offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
     assert rel_error(run_vm(build_cpu(offloaded), [ids.numpy()]), expected) < 1e-2
-    # its multi-query attention is one region per layer (session 20: the broadcast of the one kv
-    # head was refused, and the attention ran in TVM: 1.8 of 2.3 ms in the zoo's falcon_mq)
+    # its multi-query attention is one region per layer (with the broadcast of the one kv head
+    # refused, the attention ran in TVM: 1.8 of 2.3 ms in the zoo's falcon_mq)
     report = relax_cutlass.offload_report(offloaded)
     attention = [r for r in report.offloaded if r["op"] == "attention"]
     assert sum(r["calls"] for r in attention) == 2, str(report)
@@ -473,7 +473,7 @@ def test_negative_take_indices_over_a_symbolic_axis_become_slices(index):
 
 
 def test_falcon_with_a_symbolic_sequence_length_is_right():
-    """Regression (session 21): Falcon exported with a torch.export.Dim took its key/value heads
+    """Regression: Falcon exported with a torch.export.Dim took its key/value heads
     with negative indices that were wrapped only when the whole shape was static: TVM's own build
     of from_torch's module read before the tensor (NaN at 3 tokens, 24% off at 16). The heads axis
     is static, so the indices are wrapped."""
@@ -498,7 +498,7 @@ def test_falcon_with_a_symbolic_sequence_length_is_right():
 
 @pytest.mark.parametrize("family, axis", [("llama", 1), ("gpt2", 1), ("bert", 1), ("gpt_neox", 1), ("bert", 0)])
 def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(family, axis):
-    """Regression (session 21): with a symbolic sequence length torch.export writes each linear
+    """Regression: with a symbolic sequence length torch.export writes each linear
     layer as reshape(s, K) -> matmul -> reshape(1, s, N); FoldLinearReshapes only folded static
     shapes, so every epilogue after it (GELU, residual add, the gated multiply) and the joined q|k|v
     projections were lost: GPT-NeoX, Falcon, Mistral and Qwen2 offloaded bare GEMMs. Now each
@@ -531,7 +531,7 @@ def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(fami
 
 
 def test_a_dim_whose_guards_torch_cannot_prove_is_exported_as_dim_dynamic():
-    """Regression (session 22, the lent H100's torch 2.11): torch.export refused a Llama with a
+    """Regression (torch 2.11, on the H100 host): torch.export refused a Llama with a
     named Dim("seq", min=2, max=512) ("Constraints violated (seq)! Not all values ... satisfy the
     generated guard min(32*s, 64*s) == 32*s"), a guard it could not prove over the range. from_torch
     retries with Dim.DYNAMIC and the same bounds, says so, and the length stays symbolic. Here a

@@ -66,10 +66,10 @@ def test_a_packed_projection_read_by_anything_else_stays():
 
 
 def test_phi3_gated_mlp_fuses_and_matches_torch():
-    """A transformers Phi-3 (packed gate_up_proj, decomposed SiLU): before, every MLP multiply
-    stayed in TVM with the activation (session 21's probe). TVM's CUDA build of the imported module
-    works too (session 22: the empty pass-through of its full-width rotary embedding did not
-    build on the H100)."""
+    """A transformers Phi-3 (packed gate_up_proj, decomposed SiLU): without the split, every MLP
+    multiply stays in TVM with the activation. TVM's CUDA build of the imported module works too
+    (the empty pass-through of its full-width rotary embedding, which TVM cannot build, is
+    dropped)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from harness import offload_pipeline_on_cpu

@@ -2,7 +2,7 @@
 
 GPT-2 splits its (B, S, 3E) c_attn output; torch's nn.MultiheadAttention (torchvision's ViT)
 unflattens its in-projection to (3, S, B, E) and takes each part. TVM wrote each of those as a
-copy (ViT-B/16 at batch 8 spent 0.46 of its 1.70 ms on the H200 in them, session 19);
+copy (ViT-B/16 at batch 8 spent 0.46 of its 1.70 ms on the H200 in them);
 `packed_projection_slices` writes them as strided slices of the projection, which the attention
 region takes in: one parameter in the query, key and value roles, each read from its own offset.
 Checked here: the rewrite (exact, and only for true slices), the region's problem record against

@@ -75,7 +75,7 @@ def test_gpt2_with_sdpa_imports_at_any_batch():
 
 
 def test_gpt2_padded_batch_with_a_symbolic_length_fuses_its_attention():
-    """Regression (session 22): GPT-2 at batch > 1 imports with transformers' eager attention,
+    """Regression: GPT-2 at batch > 1 imports with transformers' eager attention,
     whose float32 finfo.min mask is cast to -inf with a safe-softmax tail of 1/T for the rows it
     masks entirely; with a symbolic length T that tail had no constant, so the attention stayed
     in TVM. The tail is now the softmax of a row of zeros, read as the kernel's "mean" rows.

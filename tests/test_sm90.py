@@ -67,7 +67,7 @@ def test_heuristic_follows_the_measured_sweep(m, k, n, expected):
 
 @pytest.mark.parametrize("m, n, k", [(1024, 1024, 4096), (1024, 1024, 1024), (512, 768, 3072), (128, 1024, 1024)])
 def test_under_filled_problems_take_the_small_tile_that_tuning_picked(m, n, k):
-    """Where 128x128 tiles fill at most half of the SMs, 64x128 ping-pong (session 20, H200 tuning:
+    """Where 128x128 tiles fill at most half of the SMs, 64x128 ping-pong (H200 tuning:
     a small tile won every such BERT-large / GPT-2 problem, e.g. 15.8 vs 20.7 us at 1024x1024x4096);
     the profiler still times the large tile right after the small ones."""
     problem = GemmProblem(m, n, k, False)
@@ -82,7 +82,7 @@ def test_under_filled_problems_take_the_small_tile_that_tuning_picked(m, n, k):
 def test_under_filled_float32_outputs_take_128x64_cooperative(m, n, k):
     """A float32 output (the residual stream's projections, e.g. a Llama's o and down GEMMs):
     128x64 cooperative on a 2x1 cluster, which beat 64x128 ping-pong by 17% at 512x2048x5632 and
-    512x2048x2048 (H100, session 23 tuning of Llama-GQA); the profiler still times the ping-pong
+    512x2048x2048 (H100 tuning of Llama-GQA); the profiler still times the ping-pong
     tile, and 16-bit outputs of the same shape keep it."""
     problem = GemmProblem(m, n, k, True, element_out="float32")
     kernel = choose_kernel(problem, Epilogue(), 90)
@@ -328,7 +328,7 @@ def test_choice_does_not_depend_on_the_hash_seed():
     "value, modes, captured",
     [
         # default: the GEMMs keep PDL inside CUDA graphs up to PDL_IN_GRAPHS_MAX_FLOPS per launch,
-        # the norms and attention do not (session 25)
+        # the norms and attention do not (bench/pdl_ab.py on the H100)
         (None, (3, 1, 1), "1 0 1 0 0"),
         ("1", (3, 1, 1), "1 0 1 0 0"),
         ("0", (0, 0, 0), "0 0 0 0 0"),
@@ -411,15 +411,15 @@ int main() {
 
 def test_sm90_kernels_launch_as_programmatic_dependents():
     """PDL hid 1.5-2 us of each back-to-back SM90 GEMM behind the previous kernel's tail on the H100
-    (session 8 sweep). CUTLASS reads the switch when its headers are included, so it must come
-    first; CUTLASS 2.x (SM80) kernels have no such launch."""
+    (bench/results/2026-11-23-pdl-sweep-nvidia-h100.json). CUTLASS reads the switch when its
+    headers are included, so it must come first; CUTLASS 2.x (SM80) kernels have no such launch."""
     text = emit_kernel(region(dense_epilogue_model(512, 256, 128)).kernel).text
     assert text.index("#define CUTLASS_ENABLE_GDC_FOR_SM90") < text.index("#include")
     assert (
         "/*launch_with_pdl=*/LaunchWithPdl(stream, 2.0 * m * n * k))" in text and 'getenv("RELAX_CUTLASS_PDL")' in text
     )
     # the switch asks whether the stream is being captured: in CUDA graphs only the GEMMs keep PDL
-    # by default (session 25, bench/pdl_ab.py)
+    # by default (bench/pdl_ab.py)
     assert "cudaStreamIsCapturing(stream, &capture)" in text
     text80 = emit_kernel(region(dense_epilogue_model(512, 256, 128), arch="sm_80").kernel).text
     assert "GDC" not in text80 and "status = op.run(stream);" in text80

@@ -293,8 +293,8 @@ def test_a_build_on_the_target_gpu_profiles_database_misses_once(monkeypatch, tm
 
 def test_profiling_re_times_records_of_an_older_candidate_set_or_another_gpu(monkeypatch, tmp_path, capsys):
     """A record that never timed one of today's candidates, or was measured on another GPU model,
-    is timed again by a build that profiles (session 23: the H100 builds kept an H200's records,
-    and an attention record from before its new candidates, forever)."""
+    is timed again by a build that profiles (otherwise H100 builds would keep an H200's records, and
+    an attention record from before its new candidates, forever)."""
     import relax_cutlass.stages.profile_runner
 
     gpu = _FakeGpu(monkeypatch, arch=80)
