@@ -89,12 +89,10 @@ def main() -> None:
                 )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
-    readme = ROOT / "README.md"
-    sys.path.insert(0, str(ROOT / "bench"))
-    from publish import replace_section
+    from publish import render  # bench/publish.py, beside this script
 
-    readme.write_text(replace_section(readme.read_text(), "BUILD-TABLE", table(results, args.out)))
-    print(f"wrote {args.out} and the README table")
+    render()
+    print(f"wrote {args.out} and docs/results.md")
 
 
 def table(results: dict, path: Path) -> str:

@@ -1,7 +1,7 @@
 """The GPU suite's benchmarks on a GPU host with the whole TVM (../shared/gpu/make-full-bundle): each
 case built in-process (relax_cutlass's build and TVM's own, bench/gpu_build.py), then timed against
 TVM's default build, torch eager (cuBLAS / cuDNN) and torch.compile; a table is printed and
-OUT/gpu_results.json written (bench/publish.py turns it into the README's tables).
+OUT/gpu_results.json written (bench/publish.py turns it into docs/results.md's tables).
 
     python3 bench/gpu_suite.py --out build/gpu-bench [--only bench ...] [--match REGEX] [--rounds N]
         [--tuning-db tuning.jsonl] [--phase all|build|run|prewarm] [--no-compile]

@@ -1,9 +1,11 @@
-"""Publish a GPU run: copy its results JSON under bench/results/ and rewrite the README tables.
+"""Publish GPU runs: results JSON under bench/results/, named by date and GPU; docs/results.md and the
+README's results table generated from the latest run of each benchmark per GPU.
 
-python bench/publish.py /work/.device/N/gpu_results.json [--tag foundation]
+    python bench/publish.py                                   # regenerate docs/results.md and the README table
+    python bench/publish.py gpu_results.json [--tag gpu-suite]   # a GPU suite run (bench/gpu_suite.py), then regenerate
+    python bench/publish.py --zoo zoo.json --gpu nvidia-h100  # a zoo run (bench/zoo.py), then regenerate
 
-Each README table lives between `<!-- NAME -->` and `<!-- /NAME -->` and is rewritten only when the
-run has results for it (a run of the conv2d sections leaves the GEMM table as it was).
+bench/results keeps the latest run of each benchmark per GPU; earlier runs live in git history.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _timing(results: dict) -> str:
-    """How the run timed relax_cutlass against its peers (runs before session 7: one after the other)."""
+    """How the run timed relax_cutlass against its peers (older runs: one after the other)."""
     rounds = results.get("bench_rounds")
     return f" (relax_cutlass, cuBLAS and torch eager timed in turn, {rounds} rounds)" if rounds else ""
 
@@ -58,7 +60,7 @@ def table(results: dict) -> str:
             f"| | {r['speedup_vs_tvm']:.1f} | {r['speedup_vs_torch_eager']:.2f} | |"
         )
     tests = results.get("tests", [])
-    if not tests:  # correctness checked by another call of the session: say so, never "0/0"
+    if not tests:  # correctness checked by another run: say so, never "0/0"
         return "\n".join([*lines, "", results.get("checks_note", "No correctness checks in this run.")])
 
     def worst(key, dtypes):
@@ -377,44 +379,199 @@ def plot(results: dict, path: Path) -> bool:
     return True
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("results")
-    ap.add_argument("--tag", default="foundation")
-    ap.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        help="README section to leave as published although the results have it (e.g. CONV-TABLE)",
-    )
-    args = ap.parse_args()
-    results = json.loads(Path(args.results).read_text())
-    device = re.sub(r"[^a-z0-9]+", "-", results["device"].lower()).strip("-")
-    out = ROOT / "bench" / "results" / f"{date.today()}-{args.tag}-{device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+RESULTS = ROOT / "bench" / "results"
+ZOO_FILE = r"\d{4}-\d{2}-\d{2}-zoo-nvidia-h\d00\.json"  # one per date and GPU: each model's latest record
+GPU_NAMES = {"nvidia-h100": "NVIDIA H100", "nvidia-h200": "NVIDIA H200", "cpu": "CPU"}
+ZOO_NOTE = (
+    "`bench/zoo.py`: stock torchvision / transformers models (random init, no download), imported with "
+    "`from_torch`, each built and timed in its own process; fp16; median ms; relax_cutlass and TVM's default "
+    "build also with TVM's CUDA-graph build (in parentheses). Errors are relative L2 against torch float64 on "
+    "the GPU, torch's own fp16 error beside it (a row passes at max(1e-2, 1.5x torch fp16's)). `vs "
+    "reduce-overhead` is torch.compile(mode='reduce-overhead') (CUDA graphs), torch's best here, over our best."
+)
+
+
+def gpu_of(path: Path) -> str:
+    """The GPU a result file was measured on, from its name (`...-nvidia-h100.json`), or "cpu" / ""."""
+    found = re.search(r"(nvidia-h\d00|cpu)(-[a-z]+)?\.(json|jsonl|png)$", path.name)
+    return found.group(1) if found else ""
+
+
+def _latest(paths: list[Path]) -> list[Path]:
+    return sorted(paths, key=lambda p: p.name)
+
+
+def zoo_runs() -> dict[str, list[tuple[str, list[dict]]]]:
+    """{gpu: [(date, records)]}, newest first: the zoo files (one per date and GPU, the latest record of
+    each model)."""
+    runs: dict[str, list] = {}
+    for path in _latest([p for p in RESULTS.glob("*-zoo-nvidia-*.json") if re.fullmatch(ZOO_FILE, p.name)]):
+        records = json.loads(path.read_text())
+        if isinstance(records, list):
+            runs.setdefault(gpu_of(path), []).insert(0, (path.name[:10], records))
+    return runs
+
+
+def _best_ms(ms: dict) -> float | None:
+    ours = [ms.get(k) for k in ("relax_cutlass", "relax_cutlass_graph") if ms.get(k)]
+    return min(ours) if ours else None
+
+
+def summary_table(days: int = 1) -> str:
+    """The README's table: each zoo model's latest run per GPU against torch's best, where that run is
+    at most `days` older than the GPU's newest (older ones measured an older relax_cutlass: they stay
+    in docs/results.md, dated)."""
+    from datetime import timedelta
+
+    lines = [
+        "| model | GPU (date) | relax_cutlass ms | torch.compile reduce-overhead ms | vs torch's best "
+        "| error vs fp64 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gpu, runs in sorted(zoo_runs().items()):
+        seen: set[str] = set()
+        newest = date.fromisoformat(runs[0][0])
+        for day, records in runs:
+            if date.fromisoformat(day) < newest - timedelta(days=days):
+                continue
+            for r in sorted(records, key=lambda r: r["model"]):
+                best, torch_best = _best_ms(r.get("ms", {})), r.get("ms", {}).get("torch_compile_reduce-overhead")
+                if r["model"] in seen or not best or not torch_best:
+                    continue
+                seen.add(r["model"])
+                errors = [v for k, v in r["error"].items() if k.startswith("relax_cutlass")]
+                ok = "ok" if r.get("ok") else "NOT OK"
+                shape = f"b{r['batch']}" + (f"x{r['seq']}" if r.get("seq") else "")
+                lines.append(
+                    f"| {r['model']} {shape} | {GPU_NAMES.get(gpu, gpu)} ({day}) | {best:.3f} | {torch_best:.3f} "
+                    f"| {torch_best / best:.2f}x | {max(errors, default=float('nan')):.1e} ({ok}) |"
+                )
+    return "\n".join(lines)
+
+
+def _zoo_section() -> list[str]:
+    import zoo  # bench/zoo.py, beside this script
+
+    out = ["## The model zoo", "", ZOO_NOTE, ""]
+    for gpu, runs in sorted(zoo_runs().items()):
+        for day, records in runs:
+            out += [f"### {GPU_NAMES.get(gpu, gpu)}, {day}", "", zoo.table(records), ""]
+    return out
+
+
+def _memcheck_section() -> list[str]:
+    out = []
+    for path in _latest(list(RESULTS.glob("*-memcheck-zoo-*.json")))[-1:]:
+        data = json.loads(path.read_text())
+        out += ["## Memory checks", "", f"{data['what']} ({GPU_NAMES.get(gpu_of(path), '')}, {data['date']}).", ""]
+        out += ["| model | memcheck errors | output finite |", "|---|---|---|"]
+        out += [f"| {r['model']} | {r.get('errors')} | {r.get('output_finite')} |" for r in data["memcheck"]]
+        out += ["", f"Raw results: `{path.relative_to(ROOT)}`.", ""]
+    return out
+
+
+# (section title, results key, table function) of a GPU suite run (bench/gpu_suite.py)
+SUITE_TABLES = (
+    ("GEMM + epilogue", "bench", table),
+    ("conv2d and ResNet-50", "conv_bench", conv_table),
+    ("Fused attention", "attention_bench", attention_table),
+    ("BERT-large end to end", "bert", bert_table),
+)
+
+
+def _suite_file(paths: list[Path], key: str) -> list[Path]:
+    """The suite run a section's table comes from: the newest run published for that section (its
+    name holds the section's word: `-gpu-suite-bert-`), else the newest run that has it."""
+    word = key.split("_")[0]
+    having = [p for p in paths if json.loads(p.read_text()).get(key)]
+    named = [p for p in having if f"-{word}-" in p.name or f"-{word}." in p.name]
+    return (named or having)[-1:]
+
+
+def _suite_section() -> list[str]:
+    out = ["## GPU suite", ""]
+    for gpu in sorted({gpu_of(p) for p in RESULTS.glob("*-gpu-suite*.json")}):
+        paths = _latest([p for p in RESULTS.glob("*-gpu-suite*.json") if gpu_of(p) == gpu])
+        for title, key, render in SUITE_TABLES:
+            for path in _suite_file(paths, key):
+                results = json.loads(path.read_text())
+                figure = path.with_suffix(".png")
+                picture = f"\nPlot: `{figure.relative_to(ROOT)}`.\n" if key == "bench" and figure.exists() else ""
+                out += [f"### {title} ({GPU_NAMES.get(gpu, gpu)}, {path.name[:10]})", "", render(results), picture]
+                out += [f"Raw results: `{path.relative_to(ROOT)}`.", ""]
+        for path in _suite_file(paths, "tuning"):
+            results = json.loads(path.read_text())
+            e2e = tuned_e2e_table(results)
+            body = f"{e2e}\n\n{tuning_table(results['tuning'])}" if e2e else tuning_table(results["tuning"])
+            out += [f"### Tuning ({GPU_NAMES.get(gpu, gpu)}, {path.name[:10]})", "", body, ""]
+            out += [f"Raw results: `{path.relative_to(ROOT)}`.", ""]
+    return out
+
+
+def _build_section() -> list[str]:
+    import build_times  # bench/build_times.py, beside this script
+
+    out = []
+    for path in _latest(list(RESULTS.glob("*-build-times.json")))[-1:]:
+        out += ["## Build times", "", build_times.table(json.loads(path.read_text()), path), ""]
+    return out
+
+
+def _other_section(listed: set[str]) -> list[str]:
+    rest = [p for p in _latest(list(RESULTS.iterdir())) if p.name not in listed]
+    out = ["## Other measurements", "", "The latest run of each other benchmark (each file says how it was made).", ""]
+    out += ["| date | GPU | file |", "|---|---|---|"]
+    out += [f"| {p.name[:10]} | {GPU_NAMES.get(gpu_of(p), '-')} | `{p.relative_to(ROOT)}` |" for p in rest]
+    return out + [""]
+
+
+def render() -> None:
+    """docs/results.md from bench/results, and the README's RESULTS table."""
+    text = [
+        "# Results",
+        "",
+        "Generated by `python bench/publish.py` from `bench/results/`: the latest run of each benchmark per GPU "
+        "(earlier runs are in git history). Do not edit by hand.",
+        "",
+    ]
+    text += _zoo_section() + _memcheck_section() + _suite_section() + _build_section()
+    listed = {m for m in re.findall(r"bench/results/([^`)\s]+)", "\n".join(text))}
+    listed |= {p.name for p in RESULTS.iterdir() if re.fullmatch(ZOO_FILE, p.name) or p.suffix == ".png"}
+    text += _other_section(listed)
+    (ROOT / "docs" / "results.md").write_text("\n".join(text).rstrip() + "\n")
     readme = ROOT / "README.md"
-    text = readme.read_text()
-    raw = f"Raw results: `{out.relative_to(ROOT)}`."
-    keep = set(args.keep)
-    if results.get("bench") and "BENCH-TABLE" not in keep:
-        png = out.with_suffix(".png")
-        figure = f"\n![TFLOP/s by shape]({png.relative_to(ROOT)})\n" if plot(results, png) else ""
-        text = replace_section(text, "BENCH-TABLE", f"{table(results)}\n{figure}\n{raw}")
-    if results.get("tuning") and "TUNING-TABLE" not in keep:
-        e2e = tuned_e2e_table(results)
-        body = f"{e2e}\n\n{tuning_table(results['tuning'])}" if e2e else tuning_table(results["tuning"])
-        text = replace_section(text, "TUNING-TABLE", f"{body}\n\n{raw}")
-    if (results.get("conv_bench") or results.get("resnet")) and "CONV-TABLE" not in keep:
-        text = replace_section(text, "CONV-TABLE", f"{conv_table(results)}\n\n{raw}")
-    if results.get("attention_bench") and "ATTENTION-TABLE" not in keep:
-        text = replace_section(text, "ATTENTION-TABLE", f"{attention_table(results)}\n\n{raw}")
-    if results.get("bert") and "BERT-TABLE" not in keep:
-        png = out.with_name(out.stem + "-bert.png")
-        figure = f"\n![BERT-large ms]({png.relative_to(ROOT)})\n" if bert_plot(results, png) else ""
-        text = replace_section(text, "BERT-TABLE", f"{bert_table(results)}\n{figure}\n{raw}")
-    readme.write_text(text)
-    print(f"wrote {out} and the README tables")
+    readme.write_text(replace_section(readme.read_text(), "RESULTS", summary_table()))
+
+
+def _gpu_slug(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100'."""
+    return "-".join(re.sub(r"[^a-z0-9 ]+", " ", device.lower()).split()[:2])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="?", help="a GPU suite run's gpu_results.json to publish first")
+    ap.add_argument("--tag", default="gpu-suite", help="the suite run's name in its file name")
+    ap.add_argument("--zoo", type=Path, help="a zoo run's zoo.json to publish first")
+    ap.add_argument("--gpu", help="the zoo run's GPU as results name it, e.g. nvidia-h100")
+    args = ap.parse_args()
+    if args.results:
+        results = json.loads(Path(args.results).read_text())
+        out = RESULTS / f"{date.today()}-{args.tag}-{_gpu_slug(results['device'])}.json"
+        out.write_text(json.dumps(results, indent=1))
+        if results.get("bench"):
+            plot(results, out.with_suffix(".png"))
+        print(f"wrote {out}")
+    if args.zoo:
+        if not args.gpu:
+            ap.error("--zoo needs --gpu (e.g. nvidia-h100)")
+        out = RESULTS / f"{date.today()}-zoo-{args.gpu}.json"
+        records = {r["model"]: r for r in json.loads(out.read_text())} if out.exists() else {}
+        records |= {r["model"]: r for r in json.loads(args.zoo.read_text())}
+        out.write_text(json.dumps(sorted(records.values(), key=lambda r: r["model"]), indent=1))
+        print(f"wrote {out}")
+    render()
+    print("wrote docs/results.md and the README's results table")
 
 
 if __name__ == "__main__":

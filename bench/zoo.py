@@ -570,7 +570,7 @@ def table(records: list[dict]) -> str:
         lines.append(
             f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''} "
             f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
-            f"| {max(errors, default=float('nan')):.1e} ({err['torch_fp16_vs_fp64']:.1e}){verdict} "
+            f"| {max(errors, default=float('nan')):.1e} ({err.get('torch_fp16_vs_fp64', float('nan')):.1e}){verdict} "
             f"| {ms.get('relax_cutlass', 0):.3f} ({ms.get('relax_cutlass_graph', 0):.3f}) "
             f"| {ms.get('tvm_default', 0):.3f} ({ms.get('tvm_default_graph', 0):.3f}) "
             f"| {ms.get('torch_eager', 0):.3f} | {ms.get('torch_compile_default', 0):.3f} "
