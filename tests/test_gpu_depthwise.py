@@ -4,7 +4,7 @@ takes, odd shapes included, on both kernel families -- relax_cutlass's blocked d
 default where it applies) and CUTLASS's direct convolution (forced here for every case) -- against
 torch float64 on the same fp16 inputs and against TVM's own CUDA build of the same module.
 
-    python -m pytest -q tests/test_gpu_depthwise.py   (on the GPU host: scripts/gpu_session.sh check)
+    python -m pytest -q tests/test_gpu_depthwise.py   (on the GPU host: scripts/gpu_run.sh check)
 """
 
 from __future__ import annotations

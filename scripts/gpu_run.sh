@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One GPU session's work on the lent GPU host, with the whole TVM there (../shared/gpu/README.md):
+# The GPU host's batch of work (tests, the zoo, benchmarks), with the whole TVM there (../shared/gpu/README.md):
 #
 #   here:   PYTHON=.venv/bin/python ../shared/gpu/make-full-bundle
 #   call 1: bash .gpufull/compiler/install.sh                          carry [".gpufull/compiler"]
-#   call 2: bash scripts/gpu_session.sh build                          carry [".gpufull/rest"]
-#   call 3: bash scripts/gpu_session.sh check time                     carry [".gpufull/rest"]
+#   call 2: bash scripts/gpu_run.sh build                          carry [".gpufull/rest"]
+#   call 3: bash scripts/gpu_run.sh check time                     carry [".gpufull/rest"]
 # (add build/tuning-carry and build/kernel-carry to carry to reuse an earlier machine's tuning
 # records and kernel objects: see below)
 #
@@ -26,35 +26,35 @@
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
 # scripts/sass_table.py beside the build). Kernel objects are cached in build/kernel-cache
 # (RELAX_CUTLASS_CACHE_DIR) across stages and calls on one machine.
-# Logs and JSON go to $OUT (default build/session); a short table is printed last.
+# Logs and JSON go to $OUT (default build/run); a short table is printed last.
 #
 # A call ends after 10 minutes and kills what it started, so long stages can run detached:
-#   bash scripts/gpu_session.sh --detach build check time   starts them in their own process
-#        session (they outlive the call; logs in build/session), then waits like --wait
-#   bash scripts/gpu_session.sh --wait                      waits (up to GPU_WAIT_S, default 540 s)
-#        for the detached run, then copies build/session to $OUT and prints its summary
+#   bash scripts/gpu_run.sh --detach build check time   starts them detached (setsid: they outlive
+#        the call; logs in build/run), then waits like --wait
+#   bash scripts/gpu_run.sh --wait                      waits (up to GPU_WAIT_S, default 540 s)
+#        for the detached run, then copies build/run to $OUT and prints its summary
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
-  mkdir -p build/session
+  mkdir -p build/run
   if [[ $1 == --detach ]]; then
     shift
-    rm -f build/session/done
-    OUT=build/session setsid nohup bash -c "bash scripts/gpu_session.sh $* > build/session/summary.log 2>&1; \
-      touch build/session/done" > /dev/null 2>&1 < /dev/null &
-    echo $! > build/session/pid
-  elif [[ ! -f build/session/done ]] && ! kill -0 "$(cat build/session/pid 2>/dev/null || echo none)" 2>/dev/null; then
+    rm -f build/run/done
+    OUT=build/run setsid nohup bash -c "bash scripts/gpu_run.sh $* > build/run/summary.log 2>&1; \
+      touch build/run/done" > /dev/null 2>&1 < /dev/null &
+    echo $! > build/run/pid
+  elif [[ ! -f build/run/done ]] && ! kill -0 "$(cat build/run/pid 2>/dev/null || echo none)" 2>/dev/null; then
     # a machine that idled out comes back bare: nothing to wait for, so say so instead of waiting
     echo "no detached run on this machine (a fresh one?): start it again with --detach"
     exit 3
   fi
   deadline=$((SECONDS + ${GPU_WAIT_S:-540}))
-  while [[ ! -f build/session/done && $SECONDS -lt $deadline ]]; do sleep 5; done
+  while [[ ! -f build/run/done && $SECONDS -lt $deadline ]]; do sleep 5; done
   # $OUT brings back at most 8 files: one archive of the logs and records, and the zoo's JSON
-  if [[ -n ${OUT:-} && $OUT != build/session ]]; then
-    tar czf "$OUT/session.tgz" build/session \
+  if [[ -n ${OUT:-} && $OUT != build/run ]]; then
+    tar czf "$OUT/run.tgz" build/run \
       $(ls build/zoo/*/record.json build/zoo/*/imported.relax.py build/zoo/*.build.log build/zoo/pdl_ab.json 2>/dev/null)
-    cp build/session/zoo.json build/session/gpu_results.json build/session/tuning.jsonl "$OUT"/ 2>/dev/null
+    cp build/run/zoo.json build/run/gpu_results.json build/run/tuning.jsonl "$OUT"/ 2>/dev/null
     # the kernel objects compiled so far, for the next machine (carry build/kernel-carry): kept
     # only under $OUT's 16 MiB a file, so without what is cheap to redo and never hit again (the
     # linked module and profiler objects, ld -r of the kernels; the sources, written on a miss)
@@ -64,8 +64,8 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
       [[ $(stat -c %s "$OUT/kernel-cache.tgz") -gt 16000000 ]] && rm -f "$OUT/kernel-cache.tgz"
     fi
   fi
-  if [[ -f build/session/done ]]; then cat build/session/summary.log; else
-    echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/session/*.log; fi
+  if [[ -f build/run/done ]]; then cat build/run/summary.log; else
+    echo "still running after $SECONDS s; logs so far:"; tail -n 3 build/run/*.log; fi
   exit 0
 fi
 source .gpufull/rest/enter.sh || exit $?
@@ -76,7 +76,7 @@ if [[ -d build/cutlass-examples ]]; then
   site_examples=$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'examples'))")
   cp -rn build/cutlass-examples/. "$site_examples"/
 fi
-out=${OUT:-build/session}
+out=${OUT:-build/run}
 mkdir -p "$out" build
 models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}
 jobs=${ZOO_JOBS:-4}
@@ -89,7 +89,7 @@ export RELAX_CUTLASS_CACHE_DIR=${RELAX_CUTLASS_CACHE_DIR:-$PWD/build/kernel-cach
 # an earlier call's $OUT) and profile="auto" times only the problems it lacks; every stage's records
 # are copied back to $out/tuning.jsonl at the end.
 mkdir -p "$RELAX_CUTLASS_CACHE_DIR"
-# Kernel objects travel too (nvcc was most of session 22's 17-minute GPU test run): carry
+# Kernel objects travel too (nvcc was most of a 17-minute GPU test run): carry
 # build/kernel-carry/kernel-cache.tgz, an earlier call's $OUT/kernel-cache.tgz; objects are keyed
 # by their source, flags and toolchain, so only unchanged kernels are reused.
 if [[ -f build/kernel-carry/kernel-cache.tgz && ! -f $RELAX_CUTLASS_CACHE_DIR/.carried ]]; then
