@@ -83,11 +83,10 @@ def _variant(name: str, tiles: dict):
 
 
 def build(args) -> int:
-    from relax_cutlass.kinds.epilogue import Epilogue
+    from relax_cutlass.kinds.epilogue import Epilogue, epilogue_key
     from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem, gemm_key
     from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90
     from relax_cutlass.stages.profile import ProfileJob, build_profiler
-    from relax_cutlass.stages.tuning import epilogue_key
 
     _register_erff()
     tiles = {t.describe(): t for t in candidate_tiles_sm90("float32", "float16")}
@@ -136,7 +135,7 @@ def _torch_peers(m: int, n: int, k: int) -> dict:
 
 
 def run(args) -> int:
-    from relax_cutlass.stages.profile_runner import run_profiler
+    from relax_cutlass.toolkit.profile_runner import run_profiler
 
     _register_erff()
     directory, out = Path(args.directory), Path(args.out)

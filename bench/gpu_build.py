@@ -206,9 +206,9 @@ def prewarm(cases: list[SuiteCase], arch: str, tuning_db: str = "") -> None:
     (RELAX_CUTLASS_CACHE_DIR)."""
     from relax_cutlass.pipeline import partition_as_offloaded
     from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.constants import offloaded_functions
     from relax_cutlass.stages.emit import emit_kernel
+    from relax_cutlass.toolkit.compile import compile_all
 
     sources = {}
     for case in cases:

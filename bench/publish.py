@@ -16,7 +16,7 @@ import re
 from datetime import date
 from pathlib import Path
 
-from relax_cutlass.stages.tuning import parse_label
+from relax_cutlass.toolkit.tuning import parse_label
 
 ROOT = Path(__file__).resolve().parent.parent
 

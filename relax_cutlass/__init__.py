@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["from_torch", "offload_pipeline", "offload_report", "transform", "__version__"]
 

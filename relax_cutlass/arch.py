@@ -98,7 +98,7 @@ def native_family(arch: int) -> int:
     Blackwell SMs that have tcgen05 (sm_100a, sm_103a, sm_110a); 80 (CUTLASS 2.x mma.sync, also the
     fused attention kernel) everywhere else, GeForce / DGX Spark Blackwell (sm_120, sm_121) included.
     wgmma exists on SM90 alone and tcgen05 on those SM10x: CUTLASS compiles either family for any
-    other target into stubs that do nothing (see relax_cutlass.stages.sass_check)."""
+    other target into stubs that do nothing (see relax_cutlass.toolkit.sass_check)."""
     if arch == 90:
         return 90
     return 100 if arch in TCGEN05_ARCHES else 80

@@ -43,8 +43,8 @@ from tvm.relax.dpl import pattern as dpl
 from .kinds import epilogue_patterns as patterns
 from .kinds.epilogue import ACTIVATIONS, Activation
 from .kinds.epilogue_templates import ACTIVATION_CHECK_PROGRAM, ACTIVATION_FUNCTOR
-from .stages.literals import cxx_float
 from .stages.patterns import clear_caches
+from .toolkit.literals import cxx_float
 
 __all__ = [
     "ELEMENTWISE_OPS",
@@ -224,7 +224,7 @@ def evaluate_functor(activation: Activation, xs: np.ndarray, arch: str | int = "
     """`activation`'s C++ functor on the host at float32 inputs `xs`, compiled with nvcc (the device
     side too, for `arch`, but never launched): (len(xs), 2) values, elementwise and Array form."""
     from .arch import nvcc_gencode, parse_arch
-    from .stages.compile import CompileError, cache_dir, toolchain
+    from .toolkit.compile import CompileError, cache_dir, toolchain
 
     source = ACTIVATION_CHECK_PROGRAM.substitute(
         definition=activation.definition,

@@ -85,7 +85,7 @@ def build(argv: list[str]) -> int:
         plan_jobs,
         retime_reason,
     )
-    from .stages.tuning import TuningDatabase
+    from .toolkit.tuning import TuningDatabase
 
     ap = argparse.ArgumentParser(prog="python -m relax_cutlass tune build")
     ap.add_argument("--model", choices=MODELS, action="append", help=f"one of {MODELS} (default bert); repeatable")
@@ -132,7 +132,7 @@ def build(argv: list[str]) -> int:
 
 
 def run(argv: list[str]) -> int:
-    from .stages.profile_runner import main as runner_main
+    from .toolkit.profile_runner import main as runner_main
 
     return runner_main(argv)
 

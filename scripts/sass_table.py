@@ -19,10 +19,10 @@ from relax_cutlass.arch import arch_name, parse_arch
 from relax_cutlass.models import bert_encoder_layer, bind_weights, conv2d_epilogue_model, random_weights
 from relax_cutlass.pipeline import partition_as_offloaded
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
-from relax_cutlass.stages.compile import compile_all
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
-from relax_cutlass.stages.sass_check import FAMILIES, mma_counts
+from relax_cutlass.toolkit.compile import compile_all
+from relax_cutlass.toolkit.sass_check import FAMILIES, mma_counts
 
 ARCHES = ("sm_80", "sm_90a", "sm_100", "sm_100a", "sm_100f", "sm_103a", "sm_110", "sm_120", "sm_121")
 OPCODES = ("HMMA", "HGMMA", "UTCHMMA", "FFMA")

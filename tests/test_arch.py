@@ -134,11 +134,11 @@ def test_report_names_target_family_and_why():
 
 def test_blackwell_tiles_fit_its_shared_memory():
     """sm_120 / sm_121 have 99 KB per CTA (the A100's 163 KB tiles would not launch); sm_100 227 KB."""
-    from relax_cutlass.kinds.gemm.select import _smem_bytes, smem_limit
+    from relax_cutlass.kinds.gemm.select import smem_limit, tile_smem_bytes
 
     for sm, limit in ((120, 99), (121, 99), (100, 227), (103, 227)):
         assert smem_limit(sm) == limit * 1024
-        assert _smem_bytes(choose_kernel(GEMM, Epilogue(), sm, family="sm80").tile) <= limit * 1024
+        assert tile_smem_bytes(choose_kernel(GEMM, Epilogue(), sm, family="sm80").tile) <= limit * 1024
 
 
 def test_gencode_per_target():
@@ -223,7 +223,7 @@ def test_guard_rejects_a_kernel_without_its_family_instructions(fake_cuobjdump, 
     for _ in range(2):  # the recorded failure fails again, without another disassembly
         with pytest.raises(sass_check.StubKernelError, match="stub kernel: k .* must contain UTCHMMA") as err:
             sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100)
-    assert isinstance(err.value, relax_cutlass.stages.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
+    assert isinstance(err.value, relax_cutlass.toolkit.compile.CompileError) and err.value.counts == {"UTCHMMA": 0}
     assert len(fake_cuobjdump.runs) == 1
     monkeypatch.setenv(sass_check.CHECK_ENV, "0")  # the documented opt-out
     assert sass_check.verify_object(fake_cuobjdump.obj, "k", "sm100", 100) is None
@@ -234,7 +234,7 @@ def test_missing_cuobjdump_fails_closed_naming_what_to_install(monkeypatch, tmp_
     monkeypatch.setattr(sass_check, "_wheel_binaries", lambda *_: [])
     monkeypatch.setattr(sass_check.shutil, "which", lambda _: None)
     monkeypatch.setattr(
-        relax_cutlass.stages.compile,
+        relax_cutlass.toolkit.compile,
         "toolchain",
         lambda: types.SimpleNamespace(nvcc=str(tmp_path / "nvcc"), cuda_home=tmp_path),
     )

@@ -779,8 +779,8 @@ def test_attention_op_with_a_bias_left_in_tvm_is_reported(kwargs, reason):
 def test_attention_op_with_a_bias_and_symbolic_sizes(bias_batch):
     """A symbolic batch and length, the bias (b | 1, 1, 1, s) a padding mask: read through strides
     whose sizes the glue takes at run time, which the host compiler builds."""
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.constants import offloaded_functions as offloaded
+    from relax_cutlass.toolkit.compile import compile_all
 
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     bb = relax.BlockBuilder()

@@ -34,7 +34,7 @@ from relax_cutlass.kinds.attention.select import (
     sm90_padded_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
-from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
+from relax_cutlass.toolkit.tuning import TuningDatabase, TuningRecord
 
 HD128 = AttentionProblem(4, 16, 1024, 1024, 128, 128, 128**-0.5)
 HD64 = AttentionProblem(4, 16, 1024, 1024, 64, 64, 0.125)
@@ -309,8 +309,8 @@ def test_sm90_attention_compiles_to_hgmma(head_dim, causal, kv_group, tile, sche
     """Head-dim-128 kernels, non-causal, causal, and causal grouped-query (k/v heads read with a
     static stride 0 across each group), and the other candidates, through nvcc for sm_90a: the
     SASS is sm_90a's and holds wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
-    from relax_cutlass.stages.compile import compile_all
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.compile import compile_all
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     base = HD128 if head_dim == 128 else HD64
     problem = dataclasses.replace(base, causal=causal, batch=None, seq_q=None, kv_group=kv_group)

@@ -16,7 +16,7 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.kinds.attention.causal import causal_offset
-from relax_cutlass.rewrites.evaluate import evaluate_input_free, input_free_bindings
+from relax_cutlass.kinds.evaluate import evaluate_input_free, input_free_bindings
 
 torch = pytest.importorskip("torch")
 

@@ -172,7 +172,7 @@ def _residual_is_lhs_model(shape, conv: bool) -> tvm.IRModule:
 def test_glue_compiles_when_the_residual_is_the_input(conv):
     """A diamond whose residual is the op's own input: one parameter in two roles (found by the GPU
     suite's random graphs, where the glue did not compile)."""
-    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.toolkit.compile import compile_all
 
     mod = _residual_is_lhs_model([2, 8, 8, 16] if conv else [64, 32], conv)
     (region,) = regions_of(mod)
@@ -184,7 +184,7 @@ def test_glue_compiles_when_the_residual_is_the_input(conv):
 
 
 def test_compile_errors_carry_log_and_source(tmp_path, monkeypatch):
-    from relax_cutlass.stages.compile import CompileError, Source, compile_all
+    from relax_cutlass.toolkit.compile import CompileError, Source, compile_all
 
     monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(tmp_path))
     with pytest.raises(CompileError) as info:
@@ -192,3 +192,23 @@ def test_compile_errors_carry_log_and_source(tmp_path, monkeypatch):
     assert os.path.exists(info.value.source_path)
     assert "this is not C++" in info.value.source_path.read_text()
     assert "error" in info.value.log
+
+
+def test_regions_are_planned_once_per_build(monkeypatch):
+    """CutlassCodegen plans the regions (for the report and the build checks) and RunCodegen's
+    callback takes that plan instead of planning the same functions again."""
+    from relax_cutlass.stages import codegen
+
+    calls = []
+    plan = codegen.plan_regions
+    monkeypatch.setattr(codegen, "plan_regions", lambda *args, **kw: (calls.append(1), plan(*args, **kw))[1])
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 32), "float16"))
+    w1, w2 = (relax.Var(name, relax.TensorType((32, 32), "float16")) for name in ("w1", "w2"))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, w1)))
+            out = bb.emit_output(relax.op.matmul(h, w2))
+        bb.emit_func_output(out)
+    rewritten = relax_cutlass.offload_pipeline("sm_80", compile=False)(bb.get())
+    assert len(calls) == 1 and len(relax_cutlass.offload_report(rewritten).offloaded) == 2

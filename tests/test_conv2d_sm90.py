@@ -20,7 +20,7 @@ from relax_cutlass.kinds.conv2d.select_3x import candidate_conv2d_tiles_sm90, tm
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
 from relax_cutlass.stages.emit import emit_kernel
-from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
+from relax_cutlass.toolkit.tuning import TuningDatabase, TuningRecord
 
 RELU = Epilogue(bias=True, activation="relu")
 LAYER2 = Conv2dProblem(n=32, h=28, w=28, c=128, k=128, r=3, s=3, p=28, q=28, pad=(1, 1))  # ResNet-50 layer 2

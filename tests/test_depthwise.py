@@ -351,9 +351,9 @@ def test_depthwise_kernels_compile_and_hold_fma_instructions():
     built for sm_90a and sm_80: CUDA-core FMAs in their SASS (the stub guard's "simt" family), no
     tensor-core MMA."""
     from relax_cutlass.kinds.depthwise_conv2d.select import tile_for
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.emit import emit_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.compile import compile_all
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     for arch, r, stride in ((90, 3, (1, 1)), (80, 7, (2, 2))):
         problem = DepthwiseProblem(2, 16, 16, 32, r, r, 16 // stride[0], 16 // stride[1], (r // 2, r // 2), stride)
@@ -375,9 +375,9 @@ def test_direct_kernels_compile_and_hold_fp32_fmas(arch, r, stride, activation):
     """The blocked direct kernel (MobileNet's 3x3 stride 2 + bias + hardswish/relu, ConvNeXt's 7x7
     + bias) for sm_80 and sm_90a: float32 FMAs in its SASS, R*S*2 per output pixel of a thread's
     block (its sums are float32), no tensor-core MMA."""
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.emit import emit_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.compile import compile_all
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     problem = _problem(2, 56, 96, r, stride=stride)
     kernel, _ = choose_depthwise_kernel(problem, Epilogue(bias=True, activation=activation), arch)
@@ -405,7 +405,7 @@ def _emulate(kernel, x, w, b, workdir):
     import subprocess
 
     from relax_cutlass.kinds.depthwise_conv2d.emit import direct_kernel_text
-    from relax_cutlass.stages.compile import toolchain
+    from relax_cutlass.toolkit.compile import toolchain
 
     tc = toolchain()
     src = workdir / f"{kernel.name}.cu"

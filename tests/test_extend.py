@@ -158,7 +158,7 @@ def test_check_activation_compiles_the_expression_and_compares(quick_gelu):
 
 @pytest.mark.nvcc
 def test_check_activation_reports_expressions_that_do_not_compile():
-    from relax_cutlass.stages.compile import CompileError
+    from relax_cutlass.toolkit.compile import CompileError
 
     register_activation("typo", lambda x, const: is_op("relax.exp")(x), "expff(x)")
     try:

@@ -144,9 +144,9 @@ def test_multiply_kernels_compile(family, arch, opcode):
     """The SM80 residual block with cutlass::multiplies and the SM90 EVT with a multiply node
     (bias + silu, then * the other product) through nvcc (no GPU: the SASS holds the family's
     tensor-core instructions, which compile_all's guard checked; about a minute for SM90)."""
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.emit import emit_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.compile import compile_all
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     epilogue = Epilogue(bias=True, activation="silu", residual=True, residual_op="multiply")
     kernel = choose_kernel(GemmProblem(None, 1376, 256, True), epilogue, arch, family=family)

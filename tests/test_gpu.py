@@ -1,4 +1,4 @@
-"""GPU tests of the kernel profiler (relax_cutlass.stages.profile_runner) on a profiler library
+"""GPU tests of the kernel profiler (relax_cutlass.toolkit.profile_runner) on a profiler library
 built by `python -m relax_cutlass tune build` (build/tune): it must time only candidates that
 compute the right result, epilogue included. Skipped without a GPU or without that build.
 
@@ -29,8 +29,8 @@ tune_skip = (
 def test_profiler_times_only_correct_candidates(tmp_path):
     """A candidate fed the wrong B layout computes a wrong product: the correctness check must
     reject it, and the record must then name a correct candidate."""
-    from relax_cutlass.stages.profile_runner import run_profiler
-    from relax_cutlass.stages.tuning import TuningDatabase
+    from relax_cutlass.toolkit.profile_runner import run_profiler
+    from relax_cutlass.toolkit.tuning import TuningDatabase
 
     manifest = json.loads((TUNE / "profile.json").read_text())
     job = next(j for j in manifest["jobs"] if j["op"] == "gemm")  # a profiler may start with attention jobs
@@ -53,7 +53,7 @@ def test_profiler_times_only_correct_candidates(tmp_path):
 def test_profiler_checks_the_epilogue(tmp_path):
     """Stage 2's check covers the epilogue: a kernel checked against another activation than it
     computes is rejected; with the epilogue as built, the record is keyed by it."""
-    from relax_cutlass.stages.profile_runner import run_profiler
+    from relax_cutlass.toolkit.profile_runner import run_profiler
 
     manifest = json.loads((TUNE / "profile.json").read_text())
     fused = [j for j in manifest["jobs"] if j["key"].get("epilogue")]

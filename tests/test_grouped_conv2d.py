@@ -294,7 +294,7 @@ def test_profiling_a_grouped_conv_times_legal_unsplit_kernels(tmp_path):
     from the same legal tiles."""
     from relax_cutlass.kinds import kind_named
     from relax_cutlass.stages.profile import plan_epilogue_jobs, plan_jobs
-    from relax_cutlass.stages.tuning import TuningDatabase, TuningRecord
+    from relax_cutlass.toolkit.tuning import TuningDatabase, TuningRecord
 
     problem = Conv2dProblem(1, 14, 14, 256, 256, 3, 3, 14, 14, (1, 1), groups=2)  # 128 per group
     tiles = conv2d_tiles(problem, 80)
@@ -321,9 +321,9 @@ def test_grouped_kernels_of_both_modes_compile_with_tensor_core_mma():
     """ResNeXt's 4-channels-per-group conv (kMultipleGroup, analytic, 4-element vectors, bias + relu)
     and a 128-per-group one (kSingleGroup, optimized, bias + silu), built for sm_80: HMMA in their
     SASS (compile_all's guard checks the "sm80" family too). About 1-2 minutes each on 2 cores."""
-    from relax_cutlass.stages.compile import compile_all
     from relax_cutlass.stages.emit import emit_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.compile import compile_all
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     multiple, _ = choose_conv2d_kernel(resnext50_grouped_convs(1)[0], RELU, 80)
     single_problem = Conv2dProblem(8, 28, 28, 256, 256, 3, 3, 28, 28, (1, 1), groups=2)

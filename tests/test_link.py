@@ -22,9 +22,9 @@ import tvm_ffi
 import relax_cutlass
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
-from relax_cutlass.stages.compile import compile_all, link_relocatable, toolchain
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.toolkit.compile import compile_all, link_relocatable, toolchain
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,4 @@
-"""Numbers written into generated C++ (`stages.literals.cxx_float`): every value gives a literal that
+"""Numbers written into generated C++ (`toolkit.literals.cxx_float`): every value gives a literal that
 the host compiler and nvcc (host and device side) accept, and that holds exactly the value rounded
 to its type, also when it follows an operator (a regression: the attention scale 1.0 was written
 `1f`, which g++ rejects, and failed a speech encoder's whole build)."""
@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from relax_cutlass.arch import nvcc_gencode
-from relax_cutlass.stages.compile import toolchain
-from relax_cutlass.stages.literals import cxx_float
+from relax_cutlass.toolkit.compile import toolchain
+from relax_cutlass.toolkit.literals import cxx_float
 
 # The values the issue that introduced cxx_float named, and the 16-bit types' limits.
 EDGES = [

@@ -12,9 +12,9 @@ import tvm
 import relax_cutlass
 from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
-from relax_cutlass.stages.compile import compile_all
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.toolkit.compile import compile_all
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 pytestmark = pytest.mark.nvcc
@@ -44,7 +44,7 @@ def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     kernel = choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), arch, family=family)
     assert f"sm{kernel.arch}" == family and kernel.target == arch
@@ -62,7 +62,7 @@ def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     problem = GemmProblem(1024, 4096, 1024, True)
     kernels = [
@@ -88,7 +88,7 @@ def test_sm90_small_tiles_compile_to_wgmma():
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     problem = GemmProblem(1024, 1024, 1024, True)
     kernels = [
@@ -109,7 +109,7 @@ def test_sm100_conv_compiles_to_tcgen05():
     from relax_cutlass.kinds.conv2d.records import Conv2dProblem
     from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
     from relax_cutlass.kinds.epilogue import Epilogue
-    from relax_cutlass.stages.sass_check import mma_counts
+    from relax_cutlass.toolkit.sass_check import mma_counts
 
     problem = Conv2dProblem(None, 28, 28, 128, 128, 3, 3, 28, 28, (1, 1))
     kernel, _ = choose_conv2d_kernel(problem, Epilogue(bias=True, residual=True, residual_activation="relu"), 100)
@@ -124,15 +124,15 @@ def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
     """The other direction of issue 21's bug: a tcgen05 kernel compiled for Hopper is a stub too."""
     import dataclasses
 
-    import relax_cutlass.stages.compile
+    import relax_cutlass.toolkit.compile
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
-    from relax_cutlass.stages.sass_check import StubKernelError
+    from relax_cutlass.toolkit.sass_check import StubKernelError
 
     kernel = dataclasses.replace(choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), 100), target=90)
     monkeypatch.setattr(
-        relax_cutlass.stages.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_90a,code=sm_90a"]
+        relax_cutlass.toolkit.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_90a,code=sm_90a"]
     )
     with pytest.raises(StubKernelError, match=r"sm100_gemm_\S+ is a CUTLASS 3.x SM100 .* \(sm_90a\) has UTCHMMA x0"):
         compile_all([emit_kernel(kernel)], 90)
@@ -143,15 +143,15 @@ def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):
     used to) compiles without complaint into a stub; the guard refuses it, and again from the cache."""
     import dataclasses
 
-    import relax_cutlass.stages.compile
+    import relax_cutlass.toolkit.compile
     from relax_cutlass.kinds.epilogue import Epilogue
     from relax_cutlass.kinds.gemm.records import GemmProblem
     from relax_cutlass.kinds.gemm.select import choose_kernel
-    from relax_cutlass.stages.sass_check import StubKernelError
+    from relax_cutlass.toolkit.sass_check import StubKernelError
 
     kernel = dataclasses.replace(choose_kernel(GemmProblem(128, 128, 128, True), Epilogue(), 90), target=100)
     monkeypatch.setattr(
-        relax_cutlass.stages.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_100a,code=sm_100a"]
+        relax_cutlass.toolkit.compile, "nvcc_gencode", lambda _: ["-gencode=arch=compute_100a,code=sm_100a"]
     )
     for _ in range(2):
         with pytest.raises(StubKernelError, match=r"sm90_gemm_\S+ is a CUTLASS 3.x SM90 .* \(sm_100a\) has HGMMA x0"):

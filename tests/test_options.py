@@ -14,8 +14,8 @@ from tvm.script import relax as R
 
 import relax_cutlass
 from relax_cutlass.stages import compile as compile_stage
-from relax_cutlass.stages.settings import SettingError
-from relax_cutlass.stages.tuning import TuningDatabase, TuningDatabaseWarning
+from relax_cutlass.toolkit.settings import SettingError
+from relax_cutlass.toolkit.tuning import TuningDatabase, TuningDatabaseWarning
 
 
 @tvm.script.ir_module

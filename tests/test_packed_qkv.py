@@ -145,7 +145,7 @@ def test_a_part_off_a_16_byte_boundary_is_copied_with_the_reason():
 @pytest.mark.nvcc
 def test_packed_glue_compiles():
     """The glue of a packed region (aliases, offsets) through the host compiler."""
-    from relax_cutlass.stages.compile import compile_all
+    from relax_cutlass.toolkit.compile import compile_all
 
     torch.manual_seed(0)
     module, example = _gpt2()

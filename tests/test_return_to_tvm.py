@@ -22,7 +22,7 @@ import relax_cutlass
 from relax_cutlass.kinds import kind_of
 from relax_cutlass.kinds.gemm.records import GemmProblem
 from relax_cutlass.stages import codegen
-from relax_cutlass.stages.compile import CompileError
+from relax_cutlass.toolkit.compile import CompileError
 
 
 @tvm.script.ir_module

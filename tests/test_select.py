@@ -2,7 +2,7 @@
 
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.kinds.gemm.records import GemmProblem
-from relax_cutlass.kinds.gemm.select import SMEM_LIMIT, _smem_bytes, candidate_tiles, choose_kernel, estimate_cost
+from relax_cutlass.kinds.gemm.select import SMEM_LIMIT, candidate_tiles, choose_kernel, estimate_cost, tile_smem_bytes
 
 
 def test_candidates_are_cutlass_library_sm80_tiles():
@@ -18,7 +18,7 @@ def test_choice_fits_shared_memory_and_is_deterministic():
         for m, n, k in [(1, 64, 64), (1024, 4096, 1024), (8192, 1024, 4096), (None, 768, 3072)]:
             p = GemmProblem(m, n, k, True)
             a, b = choose_kernel(p, Epilogue(), arch), choose_kernel(p, Epilogue(), arch)
-            assert a == b and _smem_bytes(a.tile) <= SMEM_LIMIT[arch]
+            assert a == b and tile_smem_bytes(a.tile) <= SMEM_LIMIT[arch]
             assert a.selected_by == "heuristic"
 
 

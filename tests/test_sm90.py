@@ -337,7 +337,7 @@ def test_choice_does_not_depend_on_the_hash_seed():
         ("always:norm+attention", (1, 2, 2), "0 0 0 1 1"),
         ("always:none", (1, 1, 1), "0 0 0 0 0"),  # in graphs for no kind, for bench/pdl_ab.py
         # no settings: refused at run time (-1: the run functions return PdlSettingError() and launch
-        # nothing) as at build time (stages.settings.check_pdl_setting)
+        # nothing) as at build time (toolkit.settings.check_pdl_setting)
         ("always:gem+normx", (-1, -1, -1), "0 0 0 0 0"),  # whole names only
         ("always:", (-1, -1, -1), "0 0 0 0 0"),
         ("always:gemm+", (-1, -1, -1), "0 0 0 0 0"),
@@ -357,7 +357,7 @@ def test_pdl_switch_reads_the_kinds_kept_in_graphs(tmp_path, value, modes, captu
     import shutil
     import subprocess
 
-    from relax_cutlass.stages.templates import pdl_switch
+    from relax_cutlass.toolkit.templates import pdl_switch
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
@@ -396,7 +396,7 @@ int main() {
     assert tuple(int(x) for x in mode_line.split()) == modes
     assert outside == ("0 0 0 0 0" if value == "0" or modes[0] < 0 else "1 1 1 1 1")
     assert inside == captured
-    from relax_cutlass.stages.settings import SettingError, check_pdl_setting
+    from relax_cutlass.toolkit.settings import SettingError, check_pdl_setting
 
     with pytest.MonkeyPatch.context() as env_patch:
         env_patch.delenv("RELAX_CUTLASS_PDL", raising=False)

@@ -115,6 +115,12 @@ class RegionKind:
     # is checked against where it is given, an example); (): the kind takes no tile
     tile_spelling: tuple[str, str] = ()
 
+    @property
+    def reference_module(self) -> str:
+        """The module of the kind's float32 numpy reference (its package's `reference`), which the GPU
+        host's profile runner imports by this name from the profiler's manifest."""
+        return f"{self.problem_type.__module__.rsplit('.', 1)[0]}.reference"
+
 
 class PlanError(ValueError):
     """A region that cannot be planned as asked (a pinned `tile=` that is no candidate for its
@@ -138,10 +144,17 @@ def unregister(name: str) -> None:
     _clear()
 
 
-def _clear() -> None:
-    from ..stages.patterns import clear_caches
+_GENERATION = [0]
 
-    clear_caches()
+
+def generation() -> int:
+    """How many times the set of kinds changed: what caches of the registered kinds' patterns
+    (relax_cutlass.stages.patterns) are keyed by."""
+    return _GENERATION[0]
+
+
+def _clear() -> None:
+    _GENERATION[0] += 1
 
 
 def enable(name: str) -> RegionKind:

@@ -10,9 +10,9 @@ from string import Template
 
 from ..cutlass_lib import data_type
 from ..cutlass_lib import load as load_cutlass_library
-from ..stages.compile import Source
-from ..stages.emit import check_device
-from ..stages.templates import KERNEL_PRELUDE
+from ..toolkit.compile import Source
+from ..toolkit.glue import check_device
+from ..toolkit.templates import KERNEL_PRELUDE
 from .epilogue import Activation
 
 # One kernel configuration -> one object exporting `<kernel>_run`. (`Gemm` names the device-level
@@ -98,14 +98,14 @@ def _epilogue_alias(act: Activation) -> str:
     )
 
 
-def _activation_prefix(kernel) -> str:
+def activation_prefix(kernel) -> str:
     """The alias `_epilogue_functor` names, for kernels with an activation (else nothing)."""
     if kernel.epilogue.activation == "identity":
         return ""
     return _epilogue_alias(kernel.epilogue.functors(kernel.problem.element_out)[0])
 
 
-def _sm80_description(kernel, element_a: str, element_b: str):
+def sm80_description(kernel, element_a: str, element_b: str):
     """-> (TileDescription, epilogue functor, swizzle) of a CUTLASS 2.x tensor-op kernel, as
     cutlass_library's GEMM and conv2d operations both take them."""
     load_cutlass_library()
@@ -134,7 +134,7 @@ def _sm80_description(kernel, element_a: str, element_b: str):
     return tile, functor, getattr(SwizzlingFunctor, f"Identity{t.swizzle}")
 
 
-def _residual_block_values(kernel, element_c) -> dict:
+def residual_block_values(kernel, element_c) -> dict:
     """Template values every residual-block kernel shares: tile shapes, epilogue vector and functors."""
     from cutlass_library.library import DataTypeSize
 

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..stages.literals import cxx_float
+from ..toolkit.dtypes import DTYPE_BITS
+from ..toolkit.literals import cxx_float
 from .epilogue_templates import GELU16_FUNCTOR, SIGMOID16_FUNCTOR
-
-# Relax dtype -> CUTLASS element type.
-CUTLASS_ELEMENT = {
-    "float16": "cutlass::half_t",
-    "bfloat16": "cutlass::bfloat16_t",
-    "float32": "float",
-}
-DTYPE_BITS = {"float16": 16, "bfloat16": 16, "float32": 32}
 
 
 def widest_vector(*extents: int) -> int:
@@ -165,3 +158,14 @@ class Epilogue:
     def definitions(self, element_out: str) -> str:
         """The C++ definitions of the functors this epilogue uses that CUTLASS does not define."""
         return "".join(dict.fromkeys(a.definition for a in self.functors(element_out)))
+
+
+def epilogue_key(epilogue: Epilogue, element_out: str) -> str:
+    """TuningKey.epilogue of a region's epilogue: "" for none (stage 1's timing is the kernel's).
+    Activations are named in the form a kernel writing `element_out` computes ("bias+gelu16"), so a
+    record timed with another form of the same epilogue is not taken for this one."""
+    if epilogue == Epilogue():
+        return ""
+    names = (epilogue.activation, epilogue.residual_activation)
+    forms = dict(zip(names, (form.name for form in epilogue.functors(element_out)), strict=True))
+    return "+".join(forms.get(part, part) for part in epilogue.parts())

@@ -13,7 +13,7 @@ from tvm.relax.backend.patterns import make_residual_block_pattern
 from tvm.relax.dpl import DFPattern, is_const, is_op, wildcard
 
 from .epilogue import RESIDUAL_OPS, Epilogue
-from .ir import _shape, dtype_of, same_shape, static_int
+from .ir import dtype_of, same_shape, shape_dims, static_int
 
 SUPPORTED_INPUT_DTYPES = ("float16", "bfloat16")
 
@@ -29,7 +29,7 @@ ACCUMULATOR_DTYPES = ("float16", "float32")
 FUSED_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "hardswish")
 
 
-class _EpilogueSpec:
+class EpilogueSpec:
     """The epilogue fields (bias, activation, residual, residual_relu) every pattern spec has, and
     `residual_op` (RESIDUAL_OPS), a field only of the kinds that fuse more than the residual add."""
 
@@ -144,7 +144,7 @@ def _activation(name: str, x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern
     return ACTIVATION_PATTERNS[name](x, ann)
 
 
-def _epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPattern:
+def epilogue_pattern(out: DFPattern, ann: dict[str, DFPattern], spec) -> DFPattern:
     """root -> [+ bias] -> [activation] -> [+ or * residual [-> relu]] -> [cast], shared by every op kind.
 
     The bias add is matched in either operand order (frontends emit both)."""
@@ -170,13 +170,13 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
     problems = []
     root = ann["root"]
     out_dtype = dtype_of(out)
-    out_shape = _shape(out)
-    n = _shape(root)[-1] if _shape(root) else None
+    out_shape = shape_dims(out)
+    n = shape_dims(root)[-1] if shape_dims(root) else None
     if out_dtype not in SUPPORTED_OUTPUT_DTYPES:
         problems.append(f"output dtype {out_dtype} is not one of {SUPPORTED_OUTPUT_DTYPES}")
-    if not same_shape(_shape(root), out_shape):
+    if not same_shape(shape_dims(root), out_shape):
         problems.append(
-            f"the epilogue changes the shape {[str(d) for d in _shape(root)]} to {[str(d) for d in out_shape]}; "
+            f"the epilogue changes the shape {[str(d) for d in shape_dims(root)]} to {[str(d) for d in out_shape]}; "
             "a kernel epilogue is elementwise"
         )
     if not spec.cast and dtype_of(root) != out_dtype:
@@ -185,7 +185,7 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
         problems.append("the cast does not change the dtype")
     if spec.bias:
         bias = ann["bias"]
-        bshape = _shape(bias)
+        bshape = shape_dims(bias)
         numel = math.prod(int(d) for d in bshape) if all(static_int(d) is not None for d in bshape) else None
         if not bshape or n is None or static_int(bshape[-1]) != static_int(n) or numel != static_int(n):
             problems.append(f"bias shape {[str(d) for d in bshape]} is not a per-column vector of length N={n}")
@@ -202,9 +202,9 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
             if spec.residual_op == "add"
             else (f"{spec.residual_op} operand", f"broadcast {spec.residual_op} operands")
         )
-        if not same_shape(_shape(res), out_shape):
+        if not same_shape(shape_dims(res), out_shape):
             problems.append(
-                f"{what} shape {[str(d) for d in _shape(res)]} differs from the output shape "
+                f"{what} shape {[str(d) for d in shape_dims(res)]} differs from the output shape "
                 f"{[str(d) for d in out_shape]} ({adjective} are not fused)"
             )
         if dtype_of(res) != out_dtype:
@@ -212,7 +212,7 @@ def epilogue_problems(spec, ann: dict[str, relax.Expr], out: relax.Expr) -> list
     return problems + _activation_constant_problems(ann)
 
 
-def _scalar(expr: relax.Expr) -> float | None:
+def scalar_constant(expr: relax.Expr) -> float | None:
     if not isinstance(expr, tvm.ir.GenericConst):
         return None
     value = expr.value.numpy()
@@ -240,7 +240,7 @@ def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
     expected |= {key: CUSTOM_CONSTANTS[key] for key in ann if key in CUSTOM_CONSTANTS}
     problems = []
     for key, (want, what) in expected.items():
-        got = _scalar(ann[key])
+        got = scalar_constant(ann[key])
         if got is None or not math.isclose(got, want, rel_tol=2e-3, abs_tol=1e-6):
             problems.append(f"activation constant {key}={got} is not {want:.6g}, so the expression is not {what}")
     if "hardswish_clip" in ann:

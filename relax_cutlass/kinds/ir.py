@@ -80,7 +80,7 @@ def tensor_dims(expr: relax.Expr) -> list | None:
     return None if values is None else list(values)
 
 
-def _shape(expr: relax.Expr) -> list:
+def shape_dims(expr: relax.Expr) -> list:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return []
@@ -97,7 +97,7 @@ def is_depthwise(conv: relax.Call) -> bool:
     """A conv2d with groups == C == K > 1 (each output channel filters its own input channel): the
     depthwise kind's, where the conv2d kind takes groups == 1."""
     groups = int(conv.attrs.groups)
-    data, weight = _shape(conv.args[0]), _shape(conv.args[1])  # the batch may be symbolic
+    data, weight = shape_dims(conv.args[0]), shape_dims(conv.args[1])  # the batch may be symbolic
     if groups == 1 or len(data) != 4 or len(weight) != 4:
         return False
     c = static_int(data[str(conv.attrs.data_layout).index("C")])

@@ -7,7 +7,7 @@ import math
 
 from tvm import relax
 
-from ..stages.emit import launch_call, operand_arrays, unpack_args
+from ..toolkit.glue import launch_call, operand_arrays, unpack_args
 from .ir import dtype_of, shape_of, static_shape
 
 # NHWC activations x OHWI filters (what ConvertToNHWC produces).

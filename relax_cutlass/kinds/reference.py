@@ -39,7 +39,7 @@ def _with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: 
     return y
 
 
-def _torch_cuda():
+def torch_cuda():
     try:
         import torch
 

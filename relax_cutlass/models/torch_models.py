@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 
 
-def _torch():
+def import_torch():
     try:
         import torch
     except ImportError as err:  # pragma: no cover - exercised only without the extra
@@ -34,7 +34,7 @@ def resnet50(
     """A torchvision-style ResNet-50 (eval mode, random init with non-trivial batch-norm stats).
     `groups` and `width_per_group` as torchvision's: groups=32, width_per_group=4 is ResNeXt-50
     32x4d (each bottleneck's 3x3 conv grouped)."""
-    torch = _torch()
+    torch = import_torch()
     nn = torch.nn
 
     class Bottleneck(nn.Module):
@@ -94,7 +94,7 @@ def resnet50(
 def _trained_batch_norm(model):
     """Fresh BatchNorm has mean 0 / var 1, which folds to a no-op: give it statistics like a
     trained model's so that folding it into the convolutions is actually tested."""
-    torch = _torch()
+    torch = import_torch()
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
@@ -113,7 +113,7 @@ def import_exported(model, example_inputs: tuple) -> tuple[tvm.IRModule, dict]:
     example inputs are cast to float32; integer and bool ones (token ids, attention masks) keep
     their dtype, since a model indexes or compares with them.
     """
-    torch = _torch()
+    torch = import_torch()
     from tvm.relax.frontend.torch import from_exported_program
 
     inputs = tuple(x.float() if x.is_floating_point() else x for x in example_inputs)
@@ -128,7 +128,7 @@ def import_exported(model, example_inputs: tuple) -> tuple[tvm.IRModule, dict]:
 
 def resnet50_module(batch: int = 1, image: int = 224, **kwargs) -> tuple[tvm.IRModule, dict]:
     """ResNet-50 imported from PyTorch: (IRModule, weights), input `x` of shape (batch, 3, image, image)."""
-    torch = _torch()
+    torch = import_torch()
     model = resnet50(**kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
@@ -152,7 +152,7 @@ def vit(
     layers (nn.MultiheadAttention with its packed q/k/v projection, GELU MLP), a final LayerNorm and
     the head on the class token. Input: (batch, 3, image, image).
     """
-    torch = _torch()
+    torch = import_torch()
     nn = torch.nn
     tokens = (image // patch) ** 2 + 1
 
@@ -191,7 +191,7 @@ def vit(
 
 def vit_module(batch: int = 1, image: int = 64, **kwargs) -> tuple[tvm.IRModule, dict]:
     """The ViT of `vit` imported from PyTorch: (IRModule, weights), input `x` of shape (batch, 3, image, image)."""
-    torch = _torch()
+    torch = import_torch()
     model = vit(image=image, **kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
@@ -240,7 +240,7 @@ def mobilenet_v3(
     "HS" (hardswish), stride), as MOBILENET_V3_LARGE; a subset makes a smaller model. Channel counts
     (and the classifier's hidden width `last_channel`) are scaled by `width_mult` and rounded to
     multiples of 8, as torchvision does."""
-    torch = _torch()
+    torch = import_torch()
     nn = torch.nn
 
     def adjust(channels: int) -> int:
@@ -327,7 +327,7 @@ def mobilenet_v3_module(
     where TVM 0.27's CUDA build of a padded depthwise conv fails at batch 1 (DLight's GEMV rule,
     `assert s_loops`); image=64 leaves them 2x2. The full model (15 blocks) takes minutes to bind
     on a small CPU (FoldConstant compiles every op it folds); pass a few `blocks` for tests."""
-    torch = _torch()
+    torch = import_torch()
     model = mobilenet_v3(width_mult=width_mult, **kwargs)
     example = (torch.from_numpy(np.zeros((batch, 3, image, image), "float32")),)
     return import_exported(model, example)
@@ -341,7 +341,7 @@ def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float =
     """torchvision's ConvNeXt (convnext_tiny by default; eval mode, random init, layer scales drawn
     in a trained model's range so the blocks matter), its own NCHW <-> NHWC permutes included (the
     blocks' and `LayerNorm2d`'s). `stages` as CONVNEXT_TINY; fewer or narrower for tests."""
-    torch = _torch()
+    torch = import_torch()
     nn, F = torch.nn, torch.nn.functional
 
     class LayerNorm2d(nn.LayerNorm):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import tvm
 
-from .torch_models import _torch, import_exported
+from .torch_models import import_exported, import_torch
 
 
 def bert_encoder(layers: int = 2, hidden: int = 1024, heads: int = 16, ffn: int = 4096, seed: int = 0):
     """A Hugging Face `transformers` BERT encoder stack (random init, no hub download; eval mode,
     eager attention so torch.export sees the matmuls). Input: hidden states (batch, seq, hidden)."""
-    torch = _torch()
+    torch = import_torch()
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(seed)
@@ -46,7 +46,7 @@ def bert_encoder_torch(
     attention="sdpa" is transformers' default (`F.scaled_dot_product_attention`, flash attention
     in fp16 on a GPU); "eager" spells out softmax(q k^T / sqrt(d)) v as the exported graph does.
     """
-    torch = _torch()
+    torch = import_torch()
     nn, F = torch.nn, torch.nn.functional
     head_dim = hidden // heads
 
@@ -119,7 +119,7 @@ def bert_encoder_torch(
 
 def bert_module(batch: int = 8, seq: int = 128, **kwargs) -> tuple[tvm.IRModule, dict]:
     """The transformers BERT encoder imported with torch.export: (IRModule, weights)."""
-    torch = _torch()
+    torch = import_torch()
     model = bert_encoder(**kwargs)
     hidden = model.encoder.config.hidden_size
     example = (torch.from_numpy(np.zeros((batch, seq, hidden), "float32")),)
@@ -128,7 +128,7 @@ def bert_module(batch: int = 8, seq: int = 128, **kwargs) -> tuple[tvm.IRModule,
 
 def llama_mlp_module(tokens: int = 64, hidden: int = 256, intermediate: int = 704, seed: int = 0):
     """A LLaMA-style gated MLP: down(silu(gate(x)) * up(x)) + x, imported with torch.export."""
-    torch = _torch()
+    torch = import_torch()
     nn = torch.nn
 
     class GatedMLP(nn.Module):
@@ -151,7 +151,7 @@ def last_hidden_state(model):
     attention mask) and returns one tensor, the last hidden state: torch.export and the zoo need a
     single output, and the wrapper keeps the model's own forward (its attention implementation,
     masks and caches) as users run it."""
-    torch = _torch()
+    torch = import_torch()
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self):

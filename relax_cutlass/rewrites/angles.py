@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from .canonicalize import _relax_functions
+from .canonicalize import relax_functions
 
 PERIODIC_OPS = ("relax.sin", "relax.cos")
 # Ops whose attributes do not name a dtype, so the same call on float32 arguments computes the
@@ -138,4 +138,4 @@ class AnglesInFloat32:
     module's docstring); to_float16 applies it after ToMixedPrecision."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, angles_in_float32)
+        return relax_functions(mod, angles_in_float32)

@@ -191,7 +191,7 @@ def fold_float32_accumulation(func: relax.Function) -> relax.Function:
     return relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
 
 
-def _relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+def relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
     """`rewrite` applied to each Relax function of `mod` that is not an offloaded region."""
 
     def offloaded(func: relax.Function) -> bool:
@@ -211,7 +211,7 @@ class AccumulateInFloat32:
     partitioning (FoldLinearReshapes) and applies it again to what stays in TVM."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, accumulate_in_float32)
+        return relax_functions(mod, accumulate_in_float32)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.UnbroadcastWeights")
@@ -225,7 +225,7 @@ class UnbroadcastWeights:
     TVM's library of the model crashed its loader). from_torch and bind_float16 apply it first."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, unbroadcast_weights)
+        return relax_functions(mod, unbroadcast_weights)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.FoldLinearReshapes")

@@ -27,7 +27,7 @@ import tvm
 from tvm import relax
 
 from ..kinds.ir import binding_readers, constant_value, is_call, planned_rewrite, static_int, tensor_dims
-from .canonicalize import _relax_functions
+from .canonicalize import relax_functions
 from .projections import PART_ALIGNMENT
 
 # What may read a slice of a packed gated projection: the gate's activation (any form a frontend
@@ -188,4 +188,4 @@ class SplitPackedGatedProjections:
     (`split_packed_gated_projections`). offload_pipeline runs it after FoldLinearReshapes."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, split_packed_gated_projections)
+        return relax_functions(mod, split_packed_gated_projections)

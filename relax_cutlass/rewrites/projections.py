@@ -39,7 +39,7 @@ from ..kinds.ir import (
     static_int,
     tensor_dims,
 )
-from .canonicalize import _relax_functions
+from .canonicalize import relax_functions
 
 # Each part's size must be a multiple of this many elements (16 bytes of fp16).
 PART_ALIGNMENT = 8
@@ -197,4 +197,4 @@ class FuseParallelProjections:
     Relax function but the offloaded regions."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, fuse_parallel_projections)
+        return relax_functions(mod, fuse_parallel_projections)

@@ -13,7 +13,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .canonicalize import ACCUMULATING_OPS, _relax_functions
+from .canonicalize import ACCUMULATING_OPS, relax_functions
 
 try:  # numpy's "bfloat16" dtype (ships with TVM)
     import ml_dtypes  # noqa: F401
@@ -66,4 +66,4 @@ class RetypeFloat16:
         self.dtype = dtype
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return _relax_functions(mod, lambda func: _Retyper(self.dtype).visit_expr(func))
+        return relax_functions(mod, lambda func: _Retyper(self.dtype).visit_expr(func))

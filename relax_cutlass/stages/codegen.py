@@ -10,6 +10,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -26,17 +27,15 @@ from ..arch import parse_arch, resolve_family
 from ..kinds import CODEGEN, PlanError, kind_of, kinds
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from ..kinds.ir import json_attr
-from .compile import cache_dir, compile_all, failure_summary, link_relocatable
+from ..toolkit.compile import cache_dir, compile_all, failure_summary, link_relocatable
+from ..toolkit.sass_check import StubKernelError
+from ..toolkit.sass_check import enabled as sass_check_enabled
+from ..toolkit.settings import DEFAULT_M_HINT, SettingError, check_pdl_setting, jobs_setting, positive_int
+from ..toolkit.tuning import TuningDatabase, TuningDatabaseWarning
 from .emit import emit_glue, emit_kernel
 from .regions import RegionError, analyze, make_region
-from .sass_check import StubKernelError
-from .sass_check import enabled as sass_check_enabled
-from .settings import SettingError, check_pdl_setting, jobs_setting, positive_int
-from .tuning import TuningDatabase, TuningDatabaseWarning
 
 REGIONS_ATTR = "relax_cutlass.regions"
-# M assumed by the kernel heuristics when M is symbolic (CodegenOptions.m_hint).
-DEFAULT_M_HINT = 1024
 
 
 @dataclass(frozen=True)
@@ -217,8 +216,8 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     import tempfile
     from pathlib import Path
 
+    from ..toolkit.profile_runner import device_name, run_profiler
     from .profile import build_profiler, plan_epilogue_jobs, plan_jobs, retime_reason
-    from .profile_runner import device_name, run_profiler
 
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
@@ -288,11 +287,21 @@ def module_failures(regions: list, options: CodegenOptions) -> dict[str, str]:
     return failed | module_failures([r for r in regions if r.symbol not in failed], options)
 
 
+# The regions CutlassCodegen planned (and checked to build) for the RunCodegen call it is making, by
+# symbol: the callback takes them instead of planning the same functions again.
+_PLANNED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("relax_cutlass_planned", default=None)
+
+
 @tvm_ffi.register_global_func(f"relax.ext.{CODEGEN}", override=True)
 def _relax_ext_codegen(functions, options, _constant_names):
     """Entry point RunCodegen calls with all functions annotated Codegen="relax_cutlass"."""
     opts = CodegenOptions.from_map(options)
-    regions = plan_regions(list(functions), opts)
+    planned = _PLANNED.get() or {}
+    symbols = [str(func.attrs["global_symbol"]) for func in functions]
+    if symbols and all(symbol in planned for symbol in symbols):
+        regions = [planned[symbol] for symbol in symbols]
+    else:  # RunCodegen run by hand on a partitioned module: plan here
+        regions = plan_regions(list(functions), opts)
     if not regions or not opts.compile:
         return []
     return [build_regions(regions, opts)]
@@ -333,7 +342,11 @@ class CutlassCodegen:
             regions = [r for r in regions if r.symbol not in failed]
         calls = call_counts(mod)
         rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
-        out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
+        token = _PLANNED.set({r.symbol: r for r in regions})
+        try:
+            out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
+        finally:
+            _PLANNED.reset(token)
         previous = json_attr(mod, REGIONS_ATTR, [])
         return out.with_attr(REGIONS_ATTR, json.dumps(previous + rows))
 

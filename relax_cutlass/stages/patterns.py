@@ -11,7 +11,7 @@ from functools import cache
 
 from tvm import relax
 
-from ..kinds import kind_of, kinds
+from ..kinds import generation, kind_of, kinds
 
 
 def all_specs() -> list:
@@ -25,7 +25,7 @@ def clear_caches() -> None:
     for kind in kinds():
         if hasattr(kind.pattern, "cache_clear"):
             kind.pattern.cache_clear()
-    spec_by_name.cache_clear()
+    _specs_by_name.cache_clear()
 
 
 def pattern_of(spec) -> tuple:
@@ -33,8 +33,13 @@ def pattern_of(spec) -> tuple:
     return kind_of(spec).pattern(spec)
 
 
-@cache
 def spec_by_name() -> dict:
+    """{composite name: spec} of every registered kind's patterns."""
+    return _specs_by_name(generation())
+
+
+@cache
+def _specs_by_name(_generation: int) -> dict:
     return {s.name: s for s in all_specs()}
 
 

@@ -12,7 +12,7 @@ as in its later fix, tuning starts from the main loop:
            costs `top_k + 1` kernels per distinct epilogue, not one per candidate.
 
 The library exports TVM FFI functions and needs only the TVM runtime (or tvm_ffi) to load: build it
-here, run `python -m relax_cutlass.stages.profile_runner` on the GPU host. Stage 2 is planned from stage
+here, run `python -m relax_cutlass.toolkit.profile_runner` on the GPU host. Stage 2 is planned from stage
 1's records, so tuning from scratch is two build/run rounds (`python -m relax_cutlass tune`).
 """
 
@@ -21,33 +21,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..kinds import kind_of, kinds
-from ..kinds.epilogue import ACTIVATIONS, Epilogue
-from .compile import Source, compile_all, link_relocatable, toolchain
+from ..kinds.epilogue import ACTIVATIONS, Epilogue, epilogue_key
+from ..kinds.profiling import ProfileJob
+from ..toolkit.compile import Source, compile_all, link_relocatable, toolchain
+from ..toolkit.profile_templates import PROFILER_TU
+from ..toolkit.tuning import TuningKey, parse_label
 from .emit import emit_kernel
-from .profile_templates import PROFILER_TU
-from .tuning import TuningKey, epilogue_key, parse_label
 
 DEFAULT_MAX_CANDIDATES = 6  # stage 1: per problem class (--max-candidates)
 DEFAULT_TOP_K = 3  # stage 2: main loops re-timed with each epilogue, besides the heuristic's (--top-k)
-
-
-@dataclass(frozen=True)
-class ProfileJob:
-    """One problem (shapes fixed) and the candidates to time on it: (kernel, split-K slices), all
-    with `epilogue` (stage 1: none)."""
-
-    key: TuningKey
-    problem: object  # the kind's problem record
-    candidates: tuple[tuple[object, int], ...]
-    epilogue: Epilogue = Epilogue()
-
-    @property
-    def kernels(self) -> tuple:
-        return tuple(dict.fromkeys(k for k, _ in self.candidates))
 
 
 def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFAULT_MAX_CANDIDATES):
@@ -65,18 +50,6 @@ def plan_jobs(problems: list, arch: int, family: str = "auto", limit: int = DEFA
 def kernel_label(kernel, split_k: int = 1) -> str:
     """A candidate kernel's name in profile manifests and tuning records."""
     return kind_of(kernel).profiling.label(kernel, split_k)
-
-
-def by_label(pool, record) -> list[tuple]:
-    """Stage 1's correct candidates, fastest first, as (tile, split-K) from `pool`'s tiles."""
-    tiles = {t.describe(): t for t in pool}
-    timed = sorted((ms, label) for label, ms in record.candidates.items() if ms is not None)
-    ranked = []
-    for _, label in timed:
-        name, split = parse_label(label)
-        if name in tiles:
-            ranked.append((tiles[name], split))
-    return ranked
 
 
 def retime_reason(job: ProfileJob, record, device: str | None = None) -> str | None:
@@ -142,6 +115,7 @@ def _job_entry(job: ProfileJob, index: dict[str, int]) -> dict:
     entry = {
         "key": job.key.to_json(),
         "op": job.key.op,
+        "reference": kind_of(job.problem).reference_module,
         "dtype": job.key.element,
         "out_dtype": job.key.element_out,
         "epilogue": dataclasses.asdict(job.epilogue),

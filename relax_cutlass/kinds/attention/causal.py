@@ -21,10 +21,10 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ...rewrites.evaluate import evaluate_input_free, input_free_vars
+from ..evaluate import evaluate_input_free, input_free_vars
 from ..ir import rewrite_planned_bindings, static_shape
 from .masks import SWAMPING_MASK
-from .trace import _is_call
+from .trace import is_op_call
 
 
 def causal_offset(mask: np.ndarray, rows: int, keys: int, float32_add: bool) -> int | None:
@@ -58,7 +58,7 @@ def causal_mask_expr(rows: int, keys: int, offset: int, dtype: str) -> relax.Exp
 
 def _is_canonical(expr, var2val) -> bool:
     value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
-    return _is_call(value, "relax.triu")
+    return is_op_call(value, "relax.triu")
 
 
 def _plan(func: relax.Function) -> dict:
@@ -69,13 +69,13 @@ def _plan(func: relax.Function) -> dict:
     free = input_free_vars(func)
     planned, known = {}, {}
     for value in var2val.values():
-        if not _is_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
             continue
         x = value.args[0]
         add = var2val.get(x)
-        if _is_call(add, "relax.astype") and isinstance(add.args[0], relax.Var):
+        if is_op_call(add, "relax.astype") and isinstance(add.args[0], relax.Var):
             x, add = add.args[0], var2val.get(add.args[0])
-        if not _is_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
+        if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
             continue
         is_free = [arg in free for arg in add.args]
         if is_free.count(True) != 1:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ...stages.compile import Source, _pkg_dir, cache_dir
-from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
-from ...stages.literals import cxx_float
-from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
+from ...toolkit.compile import Source, cache_dir
+from ...toolkit.dtypes import CUTLASS_ELEMENT, DTYPE_BITS
+from ...toolkit.glue import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...toolkit.literals import cxx_float
+from ...toolkit.toolchain import package_dir
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
 from .records import BIAS_AXES, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
@@ -128,7 +129,7 @@ def fmha_flags() -> tuple[str, ...]:
     nvidia-cutlass wheel). They include <curand_kernel.h> for dropout, which relax_cutlass never
     compiles in (every use is behind HAS_PYTORCH) and which minimal CUDA installs lack: an empty
     stand-in is searched after the system headers, so a real one still wins."""
-    example = _pkg_dir("cutlass_library") / "source" / "examples" / "41_fused_multi_head_attention"
+    example = package_dir("cutlass_library") / "source" / "examples" / "41_fused_multi_head_attention"
     shim = cache_dir() / "include-fallback"
     header = shim / "curand_kernel.h"
     if not header.exists():

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.compile import Source, _pkg_dir
-from ...stages.emit import check_device
-from ...stages.templates import KERNEL_PRELUDE, PDL_DEVICE, pdl_switch
-from ..epilogue import CUTLASS_ELEMENT
+from ...toolkit.compile import Source
+from ...toolkit.dtypes import CUTLASS_ELEMENT
+from ...toolkit.glue import check_device
+from ...toolkit.templates import KERNEL_PRELUDE, PDL_DEVICE, pdl_switch
+from ...toolkit.toolchain import package_dir
 from .records import CAUSAL_CODE, AttentionKernel
 from .templates import ATTENTION_ARGS, FAIL_FUNCTION
 
@@ -432,7 +433,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
 
 
 def sm90_fmha_dir():
-    return _pkg_dir("cutlass_library") / "source" / "examples" / "88_hopper_fmha"
+    return package_dir("cutlass_library") / "source" / "examples" / "88_hopper_fmha"
 
 
 def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tvm
 
-from ...stages.profile import ProfileJob
+from ...kinds.profiling import ProfileJob
 from .. import Profiling, RegionKind
 from ..ir import rules_at
 from .causal import constant_causal_masks

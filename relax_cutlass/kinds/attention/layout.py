@@ -28,9 +28,9 @@ import tvm
 from tvm import relax
 
 from .masks import SWAMPING_MASK
-from .patterns import _VIEW_OPS, AttentionPatternSpec
+from .patterns import VIEW_OPS, AttentionPatternSpec
 from .records import BIAS_AXES
-from .trace import Layout, _dims, _is_one, _name, _NotAttention, _static, _Tracer
+from .trace import Layout, NotAttention, Tracer, expr_dims, expr_name, is_one, static_dim
 
 # Roles of the logical axes in the order the kernel's strides use them.
 QUERY_AXES, KEY_AXES, VALUE_AXES = ("B", "S", "N", "H"), ("B", "T", "N", "H"), ("B", "T", "N", "V")
@@ -78,21 +78,21 @@ class AttentionLayout:
 
 
 def _operand(
-    tracer: _Tracer, param, matmul_arg, prefix: str, inner: tuple[str, str], allowed=_VIEW_OPS
+    tracer: Tracer, param, matmul_arg, prefix: str, inner: tuple[str, str], allowed=VIEW_OPS
 ) -> tuple[list, Layout, list[relax.Call]]:
     """Trace a q/k/v parameter to its matmul operand. -> (the parameter's dims named
     prefix0..3, the operand's layout, the calls between); the operand's last two dims must be
     single axes."""
-    names = tuple(f"{prefix}{i}" for i in range(len(_dims(param))))
+    names = tuple(f"{prefix}{i}" for i in range(len(expr_dims(param))))
     calls = tracer.chain(matmul_arg, param, allowed)
     layout = tracer.follow(tracer.label(param, names), calls)
     if len(layout) < 2 or any(len(g) > 1 for g in layout[-2:]):
-        raise _NotAttention(f"the {inner} of the {prefix} operand are not single axes")
+        raise NotAttention(f"the {inner} of the {prefix} operand are not single axes")
     return list(names), layout, calls
 
 
 def _assign(
-    tracer: _Tracer, names: list[str], layout: Layout, roles: tuple[str, str], lone: str, what: str
+    tracer: Tracer, names: list[str], layout: Layout, roles: tuple[str, str], lone: str, what: str
 ) -> dict[str, str]:
     """Name the operand's axes: its last two dims take `roles`; its batch axes, flattened, are B
     then N (a lone batch axis is `lone`: the other one has size 1). Parameter dims of size 1 left
@@ -103,24 +103,24 @@ def _assign(
             assigned[group[0]] = role
     batch = [a for group in layout[:-2] for a in group]
     if len(batch) > 2:
-        raise _NotAttention(f"{what} batches over {len(batch)} axes; attention has batch and heads")
+        raise NotAttention(f"{what} batches over {len(batch)} axes; attention has batch and heads")
     assigned |= dict(zip(batch, ("B", "N") if len(batch) == 2 else (lone,), strict=False))
     free = [r for r in ("B", "N", *roles) if r not in assigned.values()]
     for root in names:
         leaves = tracer.leaves(root)
         if any(leaf in assigned for leaf in leaves):
             continue
-        if not free or not _is_one(tracer.sizes[root]):
-            raise _NotAttention(f"{what} has a dimension that is none of batch, heads, rows, head dim")
+        if not free or not is_one(tracer.sizes[root]):
+            raise NotAttention(f"{what} has a dimension that is none of batch, heads, rows, head dim")
         assigned[root] = free.pop(0)
     return assigned
 
 
-def _reads(tracer: _Tracer, names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple:
+def _reads(tracer: Tracer, names: list[str], assigned: dict[str, str], order: tuple[str, ...]) -> tuple:
     by_role = {role: axis for axis, role in assigned.items()}
     missing = [role for role in order if role not in by_role]
     if missing:  # e.g. grouped-query keys/values, whose heads repeat through a broadcast
-        raise _NotAttention(f"no axis of the operand holds the kernel's {', '.join(missing)} (read {dict(assigned)})")
+        raise NotAttention(f"no axis of the operand holds the kernel's {', '.join(missing)} (read {dict(assigned)})")
     return tuple(tracer.read(names, by_role[role]) for role in order)
 
 
@@ -131,7 +131,7 @@ def attention_layout(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var
         if spec.form in ("op", "op_bias"):
             return _op_layout(ann, out, var2val)
         return _softmax_layout(ann, out, var2val, grouped=spec.form == "softmax_gqa")
-    except _NotAttention as err:
+    except NotAttention as err:
         raise ValueError(str(err)) from None
 
 
@@ -139,16 +139,16 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     call = ann["root"]
     attrs = call.attrs
     if attrs.causal_mask not in (None, "TopLeft", "BottomRight"):
-        raise _NotAttention(f"causal_mask={attrs.causal_mask!r} is none of TVM's TopLeft / BottomRight")
+        raise NotAttention(f"causal_mask={attrs.causal_mask!r} is none of TVM's TopLeft / BottomRight")
     if getattr(attrs, "window_size", None) is not None:
-        raise _NotAttention("sliding-window attention is not fused")
-    tracer = _Tracer({}, {})
+        raise NotAttention("sliding-window attention is not fused")
+    tracer = Tracer({}, {})
     for role, axes in OPERAND_AXES:
         tracer.label(ann[role], axes)
     sizes = tracer.sizes
     head_dim = sizes["H"]
     if not isinstance(head_dim, tvm.tirx.IntImm):
-        raise _NotAttention("the head dim must be static")
+        raise NotAttention("the head dim must be static")
     scale = float(attrs.scale.value) if attrs.scale is not None else 1.0 / math.sqrt(int(head_dim))
     whole = ((0, 1), (1, 1), (2, 1), (3, 1))
     causal = None if attrs.causal_mask is None else str(attrs.causal_mask)
@@ -157,27 +157,27 @@ def _op_layout(ann: dict, out: relax.Expr, _var2val) -> AttentionLayout:
     return AttentionLayout(whole, whole, whole, (4, 4, 4), dict(sizes), scale, bias, bias_rank, causal=causal)
 
 
-def _op_bias_reads(tracer: _Tracer, bias: relax.Expr) -> tuple[tuple, int]:
+def _op_bias_reads(tracer: Tracer, bias: relax.Expr) -> tuple[tuple, int]:
     """How the kernel reads relax.nn.attention_bias's bias: numpy broadcasting, right-aligned, to
     the scores' (B, N, S, T); a dimension of size 1 is broadcast (stride 0)."""
-    dims = _dims(bias)  # rank 4: TVM's type inference of relax.nn.attention_bias requires it
+    dims = expr_dims(bias)  # rank 4: TVM's type inference of relax.nn.attention_bias requires it
     offset = len(BIAS_AXES) - len(dims)
     reads: list = []
     for i, axis in enumerate(BIAS_AXES):
         j = i - offset
-        if j < 0 or _is_one(dims[j]):
+        if j < 0 or is_one(dims[j]):
             reads.append(None)
         elif tracer.equal(dims[j], tracer.sizes[axis]):
             reads.append((j, 1))
         else:
-            raise _NotAttention(f"the bias dim {j} has size {dims[j]}: neither 1 nor the scores' {tracer.sizes[axis]}")
+            raise NotAttention(f"the bias dim {j} has size {dims[j]}: neither 1 nor the scores' {tracer.sizes[axis]}")
     return tuple(reads), len(dims)
 
 
 def _scalar_value(const, cast=None) -> float:
     value = const.value.numpy().reshape(-1)
     if value.size != 1:
-        raise _NotAttention("the scale is not a scalar")
+        raise NotAttention("the scale is not a scalar")
     if cast is not None:
         value = value.astype(str(cast.ty.dtype))
     return float(value[0])
@@ -188,14 +188,14 @@ def _softmax_layout(ann: dict, out: relax.Expr, var2val, grouped: bool = False) 
     # layout tells which, so try both.
     try:
         return _softmax_layout_as(ann, out, var2val, "N", grouped)
-    except _NotAttention as first_error:
+    except NotAttention as first_error:
         try:
             return _softmax_layout_as(ann, out, var2val, "B", grouped)
-        except _NotAttention:
+        except NotAttention:
             raise first_error from None
 
 
-def _kv_heads(tracer: _Tracer, layout: Layout, what: str) -> tuple[Layout, str | None, int, tuple | None]:
+def _kv_heads(tracer: Tracer, layout: Layout, what: str) -> tuple[Layout, str | None, int, tuple | None]:
     """Grouped-query keys/values: the operand's layout without its repeat axis, the axis the repeat
     follows in its dimension (None where it leads it), the group size G (query heads per kv head; 1
     without a repeat) and where the repeat sat ((dimension, position), None without one). Query
@@ -206,11 +206,11 @@ def _kv_heads(tracer: _Tracer, layout: Layout, what: str) -> tuple[Layout, str |
     if not found:
         return layout, None, 1, None
     if len(found) > 1:
-        raise _NotAttention(f"the {what} repeats along {len(found)} axes; grouped-query attention repeats one")
+        raise NotAttention(f"the {what} repeats along {len(found)} axes; grouped-query attention repeats one")
     i, pos, axis = found[0]
     group = layout[i]
     if i >= len(layout) - 2 or pos != len(group) - 1:
-        raise _NotAttention(
+        raise NotAttention(
             f"the {what}'s repeat is not right inside its heads in one dimension (grouped-query attention as "
             "repeat_interleave: query head n reads kv head n // G); a repeat of all heads (torch's repeat) is "
             "left to TVM"
@@ -228,44 +228,44 @@ def _batch_roles(layout: Layout, roles: dict[str, str], repeat: tuple | None = N
     return tuple(tuple(g) for g in batch)
 
 
-def _multi_query(tracer: _Tracer, roles: dict[str, str], heads: str | None, where: tuple | None) -> tuple | None:
+def _multi_query(tracer: Tracer, roles: dict[str, str], heads: str | None, where: tuple | None) -> tuple | None:
     """Where the repeat of a single kv head sat (multi-query attention), None for grouped-query
     attention (the repeat follows the kv-head axis) or no repeat. The kv operand's heads are then a
     unit dimension (read at head 0 only: its stride never matters)."""
     if where is None or (heads is not None and roles.get(heads) == "N"):
         return None
     unit_heads = [a for a, role in roles.items() if role == "N"]
-    if not unit_heads or not all(_is_one(tracer.sizes[a]) for a in unit_heads):
-        raise _NotAttention("the repeated axis of the keys/values is not their heads")
+    if not unit_heads or not all(is_one(tracer.sizes[a]) for a in unit_heads):
+        raise NotAttention("the repeated axis of the keys/values is not their heads")
     return where
 
 
 def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: bool = False) -> AttentionLayout:
-    tracer = _Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
+    tracer = Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
     first, second = ann["root"], ann["second"]
     # q and k^T may be scaled, in float32 between casts where the scale is no power of two
     # q, k and v may each be a strided_slice of one packed projection (`packed_projection_slices`)
-    scaled = (*_VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype", "relax.strided_slice")
+    scaled = (*VIEW_OPS, "relax.multiply", "relax.divide", "relax.astype", "relax.strided_slice")
     q_names, q_op, q_calls = _operand(tracer, ann["query"], first.args[0], "q", ("rows", "head dim"), scaled)
     # grouped-query keys and values: repeat_kv's expand_dims and repeating broadcast_to (a
     # multi-query one, of the single kv head, is a broadcast among the operand views themselves)
     tracer.repeats_allowed = True
     repeat = ("relax.expand_dims",) if grouped else ()
     k_names, k_op, k_calls = _operand(tracer, ann["key"], first.args[1], "k", ("head dim", "rows"), (*scaled, *repeat))
-    v_views = (*_VIEW_OPS, "relax.strided_slice", *repeat)
+    v_views = (*VIEW_OPS, "relax.strided_slice", *repeat)
     v_names, v_op, _ = _operand(tracer, ann["value"], second.args[1], "v", ("rows", "head dim"), v_views)
     tracer.repeats_allowed = False
     k_op, k_heads, group, k_where = _kv_heads(tracer, k_op, "key")
     v_op, v_heads, v_group, v_where = _kv_heads(tracer, v_op, "value")
     if group != v_group or (grouped and group == 1):
-        raise _NotAttention("the keys and values are not repeated alike across the query heads")
+        raise NotAttention("the keys and values are not repeated alike across the query heads")
     q_role = _assign(tracer, q_names, q_op, ("S", "H"), lone, "the query")
     k_role = _assign(tracer, k_names, k_op, ("H", "T"), lone, "the key")
     v_role = _assign(tracer, v_names, v_op, ("T", "V"), lone, "the value")
     k_where = _multi_query(tracer, k_role, k_heads, k_where)
     v_where = _multi_query(tracer, v_role, v_heads, v_where)
     if (k_where is None) != (v_where is None):
-        raise _NotAttention("the keys and values are not repeated alike across the query heads")
+        raise NotAttention("the keys and values are not repeated alike across the query heads")
     sizes: dict[str, tvm.tirx.PrimExpr] = {}
     for roles, what in ((q_role, "query"), (k_role, "key"), (v_role, "value")):
         for axis, role in roles.items():
@@ -273,15 +273,15 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
             if role == "N" and what != "query":
                 size = size * group  # the query heads the kv heads serve
             if role in sizes and not tracer.equal(sizes[role], size):
-                raise _NotAttention(f"the {what}'s {role} size {size} differs from {sizes[role]}")
+                raise NotAttention(f"the {what}'s {role} size {size} differs from {sizes[role]}")
             sizes.setdefault(role, size)
     # Both operands of each matmul must batch over the same (B, N) grouping.
     q_batch = _batch_roles(q_op, q_role)
     for layout, roles, where, what in ((k_op, k_role, k_where, "key"), (v_op, v_role, v_where, "value")):
         if _batch_roles(layout, roles, where) != q_batch:
-            raise _NotAttention(f"the {what} operand is not batched like the query")
+            raise NotAttention(f"the {what} operand is not batched like the query")
     tracer.sizes |= sizes
-    kept = tuple(a for a in ("S", "T", "V") if not _is_one(sizes[a]))
+    kept = tuple(a for a in ("S", "T", "V") if not is_one(sizes[a]))
 
     def rows(role: str) -> tuple[str, ...]:
         return (role,) if role in kept else ()
@@ -289,7 +289,7 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
     # From the scores to the probabilities: views, casts, the scale, the bias, the softmax and
     # its safe tail only.
     score_layout = (*q_batch, rows("S"), rows("T"))
-    allowed = (*_VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.nn.softmax")
+    allowed = (*VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.nn.softmax")
     calls = tracer.chain(second.args[0], first, (*allowed, "relax.where"))
     layout = score_layout
     bias, bias_rank, causal = None, 0, None
@@ -297,7 +297,7 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
         if call.same_as(ann["softmax"]):
             axis = int(call.attrs.axis)
             if axis not in (-1, len(layout) - 1) or layout[-1] != rows("T"):
-                raise _NotAttention(f"softmax over axis {axis} is not over the keys")
+                raise NotAttention(f"softmax over axis {axis} is not over the keys")
         if "bias_add" in ann and call.same_as(ann["bias_add"]):
             if "causal_triu" in ann:
                 causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
@@ -305,14 +305,14 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
                 bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
         layout = tracer.apply(layout, call)
     if layout != score_layout:
-        raise _NotAttention("the probabilities reach the second matmul in another layout than the scores")
+        raise NotAttention("the probabilities reach the second matmul in another layout than the scores")
     # The output: (B, S, N, V) in memory, however it is grouped.
     masked_rows = _masked_rows(ann, sizes)
-    out_layout = tracer.follow((*q_batch, rows("S"), rows("V")), tracer.chain(out, second, _VIEW_OPS))
+    out_layout = tracer.follow((*q_batch, rows("S"), rows("V")), tracer.chain(out, second, VIEW_OPS))
     order = [a for g in out_layout for a in g]
-    want = [a for a in ("B", "S", "N", "V") if not _is_one(sizes[a])]
+    want = [a for a in ("B", "S", "N", "V") if not is_one(sizes[a])]
     if order != want:
-        raise _NotAttention(f"the output is laid out as {''.join(order)}, not BSNV; the kernel writes (B, S, N, V)")
+        raise NotAttention(f"the output is laid out as {''.join(order)}, not BSNV; the kernel writes (B, S, N, V)")
     return AttentionLayout(
         _reads(tracer, q_names, q_role, QUERY_AXES),
         _reads(tracer, k_names, k_role, KEY_AXES),
@@ -336,34 +336,34 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
     )
 
 
-def _causal(tracer: _Tracer, ann: dict, layout: Layout, rows_keys: tuple, add: relax.Call) -> str:
+def _causal(tracer: Tracer, ann: dict, layout: Layout, rows_keys: tuple, add: relax.Call) -> str:
     """TVM's causal mask name for the matched triu(-inf broadcast to (S, T), k) mask: "TopLeft" for
     k = 1 (query i sees keys j <= i), "BottomRight" for k = 1 + T - S (T > S)."""
     triu, fill = ann["causal_triu"], tracer.scalar_const(ann["causal_fill"])
     value = _scalar_value(*fill) if fill is not None else None
     float32_add = str(add.ty.dtype) == "float32"
     if value is None or not (value == -math.inf or (float32_add and math.isfinite(value) and value <= SWAMPING_MASK)):
-        raise _NotAttention(f"the triu mask's fill {value} is not -inf (or, added in float32, <= {SWAMPING_MASK:g})")
+        raise NotAttention(f"the triu mask's fill {value} is not -inf (or, added in float32, <= {SWAMPING_MASK:g})")
     if tuple(layout[-2:]) != rows_keys:
-        raise _NotAttention("the triu mask is not added where the scores are (queries, keys)")
-    mask_dims, score_dims = _dims(triu), _dims(tracer.main_arg(add))
-    rows, keys = (_static(d) for d in score_dims[-2:])
-    if rows is None or keys is None or [_static(d) for d in mask_dims[-2:]] != [rows, keys]:
-        raise _NotAttention("a causal triu mask needs static (queries, keys) sizes that are the scores'")
-    viewed = [_static(d) for d in _dims(ann["causal_mask"])[-2:]]
-    if not all(_is_one(d) for d in mask_dims[:-2]) or viewed != [rows, keys]:
-        raise _NotAttention("the triu mask's views move its (queries, keys) plane")
-    diagonal = _static(triu.args[1]) if isinstance(triu.args[1], tvm.tirx.IntImm) else None
+        raise NotAttention("the triu mask is not added where the scores are (queries, keys)")
+    mask_dims, score_dims = expr_dims(triu), expr_dims(tracer.main_arg(add))
+    rows, keys = (static_dim(d) for d in score_dims[-2:])
+    if rows is None or keys is None or [static_dim(d) for d in mask_dims[-2:]] != [rows, keys]:
+        raise NotAttention("a causal triu mask needs static (queries, keys) sizes that are the scores'")
+    viewed = [static_dim(d) for d in expr_dims(ann["causal_mask"])[-2:]]
+    if not all(is_one(d) for d in mask_dims[:-2]) or viewed != [rows, keys]:
+        raise NotAttention("the triu mask's views move its (queries, keys) plane")
+    diagonal = static_dim(triu.args[1]) if isinstance(triu.args[1], tvm.tirx.IntImm) else None
     offsets = {0: "TopLeft", keys - rows: "TopLeft" if keys == rows else "BottomRight"}
     if diagonal is None or diagonal - 1 not in offsets or keys < rows:
-        raise _NotAttention(
+        raise NotAttention(
             f"a causal mask with diagonal {diagonal} over {rows} queries x {keys} keys is neither TVM's "
             "TopLeft (triu k=1) nor BottomRight (k=1+keys-queries)"
         )
     return offsets[diagonal - 1]
 
 
-def _scale(tracer: _Tracer, calls: list[relax.Call]) -> float:
+def _scale(tracer: Tracer, calls: list[relax.Call]) -> float:
     """The product of the scalar constants multiplying (or dividing) q, k^T and the scores."""
     scale = 1.0
     for call in calls:
@@ -373,38 +373,38 @@ def _scale(tracer: _Tracer, calls: list[relax.Call]) -> float:
         other = next(a for a in call.args if not a.same_as(main))
         found = tracer.scalar_const(other)
         if found is None:
-            raise _NotAttention(f"{call.op.name} by {_name(other)}, which is no scalar constant, is not a scale")
+            raise NotAttention(f"{call.op.name} by {expr_name(other)}, which is no scalar constant, is not a scale")
         if call.op.name == "relax.divide" and not call.args[0].same_as(main):
-            raise _NotAttention("a constant divided by the scores is not a scale")
+            raise NotAttention("a constant divided by the scores is not a scale")
         value = _scalar_value(*found)
         scale = scale / value if call.op.name == "relax.divide" else scale * value
     return scale
 
 
-def _bias_reads(tracer: _Tracer, bias: relax.Expr, layout: Layout, add: relax.Call) -> tuple[tuple, int]:
+def _bias_reads(tracer: Tracer, bias: relax.Expr, layout: Layout, add: relax.Call) -> tuple[tuple, int]:
     """How the kernel reads the additive bias added to scores laid out as `layout`: numpy
     broadcasting, right-aligned; a dimension of size 1 is broadcast (stride 0) over the axes of
     the scores' dimension, one of the scores' size holds them."""
-    bias_dims, score_dims = _dims(bias), _dims(tracer.main_arg(add))
-    out_dims = _dims(add)
+    bias_dims, score_dims = expr_dims(bias), expr_dims(tracer.main_arg(add))
+    out_dims = expr_dims(add)
     if len(out_dims) != len(score_dims) or not all(
         tracer.equal(a, b) for a, b in zip(out_dims, score_dims, strict=True)
     ):
-        raise _NotAttention(f"the mask/bias {[str(d) for d in bias_dims]} broadcasts the scores to a larger shape")
+        raise NotAttention(f"the mask/bias {[str(d) for d in bias_dims]} broadcasts the scores to a larger shape")
     offset = len(score_dims) - len(bias_dims)
     reads: dict[str, AxisRead] = {}
     for i, group in enumerate(layout):
         j = i - offset
-        if j < 0 or _is_one(bias_dims[j]) or not group:
+        if j < 0 or is_one(bias_dims[j]) or not group:
             continue
         if not tracer.equal(bias_dims[j], score_dims[i]):
-            raise _NotAttention(
+            raise NotAttention(
                 f"the mask/bias dim {j} has size {bias_dims[j]}: neither 1 nor the scores' {score_dims[i]}"
             )
         for pos, axis in enumerate(group):
-            inner = [_static(tracer.sizes[a]) for a in group[pos + 1 :]]
+            inner = [static_dim(tracer.sizes[a]) for a in group[pos + 1 :]]
             if None in inner:
-                raise _NotAttention("the mask/bias merges a symbolic axis with another one in one dimension")
+                raise NotAttention("the mask/bias merges a symbolic axis with another one in one dimension")
             reads[axis] = (j, math.prod(inner))
     return tuple(reads.get(axis) for axis in BIAS_AXES), len(bias_dims)
 
@@ -415,27 +415,27 @@ def _masked_rows(ann: dict, sizes: dict) -> str:
         return "nan"
     neg_inf = ann["tail_inf"].value.numpy().reshape(-1)
     if neg_inf.size != 1 or not np.isneginf(neg_inf[0]):
-        raise _NotAttention("the masked-row test of the softmax compares with something else than -inf")
+        raise NotAttention("the masked-row test of the softmax compares with something else than -inf")
     row_max = ann["tail_max"]
-    rank = len(_dims(row_max.args[0]))
+    rank = len(expr_dims(row_max.args[0]))
     axes = [int(a) % rank for a in row_max.attrs.axis] if row_max.attrs.axis is not None else None
     if axes != [rank - 1] or not row_max.attrs.keepdims:
-        raise _NotAttention("the masked-row test of the softmax does not reduce over the keys")
+        raise NotAttention("the masked-row test of the softmax does not reduce over the keys")
     if "tail_uniform" in ann:  # softmax(zeros_like(scores)): 1/T whatever T is
         uniform = ann["tail_uniform"]
-        rank = len(_dims(uniform))
+        rank = len(expr_dims(uniform))
         if uniform.attrs.axis is None or int(uniform.attrs.axis) % rank != rank - 1:
-            raise _NotAttention("the fill of a fully masked row is a softmax over another axis than the keys")
+            raise NotAttention("the fill of a fully masked row is a softmax over another axis than the keys")
         return "mean"
     fill = ann["tail_fill"].value.numpy().reshape(-1)
     if fill.size != 1:
-        raise _NotAttention("the value of a fully masked row is not a scalar")
+        raise NotAttention("the value of a fully masked row is not a scalar")
     if fill[0] == 0:
         return "zero"
-    keys = _static(sizes["T"])
+    keys = static_dim(sizes["T"])
     if keys is not None and fill[0] == np.float32(1.0) / np.float32(keys):
         return "mean"
-    raise _NotAttention(
+    raise NotAttention(
         f"a fully masked row gets probabilities {fill[0]:g}; the kernel gives 0 or 1/T "
         f"(T = {sizes['T']}: the mean of the values)"
     )

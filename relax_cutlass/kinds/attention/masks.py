@@ -10,8 +10,8 @@ from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..ir import same_shape, use_counts
-from .patterns import _VIEW_OPS, ATTENTION_DTYPES
-from .trace import _is_call, _known_dims, _static
+from .patterns import ATTENTION_DTYPES, VIEW_OPS
+from .trace import is_op_call, known_dims, static_dim
 
 # A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
 # for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging
@@ -85,7 +85,7 @@ class _MaskValues:
         """(where, index of its swamping branch, the other branch's value) for a float32 mask
         where(cond, finite exact value, finite value <= SWAMPING_MASK) (either way round)."""
         where = self.value(expr)
-        if not _is_call(where, "relax.where"):
+        if not is_op_call(where, "relax.where"):
             return None
         branches = [self.constant(where.args[i]) for i in (1, 2)]
         if any(b is None or b.size != 1 for b in branches):
@@ -97,15 +97,15 @@ class _MaskValues:
         return None
 
 
-def _from_matmul(expr, var2val, depth: int = 8) -> bool:
+def is_matmul_result(expr, var2val, depth: int = 8) -> bool:
     """`expr` is a matmul's result, through views, casts and scalar scales (the scores)."""
     for _ in range(depth):
         value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
-        if _is_call(value, "relax.matmul"):
+        if is_op_call(value, "relax.matmul"):
             return True
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return False
-        if value.op.name not in (*_VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide"):
+        if value.op.name not in (*VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide"):
             return False
         expr = value.args[0]
     return False
@@ -118,20 +118,20 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
     known = _MaskValues(var2val)
     adds, tails = {}, {}
     for var, value in var2val.items():
-        if not _is_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
             continue
         x = value.args[0]
         add = var2val.get(x)
-        if not _is_call(add, "relax.add") or str(add.ty.dtype) != "float32":
+        if not is_op_call(add, "relax.add") or str(add.ty.dtype) != "float32":
             continue
         for index in (1, 0):
             scores, mask = add.args[1 - index], add.args[index]
             cast = known.value(scores)
             if (
-                _is_call(cast, "relax.astype")
+                is_op_call(cast, "relax.astype")
                 and str(cast.args[0].ty.dtype) in ATTENTION_DTYPES
                 and str(mask.ty.dtype) == "float32"
-                and _from_matmul(cast.args[0], var2val)
+                and is_matmul_result(cast.args[0], var2val)
             ):
                 break
         else:
@@ -140,8 +140,8 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
         if known.exact(mask, element):
             adds[x] = (index, element, None)
             continue
-        dims = _known_dims(x)
-        keys = _static(dims[-1]) if dims else None
+        dims = known_dims(x)
+        keys = static_dim(dims[-1]) if dims else None
         swamping = known.swamping_where(mask) if element == "float16" else None
         if swamping is None or not dims or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
             continue
@@ -251,7 +251,7 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
         value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
         if isinstance(value, tvm.ir.GenericConst):
             values = value.value.numpy()
-        elif _is_call(value, "relax.full_like") or _is_call(value, "relax.full"):
+        elif is_op_call(value, "relax.full_like") or is_op_call(value, "relax.full"):
             source = value.args[1]
             if not isinstance(source, tvm.ir.GenericConst) or source.value.numpy().size != 1:
                 return None
@@ -268,7 +268,7 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
         value = fill_value(m[fill])
         if value is None:
             return orig
-        dims, out = _known_dims(m[x]), _known_dims(orig)
+        dims, out = known_dims(m[x]), known_dims(orig)
         if dims is None or out is None or not same_shape(dims, out):
             return orig
         return relax.op.where(m[cond], relax.const(value, str(value.dtype)), m[x])

@@ -10,9 +10,9 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..ir import rewrite_planned_bindings, use_counts
-from .masks import BlockScopedMutator, _from_matmul
+from .masks import BlockScopedMutator, is_matmul_result
 from .patterns import ATTENTION_DTYPES
-from .trace import _dims, _is_call
+from .trace import expr_dims, is_op_call
 
 # expand_dims: the first step of transformers' repeat_kv (grouped-query keys and values)
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims")
@@ -106,9 +106,9 @@ class _CastOperands(relax.PyExprMutator):
 
     def narrow(self, expr, dtype: str):
         value = self.known.value(expr)
-        if _is_call(value, "relax.astype") and str(value.args[0].ty.dtype) == dtype:
+        if is_op_call(value, "relax.astype") and str(value.args[0].ty.dtype) == dtype:
             return self.visit_expr(value.args[0])
-        if _is_call(value, "relax.take") and self.known.narrow_source(value.args[0], dtype) is not None:
+        if is_op_call(value, "relax.take") and self.known.narrow_source(value.args[0], dtype) is not None:
             source = self.narrow(value.args[0], dtype)
             axis = None if value.attrs.axis is None else int(value.attrs.axis)
             index = self.visit_expr(value.args[1])
@@ -177,17 +177,17 @@ def cast_attention_operands(func: relax.Function) -> relax.Function:
     known = _OperandCasts(func)
     plan: dict = {}
     for value in known.var2val.values():
-        if not _is_call(value, "relax.matmul"):
+        if not is_op_call(value, "relax.matmul"):
             continue
         for arg in value.args:
             cast = known.value(arg)
-            if not (isinstance(arg, relax.Var) and _is_call(cast, "relax.astype")) or arg in plan:
+            if not (isinstance(arg, relax.Var) and is_op_call(cast, "relax.astype")) or arg in plan:
                 continue
             dtype = str(cast.ty.dtype)
             if dtype not in ATTENTION_DTYPES or str(cast.args[0].ty.dtype) != "float32":
                 continue
             # q, k and v of attention's batched matmuls may be computed in float32 (not 2-D weights' GEMMs)
-            batched = all(len(_dims(a)) >= 3 for a in value.args)
+            batched = all(len(expr_dims(a)) >= 3 for a in value.args)
             found = known.chain(cast.args[0], dtype, computed=batched)
             if found is not None:
                 plan[arg] = (*found, dtype)
@@ -208,7 +208,7 @@ class _MergeCasts(BlockScopedMutator):
 
     def visit_var_binding_(self, binding):
         value = binding.value
-        if _is_call(value, "relax.astype") and isinstance(binding.var, relax.DataflowVar):
+        if is_op_call(value, "relax.astype") and isinstance(binding.var, relax.DataflowVar):
             source = self.visit_expr(value.args[0])
             key = (source, str(value.ty.dtype))
             first = self.seen.get(key)
@@ -244,21 +244,22 @@ def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
     uses = use_counts(func)
     consumed = set()  # permutes whose result another permute takes
     for value in var2val.values():
-        if _is_call(value, "relax.permute_dims") and isinstance(value.args[0], relax.Var):
+        if is_op_call(value, "relax.permute_dims") and isinstance(value.args[0], relax.Var):
             consumed.add(value.args[0])
     plan = {}
     for var, value in var2val.items():
-        if not _is_call(value, "relax.permute_dims") or var in consumed or len(_dims(var)) != 4:
+        if not is_op_call(value, "relax.permute_dims") or var in consumed or len(expr_dims(var)) != 4:
             continue
         axes = [0, 1, 2, 3]
         x = var
-        while _is_call(var2val.get(x), "relax.permute_dims") and (x is var or uses.get(x, 0) == 1):
+        while is_op_call(var2val.get(x), "relax.permute_dims") and (x is var or uses.get(x, 0) == 1):
             call = var2val[x]
             step = [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else [3, 2, 1, 0]
             axes = [step[a] for a in axes]
             x = call.args[0]
         reshape = var2val.get(x)
-        if axes == [2, 0, 1, 3] and _is_call(reshape, "relax.reshape") and _from_matmul(reshape.args[0], var2val, 1):
+        from_matmul = is_op_call(reshape, "relax.reshape") and is_matmul_result(reshape.args[0], var2val, 1)
+        if axes == [2, 0, 1, 3] and from_matmul:
             plan[var] = x
     if not plan:
         return func

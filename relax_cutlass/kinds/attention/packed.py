@@ -22,12 +22,12 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..ir import rewrite_planned_bindings, static_shape
-from .trace import _is_call, _known_dims, _static
+from .trace import is_op_call, known_dims, static_dim
 
 # Views a take's packed tensor may be reached through from the projection.
 _PACKING_VIEWS = ("relax.reshape", "relax.expand_dims", "relax.permute_dims", "relax.squeeze")
 
-# Beyond this many elements the index array is not built (2**26, as rewrites.evaluate).
+# Beyond this many elements the index array is not built (2**26, as kinds.evaluate).
 _MAX_ELEMENTS = 1 << 26
 
 
@@ -58,7 +58,7 @@ def _take_as_slice(value: relax.Call, var2val) -> tuple[relax.Expr, int, int] | 
     if value.attrs.axis is None or static_shape(value) is None:
         return None
     calls, expr = [], data
-    while isinstance(expr, relax.Var) and any(_is_call(var2val.get(expr), op) for op in _PACKING_VIEWS):
+    while isinstance(expr, relax.Var) and any(is_op_call(var2val.get(expr), op) for op in _PACKING_VIEWS):
         calls.append(var2val[expr])
         expr = var2val[expr].args[0]
     shape = static_shape(expr)
@@ -78,16 +78,16 @@ def _take_as_slice(value: relax.Call, var2val) -> tuple[relax.Expr, int, int] | 
 def _split_as_slice(value: relax.TupleGetItem, var2val) -> tuple[relax.Expr, int, int] | None:
     """(P, lo, hi) when split(P, ..., last axis)[i] is P[..., lo:hi]."""
     split = var2val.get(value.tuple_value, value.tuple_value)
-    if not _is_call(split, "relax.split"):
+    if not is_op_call(split, "relax.split"):
         return None
     data = split.args[0]
-    dims = _known_dims(data)  # only the split axis need be static (a symbolic sequence length is fine)
+    dims = known_dims(data)  # only the split axis need be static (a symbolic sequence length is fine)
     if dims is None:
         return None
     axis = int(split.attrs.axis) % len(dims)
-    if axis != len(dims) - 1 or _static(dims[axis]) is None:
+    if axis != len(dims) - 1 or static_dim(dims[axis]) is None:
         return None
-    size = _static(dims[axis])
+    size = static_dim(dims[axis])
     sections = split.attrs.indices_or_sections
     if isinstance(sections, (int, tvm.tirx.IntImm)):
         count = int(sections)
@@ -102,17 +102,17 @@ def _split_as_slice(value: relax.TupleGetItem, var2val) -> tuple[relax.Expr, int
 
 def _same_part(var: relax.Var, source: relax.Expr, lo: int, hi: int) -> bool:
     """`var` has the shape and dtype of source[..., lo:hi]."""
-    dims, part = _known_dims(source), _known_dims(var)
+    dims, part = known_dims(source), known_dims(var)
     if dims is None or part is None or len(dims) != len(part) or str(var.ty.dtype) != str(source.ty.dtype):
         return False
     analyzer = tvm.sym.Analyzer()
     same = all(analyzer.can_prove_equal(a, b) for a, b in zip(dims[:-1], part[:-1], strict=True))
-    return same and _static(part[-1]) == hi - lo
+    return same and static_dim(part[-1]) == hi - lo
 
 
 def _slice(mutator, _binding, planned) -> relax.Expr:
     source, lo, hi = planned
-    last = len(_known_dims(source)) - 1
+    last = len(known_dims(source)) - 1
     return mutator.builder_.emit(relax.op.strided_slice(mutator.visit_expr(source), axes=[last], begin=[lo], end=[hi]))
 
 
@@ -123,7 +123,7 @@ def packed_projection_slices(func: relax.Function) -> relax.Function:
     plan = {}
     for var, value in var2val.items():
         try:
-            if _is_call(value, "relax.take"):
+            if is_op_call(value, "relax.take"):
                 found = _take_as_slice(value, var2val)
             elif isinstance(value, relax.TupleGetItem):
                 found = _split_as_slice(value, var2val)

@@ -15,7 +15,7 @@ ATTENTION_DTYPES = ("float16", "bfloat16")
 
 
 # Ops that only change how a tensor is viewed (or are elementwise) on the way between the stages.
-_VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
+VIEW_OPS = ("relax.permute_dims", "relax.reshape", "relax.broadcast_to")
 
 
 @dataclass(frozen=True)

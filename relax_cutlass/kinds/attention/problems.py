@@ -13,14 +13,14 @@ from ..ir import dtype_of
 from .layout import OPERAND_AXES, AttentionLayout, attention_layout
 from .patterns import ATTENTION_DTYPES, AttentionPatternSpec
 from .records import AttentionProblem
-from .trace import _known_dims, _static
+from .trace import known_dims, static_dim
 
 
 def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, var2val) -> list[str]:
     """Why this matched region cannot run as the fused attention kernel (empty when it can)."""
     problems = []
     for role in ("query", "key", "value"):
-        if _known_dims(ann[role]) is None:
+        if known_dims(ann[role]) is None:
             problems.append(f"{role} has no known shape")
             continue
         dtype = str(ann[role].ty.dtype)
@@ -36,7 +36,7 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
         return ["the matmuls' operands are not of the attention's element type"]
     if "bias" in ann:
         dtype, element = str(ann["bias"].ty.dtype), str(ann["query"].ty.dtype)
-        if _known_dims(ann["bias"]) is None:
+        if known_dims(ann["bias"]) is None:
             return ["the additive mask/bias has no known shape"]
         if dtype != element:
             return [
@@ -72,7 +72,7 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
             outer_head_dims.append(f"the {what}'s head dim is not its innermost axis (the kernel reads rows of it)")
         held: dict[int, list[str]] = {}
         for axis, (dim, _) in zip(axes, reads, strict=True):
-            if _static(layout.sizes[axis]) is None:
+            if static_dim(layout.sizes[axis]) is None:
                 held.setdefault(dim, []).append(axis)
         if any(len(symbolic) > 1 for symbolic in held.values()):
             merged_symbolic.append(f"the {what} merges two symbolic axes into one dimension")
@@ -123,8 +123,8 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
 def attention_flops(call: relax.Call) -> int | None:
     """2 (S T H + S T V) B N of an R.nn.attention call on (B, S, N, H) query and (B, T, N, V)
     value, None where a shape is symbolic."""
-    query, value = (_known_dims(call.args[i]) for i in (0, 2))
-    dims = [_static(d) for d in (query or []) + (value or [])]
+    query, value = (known_dims(call.args[i]) for i in (0, 2))
+    dims = [static_dim(d) for d in (query or []) + (value or [])]
     if query is None or value is None or None in dims:
         return None
     (b, s, n, h), t, v = dims[:4], dims[5], dims[7]

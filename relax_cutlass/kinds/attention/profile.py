@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from string import Template
 
-from ...stages.profile import ProfileJob
+from ...kinds.profiling import ProfileJob
 from .records import AttentionProblem, attention_key
 from .select import (
     attention_family,

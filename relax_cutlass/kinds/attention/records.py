@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...stages.tuning import TuningKey
+from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..region import Region
 

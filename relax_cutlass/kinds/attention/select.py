@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ...arch import family_note, native_family, resolve_family
-from ..gemm.select import _stage_record, under_fills
+from ..gemm.select import stage_record, under_fills
 from .records import AttentionKernel, AttentionProblem, attention_key
 
 ATTENTION_TILES = ((64, 64), (32, 128))  # (queries, keys) per CTA: xFormers' forward configurations
@@ -184,7 +184,7 @@ def _choose_sm90(problem: AttentionProblem, arch: int, db) -> AttentionKernel:
 
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
         return dataclasses.replace(kernel, note=_noted(kernel, "symbolic sizes: heuristic"))
-    record, choice, tuned_note = _stage_record(db, attention_key(problem, arch, 90))
+    record, choice, tuned_note = stage_record(db, attention_key(problem, arch, 90))
     by_label = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in kernels}
     why = _unusable(record, choice, by_label, next(iter(by_label)))
     if why:
@@ -238,7 +238,7 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
         return kernel
     if not known or problem.seq_kv is None:
         return dataclasses.replace(kernel, note=_noted(kernel, "symbolic sizes: heuristic"))
-    record, choice, tuned_note = _stage_record(db, attention_key(problem, arch))
+    record, choice, tuned_note = stage_record(db, attention_key(problem, arch))
     candidates = {
         attention_label(q, k): dataclasses.replace(kernel, queries_per_block=q, keys_per_block=k)
         for q, k in attention_tiles(problem)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL, KERNEL_PRELUDE
+from ...toolkit.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL, KERNEL_PRELUDE
 
 ARGS_TYPE = "RelaxCutlassAttentionArgs"
 

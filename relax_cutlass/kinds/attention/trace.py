@@ -13,11 +13,11 @@ from tvm import relax
 Layout = tuple[tuple[str, ...], ...]
 
 
-class _NotAttention(Exception):
+class NotAttention(Exception):
     """A view the kernel cannot express; the message says which and why."""
 
 
-def _known_dims(expr: relax.Expr) -> list | None:
+def known_dims(expr: relax.Expr) -> list | None:
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -30,30 +30,30 @@ def _known_dims(expr: relax.Expr) -> list | None:
     return None if values is None else list(values)
 
 
-def _dims(expr: relax.Expr) -> list:
-    dims = _known_dims(expr)
+def expr_dims(expr: relax.Expr) -> list:
+    dims = known_dims(expr)
     if dims is None:
-        raise _NotAttention(f"{_name(expr)} has no known shape")
+        raise NotAttention(f"{expr_name(expr)} has no known shape")
     return dims
 
 
-def _name(expr: relax.Expr) -> str:
+def expr_name(expr: relax.Expr) -> str:
     return expr.name if isinstance(expr, relax.Var) else type(expr).__name__
 
 
-def _is_one(dim) -> bool:
+def is_one(dim) -> bool:
     return isinstance(dim, tvm.tirx.IntImm) and int(dim) == 1
 
 
-def _static(dim) -> int | None:
+def static_dim(dim) -> int | None:
     return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
 
 
-def _is_call(expr: relax.Expr, op: str) -> bool:
+def is_op_call(expr: relax.Expr, op: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
 
 
-class _Tracer:
+class Tracer:
     """Follows views from one tensor to another, keeping each dimension's logical axes."""
 
     def __init__(self, var2val, sizes: dict[str, tvm.tirx.PrimExpr], bias: relax.Expr | None = None):
@@ -75,14 +75,14 @@ class _Tracer:
 
     def label(self, expr: relax.Expr, names: tuple[str, ...]) -> Layout:
         """The layout of `expr` itself, its dimensions named `names`."""
-        dims = _dims(expr)
+        dims = expr_dims(expr)
         if len(dims) != len(names):
-            raise _NotAttention(f"{_name(expr)} has rank {len(dims)}, not {len(names)}")
+            raise NotAttention(f"{expr_name(expr)} has rank {len(dims)}, not {len(names)}")
         for name, dim in zip(names, dims, strict=True):
             if name in self.sizes and not self.equal(self.sizes[name], dim):
-                raise _NotAttention(f"{_name(expr)}'s {name} size {dim} differs from {self.sizes[name]}")
+                raise NotAttention(f"{expr_name(expr)}'s {name} size {dim} differs from {self.sizes[name]}")
             self.sizes[name] = dim
-        return tuple(() if _is_one(d) else (n,) for n, d in zip(names, dims, strict=True))
+        return tuple(() if is_one(d) else (n,) for n, d in zip(names, dims, strict=True))
 
     def chain(self, end: relax.Expr, start: relax.Expr, allowed: tuple[str, ...]) -> list[relax.Call]:
         """The calls from `start` to `end`, first first; every one an op in `allowed` whose
@@ -94,7 +94,7 @@ class _Tracer:
             if value.same_as(start):  # a matched wildcard is the bound value, not the var
                 break
             if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in allowed):
-                raise _NotAttention(f"{_name(expr)} is not reached from {_name(start)} through {allowed}")
+                raise NotAttention(f"{expr_name(expr)} is not reached from {expr_name(start)} through {allowed}")
             calls.append(value)
             expr = self.main_arg(value)
         return calls[::-1]
@@ -110,13 +110,13 @@ class _Tracer:
         value = self.value(expr)
         if expr.same_as(self.bias) or value.same_as(self.bias):
             return True
-        return _is_call(value, "relax.astype") and self.is_side(value.args[0])
+        return is_op_call(value, "relax.astype") and self.is_side(value.args[0])
 
     def scalar_const(self, expr: relax.Expr) -> tuple[tvm.ir.GenericConst, relax.Call | None] | None:
         """(constant, its cast or None) when `expr` is a scalar constant, possibly cast."""
         value = self.value(expr)
         cast = None
-        if _is_call(value, "relax.astype"):
+        if is_op_call(value, "relax.astype"):
             cast, value = value, self.value(value.args[0])
         if isinstance(value, tvm.ir.GenericConst) and value.value.numpy().size == 1:
             return value, cast
@@ -141,14 +141,14 @@ class _Tracer:
             order = [int(a) for a in axes] if axes is not None else list(range(len(layout)))[::-1]
             return tuple(layout[a] for a in order)
         if op == "relax.reshape":
-            return self.regroup(layout, _dims(call), call)
+            return self.regroup(layout, expr_dims(call), call)
         if op == "relax.expand_dims":
             rank = len(layout) + len(call.attrs.axis)
             new = sorted(int(a) % rank for a in call.attrs.axis)
             rest = iter(layout)
             return tuple(() if i in new else next(rest) for i in range(rank))
         if op == "relax.broadcast_to":
-            return self.broadcast(layout, _dims(call.args[0]), _dims(call))
+            return self.broadcast(layout, expr_dims(call.args[0]), expr_dims(call))
         if op == "relax.strided_slice":
             return self.slice(layout, call)
         return layout  # elementwise: astype, the scale, softmax (its axis is checked apart)
@@ -157,14 +157,14 @@ class _Tracer:
         """A broadcast_to: a no-op one, or (`repeats_allowed`) one that repeats a unit dimension
         G times, which becomes a new axis held in `repeats` (read with stride 0)."""
         if len(before) != len(after):
-            raise _NotAttention(f"broadcast_to {[str(d) for d in after]} adds dimensions")
+            raise NotAttention(f"broadcast_to {[str(d) for d in after]} adds dimensions")
         out = list(layout)
         for i, (a, b) in enumerate(zip(before, after, strict=True)):
             if self.equal(a, b):
                 continue
-            times = _static(b)
-            if not (self.repeats_allowed and _is_one(a) and times is not None and not layout[i]):
-                raise _NotAttention(f"broadcast_to {[str(d) for d in after]} repeats data (only a no-op one is fused)")
+            times = static_dim(b)
+            if not (self.repeats_allowed and is_one(a) and times is not None and not layout[i]):
+                raise NotAttention(f"broadcast_to {[str(d) for d in after]} repeats data (only a no-op one is fused)")
             axis = f"repeat{len(self.repeats)}"
             self.sizes[axis] = tvm.tirx.IntImm("int64", times)
             self.repeats[axis] = times
@@ -176,17 +176,17 @@ class _Tracer:
         projection an operand is): the axis becomes its part, read at an offset (`slices`)."""
         axes, begin, end = (list(call.args[i]) if len(call.args) > i else [] for i in (1, 2, 3))
         strides = list(call.args[4]) if len(call.args) > 4 else []
-        if len(axes) != 1 or any(_static(v) != 1 for v in strides):
-            raise _NotAttention("a strided_slice of more than one axis, or with steps, is not fused")
-        dim = _static(axes[0]) % len(layout)
-        lo, hi = _static(begin[0]), _static(end[0])
+        if len(axes) != 1 or any(static_dim(v) != 1 for v in strides):
+            raise NotAttention("a strided_slice of more than one axis, or with steps, is not fused")
+        dim = static_dim(axes[0]) % len(layout)
+        lo, hi = static_dim(begin[0]), static_dim(end[0])
         group = layout[dim]
         if len(group) != 1 or group[0] in self.children or lo is None or hi is None:
-            raise _NotAttention("a strided_slice of a merged, split or symbolic axis is not fused")
+            raise NotAttention("a strided_slice of a merged, split or symbolic axis is not fused")
         axis = group[0]
-        whole = _static(self.sizes[axis])
+        whole = static_dim(self.sizes[axis])
         if whole is None or not 0 <= lo < hi <= whole:
-            raise _NotAttention(f"strided_slice [{lo}:{hi}] of axis {axis} is out of its static range")
+            raise NotAttention(f"strided_slice [{lo}:{hi}] of axis {axis} is out of its static range")
         part = f"{axis}.slice"
         self.sizes[part] = tvm.tirx.IntImm("int64", hi - lo)
         self.children[axis] = (part,)
@@ -199,14 +199,14 @@ class _Tracer:
         axes = [a for group in layout for a in group]
         groups, i = [], 0
         for dim in new_dims:
-            if _is_one(dim):
+            if is_one(dim):
                 groups.append(())
                 continue
             group: list[str] = []
             size = tvm.tirx.IntImm("int64", 1)
             while not (group and self.equal(size, dim)):
                 if i == len(axes):
-                    raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} does not regroup the axes")
+                    raise NotAttention(f"reshape to {[str(d) for d in new_dims]} does not regroup the axes")
                 axis = axes[i]
                 outer = self._split_off(axis, size, dim)
                 if outer is not None:
@@ -217,18 +217,18 @@ class _Tracer:
                 i += 1
             groups.append(tuple(group))
         if i != len(axes):
-            raise _NotAttention(f"reshape to {[str(d) for d in new_dims]} drops axes")
+            raise NotAttention(f"reshape to {[str(d) for d in new_dims]} drops axes")
         return tuple(groups)
 
     def _split_off(self, axis: str, size, dim) -> tuple[str, str] | None:
         """If `axis` is larger than what dimension `dim` still needs after `size`, split it into
         (that much, the rest) and return the two sub-axes; None when it fits whole."""
-        whole, need, have = (_static(e) for e in (self.sizes[axis], dim, size))
+        whole, need, have = (static_dim(e) for e in (self.sizes[axis], dim, size))
         if None in (whole, need, have) or need % have or whole <= need // have:
             return None
         outer = need // have
         if whole % outer:
-            raise _NotAttention(f"reshape to {dim} cuts axis {axis} of size {whole} unevenly")
+            raise NotAttention(f"reshape to {dim} cuts axis {axis} of size {whole} unevenly")
         parts = (f"{axis}.0", f"{axis}.1")
         self.sizes[parts[0]] = tvm.tirx.IntImm("int64", outer)
         self.sizes[parts[1]] = tvm.tirx.IntImm("int64", whole // outer)
@@ -246,8 +246,8 @@ class _Tracer:
             leaves = self.leaves(root)
             if axis in leaves:
                 inner = leaves[leaves.index(axis) + 1 :]
-                return dim, math.prod(_static(self.sizes[a]) for a in inner)
-        raise _NotAttention(f"axis {axis} belongs to no parameter dimension")
+                return dim, math.prod(static_dim(self.sizes[a]) for a in inner)
+        raise NotAttention(f"axis {axis} belongs to no parameter dimension")
 
     def follow(self, layout: Layout, calls: list[relax.Call]) -> Layout:
         for call in calls:

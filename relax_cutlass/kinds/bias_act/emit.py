@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.compile import Source
-from ...stages.emit import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
-from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
+from ...toolkit.compile import Source
+from ...toolkit.glue import check_device, launch_call, operand_arrays, tensor_checks, unpack_args
+from ...toolkit.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
 from .records import BiasActKernel, BiasActRegion
 
 ARGS_TYPE = "RelaxCutlassBiasActArgs"

@@ -9,7 +9,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, _shape, dtype_of, static_int
+from ..epilogue_patterns import SUPPORTED_INPUT_DTYPES, dtype_of, shape_dims, static_int
 
 # Input channels are padded to a multiple of this: the 128-bit (8 x 16-bit) accesses of the
 # fastest conv kernels.
@@ -24,11 +24,11 @@ def constant_filter_channels(call: relax.Call) -> tuple[int, int, int] | None:
     attrs, (data, weight) = call.attrs, call.args
     if str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "OHWI":
         return None
-    if not isinstance(weight, tvm.ir.GenericConst) or len(_shape(data)) != 4:
+    if not isinstance(weight, tvm.ir.GenericConst) or len(shape_dims(data)) != 4:
         return None
     if dtype_of(data) not in SUPPORTED_INPUT_DTYPES or dtype_of(weight) != dtype_of(data):
         return None
-    c, k = static_int(_shape(data)[3]), static_int(_shape(weight)[0])
+    c, k = static_int(shape_dims(data)[3]), static_int(shape_dims(weight)[0])
     return None if c is None or k is None else (c, k, int(attrs.groups))
 
 
@@ -49,7 +49,7 @@ class _PadChannels(relax.PyExprMutator):
         if not _paddable(call):
             return call
         data, weight = call.args
-        c = static_int(_shape(data)[3])
+        c = static_int(shape_dims(data)[3])
         extra = -c % CHANNEL_ALIGNMENT
         filters = weight.value.numpy()
         padded_filters = relax.const(np.pad(filters, ((0, 0), (0, 0), (0, 0), (0, extra))), str(filters.dtype))

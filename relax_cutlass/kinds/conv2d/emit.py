@@ -9,9 +9,9 @@ from string import Template
 
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
-from ...stages.compile import Source
-from ...stages.emit import residual_checks, role_aliases, tensor_checks
-from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
+from ...toolkit.compile import Source
+from ...toolkit.glue import residual_checks, role_aliases, tensor_checks
+from ..cutlass_device import activation_prefix, device_kernel_source, residual_block_values, sm80_description
 from ..nhwc import conv_glue_values
 from .emit_3x import conv2d_3x_kernel_parts
 from .records import Conv2dKernel, Conv2dRegion
@@ -48,7 +48,7 @@ def _conv2d_operation(kernel: Conv2dKernel):
     )  # fmt: skip
 
     p = kernel.problem
-    tile, functor, swizzle = _sm80_description(kernel, p.element, p.element)
+    tile, functor, swizzle = sm80_description(kernel, p.element, p.element)
     tensor = TensorDescription(data_type(p.element), LayoutType.TensorNHWC, p.alignment)
     iterator = {"optimized": IteratorAlgorithm.Optimized, "analytic": IteratorAlgorithm.Analytic}[kernel.iterator]
     return Conv2dOperation(
@@ -88,11 +88,11 @@ def _conv2d_kernel_parts(kernel: Conv2dKernel) -> dict[str, str]:
             element=DataTypeTag[op.C.element],
             element_acc=DataTypeTag[op.accumulator_type()],
             iterator=IteratorAlgorithmTag[op.iterator_algorithm],
-            **_residual_block_values(kernel, op.C.element),
+            **residual_block_values(kernel, op.C.element),
         )
         base_name, arguments = f"{kernel.name}_base", CONV2D_RESIDUAL_ARGUMENTS
     else:
-        base = _activation_prefix(kernel) + EmitConv2dInstance().emit(op)
+        base = activation_prefix(kernel) + EmitConv2dInstance().emit(op)
         base_name, arguments = f"{op.procedural_name()}_base", CONV2D_ARGUMENTS
     # A TU-local kernel type, for the reason given at RESIDUAL_INSTANCE.
     local = f"struct {kernel.name}_kernel : {base_name} {{}};\n"

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
+from ...toolkit.dtypes import CUTLASS_ELEMENT, DTYPE_BITS
 from ..gemm.emit_sm90 import epilogue_tree
 from ..gemm.sm100 import SMS_PER_MMA
 from .records import Conv2dKernel

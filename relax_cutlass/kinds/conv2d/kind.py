@@ -5,7 +5,7 @@ grouped convs (1 < groups, not depthwise: + bias, activation) as its grouped ker
 
 from __future__ import annotations
 
-from ...stages.profile import ProfileJob, by_label
+from ...kinds.profiling import ProfileJob, by_label
 from .. import Profiling, RegionKind
 from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input

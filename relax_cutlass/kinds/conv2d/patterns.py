@@ -12,11 +12,11 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 from .. import CODEGEN
 from ..epilogue_patterns import (
     SUPPORTED_INPUT_DTYPES,
-    _epilogue_pattern,
-    _EpilogueSpec,
-    _shape,
+    EpilogueSpec,
     dtype_of,
+    epilogue_pattern,
     epilogue_specs,
+    shape_dims,
     static_int,
 )
 from ..ir import accumulator_for, is_depthwise, shape_of
@@ -27,7 +27,7 @@ from .select import grouped_tile_widths
 
 
 @dataclass(frozen=True)
-class Conv2dPatternSpec(_EpilogueSpec):
+class Conv2dPatternSpec(EpilogueSpec):
     """The shape of one conv2d composite: conv2d root, then bias, activation, residual add(+relu)."""
 
     bias: bool = False
@@ -56,7 +56,7 @@ def conv2d_pattern(spec: Conv2dPatternSpec) -> tuple[DFPattern, dict[str, DFPatt
     data, weight = wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"data": data, "weight": weight}
     ann["root"] = root = is_op("relax.nn.conv2d")(data, weight)
-    out = _epilogue_pattern(root, ann, spec)
+    out = epilogue_pattern(root, ann, spec)
     return out, dict(ann)
 
 
@@ -74,7 +74,7 @@ def conv2d_problems(conv: relax.Call, layout_skipped: str | None = None) -> list
         )
     if dtype_of(conv) != in_dtype:
         problems.append(f"out_dtype {dtype_of(conv)} differs from the input dtype {in_dtype}")
-    dshape, wshape, oshape = _shape(data), _shape(weight), _shape(conv)
+    dshape, wshape, oshape = shape_dims(data), shape_dims(weight), shape_dims(conv)
     if len(dshape) != 4 or len(wshape) != 4 or len(oshape) != 4:
         problems.append("data, weight and output must be 4-D")
         return problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tvm_ffi
 
-from ..reference import _torch_cuda, epilogue_problem
+from ..reference import epilogue_problem, torch_cuda
 
 
 def conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.ndarray:
@@ -13,7 +13,7 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.nd
     numpy im2col). `geometry`: n, h, w, c, k, r, s, p, q, pad_h, pad_w, stride_h, stride_w,
     dilation_h, dilation_w, groups (the profiler's `conv` shape)."""
     n, h, wd, c, k, r, s, p, q, pad_h, pad_w, sh, sw, dh, dw, groups = geometry
-    torch = _torch_cuda()
+    torch = torch_cuda()
     if torch is not None:
         import torch.nn.functional as F
 
@@ -37,7 +37,7 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, geometry: list[int]) -> np.nd
 
 
 def problem(job: dict, rng: np.random.Generator, tvm, dev):
-    """An NHWC x OHWI fprop problem (relax_cutlass.stages.profile_runner)."""
+    """An NHWC x OHWI fprop problem (relax_cutlass.toolkit.profile_runner)."""
     dtype = job["dtype"]
     g = job["conv"]
     n, h, wd, c, k, r, s, p, q = g[:9]

@@ -11,19 +11,18 @@ import math
 
 from ...arch import SM_COUNT, family_note, native_family, resolve_family
 from ...cutlass_lib import data_type
-from ...stages.tuning import epilogue_key
+from ...kinds.epilogue import epilogue_key
 from .. import PlanError
 from ..epilogue import Epilogue
+from ..gemm.generators import generated_operations, stable_order
 from ..gemm.records import GemmProblem, TileConfig
 from ..gemm.select import (
-    _fitting,
-    _generated,
-    _rank_sm80,
-    _sm80_tile,
-    _stable,
-    _stage_record,
     estimate_cost,
+    fitting_tiles,
     output_tiles,
+    rank_sm80,
+    sm80_tile,
+    stage_record,
     under_fills,
 )
 from .groups import group_mode
@@ -47,8 +46,8 @@ def candidate_conv2d_tiles(accumulator: str, element: str = "float16", mode: str
 
     generated_mode, iterator = _GENERATED_MODES[mode]
     tiles = {
-        _sm80_tile(op, swizzle=4): None  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
-        for op in _generated("GenerateSM80_TensorOp_16816")
+        sm80_tile(op, swizzle=4): None  # the generator's conv swizzle (GemmIdentityThreadblockSwizzle<4>)
+        for op in generated_operations("GenerateSM80_TensorOp_16816")
         if op.operation_kind == OperationKind.Conv2d
         and op.conv_kind == ConvKind.Fprop
         and op.iterator_algorithm == getattr(IteratorAlgorithm, iterator)
@@ -56,7 +55,7 @@ def candidate_conv2d_tiles(accumulator: str, element: str = "float16", mode: str
         and op.A.element == data_type(element)
         and op.accumulator_type() == data_type(accumulator)
     }
-    return _stable(tiles)
+    return stable_order(tiles)
 
 
 def grouped_tile_widths(element: str) -> set[int]:
@@ -80,13 +79,13 @@ def _sm80_conv2d_tiles(problem: Conv2dProblem, arch: int) -> list[TileConfig]:
     if problem.groups == 1:
         tiles = candidate_conv2d_tiles(acc, element)
     else:
-        tiles = _stable(
+        tiles = stable_order(
             t
             for mode in ("single", "multiple")
             for t in candidate_conv2d_tiles(acc, element, mode)
             if group_mode(problem.groups, problem.k, t.threadblock[1]) == mode
         )
-    return _fitting(tiles, arch, problem)
+    return fitting_tiles(tiles, arch, problem)
 
 
 def grouped_main_loop(problem: Conv2dProblem, tile: TileConfig) -> int:
@@ -109,7 +108,7 @@ def rank_conv2d_tile(problem: Conv2dProblem, tile: TileConfig, arch: int, n_hint
     go to more stages, then the taller tile."""
     gemm = problem.implicit_gemm(n_hint)
     if problem.groups == 1:
-        return _rank_sm80(gemm, tile, arch, gemm.m)
+        return rank_sm80(gemm, tile, arch, gemm.m)
     cost = estimate_cost(gemm, tile, arch, gemm.m) * grouped_main_loop(problem, tile)
     return (cost, -tile.stages, -tile.threadblock[0], tile.describe())
 
@@ -187,7 +186,7 @@ def choose_conv2d_kernel(
     if db is not None and not tile:
         key = conv2d_key(problem, arch, conv2d_family(problem, arch, family))
         record, choice, tuned_note = (
-            _stage_record(db, dataclasses.replace(key, epilogue=epilogue_key(epilogue, problem.element_out)))
+            stage_record(db, dataclasses.replace(key, epilogue=epilogue_key(epilogue, problem.element_out)))
             if problem.n is not None
             else (None, None, "")
         )

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 
 from ...arch import native_family, resolve_family
+from ..gemm.generators import generated_operations, stable_order
 from ..gemm.records import TileConfig
-from ..gemm.select import SM90_MAX_ACCUMULATOR_REGISTERS, _generated, _stable, accumulator_registers, estimate_cost
+from ..gemm.select import SM90_MAX_ACCUMULATOR_REGISTERS, accumulator_registers, estimate_cost
 from ..gemm.sm100 import SMS_PER_MMA, estimate_cost_sm100, sm100_config, smallest_cluster_pool
 from .records import SM90_CONV_SCHEDULE, Conv2dProblem, conv_family
 
@@ -31,7 +32,7 @@ def candidate_conv2d_tiles_sm90() -> tuple[TileConfig, ...]:
 
     shapes = {
         (tuple(op.tile_description.tile_shape), tuple(op.tile_description.cluster_shape))
-        for op in _generated("GenerateSM90_Conv3x")
+        for op in generated_operations("GenerateSM90_Conv3x")
         if op.operation_kind == OperationKind.Conv2d
         and op.conv_kind == ConvKind.Fprop
         and op.A.element in (DataType.f16, DataType.bf16)
@@ -41,7 +42,7 @@ def candidate_conv2d_tiles_sm90() -> tuple[TileConfig, ...]:
         TileConfig(threadblock=tile, instruction=(64, tile[1], 16), cluster=cluster, schedule=SM90_CONV_SCHEDULE)
         for tile, cluster in shapes
     )
-    return _stable(t for t in tiles if accumulator_registers(t, "float32") <= SM90_MAX_ACCUMULATOR_REGISTERS)
+    return stable_order(t for t in tiles if accumulator_registers(t, "float32") <= SM90_MAX_ACCUMULATOR_REGISTERS)
 
 
 # On the H200 (bench/conv_families.py, ResNet-50's convs, batch 32) the SM90 kernels ran 1.1-1.7x
@@ -123,14 +124,14 @@ def candidate_conv2d_tiles_sm100() -> tuple[TileConfig, ...]:
     schedules = {"ImplicitTmaWarpSpecialized1SmSm100": "1sm", "ImplicitTmaWarpSpecialized2SmSm100": "2sm"}
     tiles = {
         sm100_config(op, schedules[op.kernel_schedule.name]): None
-        for op in _generated("GenerateSM100_TensorOp_16b_UMMA_conv3x")
+        for op in generated_operations("GenerateSM100_TensorOp_16b_UMMA_conv3x")
         if op.operation_kind == OperationKind.Conv2d
         and op.conv_kind == ConvKind.Fprop
         and op.A.element in (DataType.f16, DataType.bf16)
         and op.kernel_schedule.name in schedules
         and 0 not in op.tile_description.cluster_shape
     }
-    return _stable(tiles)
+    return stable_order(tiles)
 
 
 @functools.cache

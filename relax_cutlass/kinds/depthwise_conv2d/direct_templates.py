@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.templates import KERNEL_PRELUDE
+from ...toolkit.templates import KERNEL_PRELUDE
 
 DIRECT_INCLUDES = """\
 #include <cuda_fp16.h>

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
-from ...stages.compile import Source
-from ...stages.emit import check_device, role_aliases, tensor_checks
+from ...toolkit.compile import Source
+from ...toolkit.glue import check_device, role_aliases, tensor_checks
 from ..cutlass_device import device_kernel_source
 from ..nhwc import conv_glue_values
 from .direct_templates import DIRECT_INCLUDES, DIRECT_KERNEL, DIRECT_TU
@@ -98,7 +98,7 @@ def direct_kernel_text(kernel: DepthwiseKernel) -> str:
 
 def emit_depthwise_kernel(kernel: DepthwiseKernel) -> Source:
     # Both families run on the CUDA cores: their SASS holds FFMA/HFMA2, not tensor-core MMA
-    # (relax_cutlass.stages.sass_check's "simt" family)
+    # (relax_cutlass.toolkit.sass_check's "simt" family)
     if kernel.direct:
         return Source(kernel.name, direct_kernel_text(kernel), "cuda", family="simt")
     return device_kernel_source(kernel, _kernel_parts(kernel), DWCONV2D_ARGS, ARGS_TYPE, family="simt")

@@ -10,7 +10,7 @@ from tvm import relax
 
 from .. import CODEGEN
 from ..conv2d.patterns import conv2d_pattern
-from ..epilogue_patterns import _EpilogueSpec, _shape, dtype_of, epilogue_problems, epilogue_specs, static_int
+from ..epilogue_patterns import EpilogueSpec, dtype_of, epilogue_problems, epilogue_specs, shape_dims, static_int
 from ..ir import is_depthwise
 from ..nhwc import conv_flops, conv_geometry_of, layout_problem
 from .records import MAX_GRID_Z, DepthwiseProblem
@@ -22,7 +22,7 @@ MAX_FILTER = 7
 
 
 @dataclass(frozen=True)
-class DepthwisePatternSpec(_EpilogueSpec):
+class DepthwisePatternSpec(EpilogueSpec):
     """One depthwise composite: conv2d root, then bias, activation (no residual: the direct
     convolution's epilogue reads one source tensor, the bias)."""
 
@@ -61,7 +61,7 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
             f"data/weight/output dtypes {dtype_of(data)}/{dtype_of(weight)}/{dtype_of(conv)}: the depthwise "
             "kernels take float16 (and bfloat16 on the blocked direct kernel), all three the same"
         )
-    static = [static_int(d) for d in (*_shape(data)[1:], *_shape(weight), *_shape(conv)[1:])]
+    static = [static_int(d) for d in (*shape_dims(data)[1:], *shape_dims(weight), *shape_dims(conv)[1:])]
     if None in static:
         return [*problems, "H, W, C and the filter shape must be static; only the batch N may be symbolic"]
     c, r, s = static[2], static[4], static[5]
@@ -77,7 +77,7 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
     if problem.element != "float16":
         return [f"{problem.element} runs only on the blocked direct kernel, which does not take this conv: "
                 + "; ".join(uncovered)]  # fmt: skip
-    n = static_int(_shape(data)[0])
+    n = static_int(shape_dims(data)[0])
     if n is not None:
         tile = tile_for(problem)
         tiles = tile.tiles(problem, n)

@@ -8,9 +8,9 @@ from string import Template
 
 from ...cutlass_lib import data_type
 from ...cutlass_lib import load as load_cutlass_library
-from ...stages.compile import Source
-from ...stages.emit import launch_call, operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
-from ..cutlass_device import _activation_prefix, _residual_block_values, _sm80_description, device_kernel_source
+from ...toolkit.compile import Source
+from ...toolkit.glue import launch_call, operand_arrays, residual_checks, role_aliases, tensor_checks, unpack_args
+from ..cutlass_device import activation_prefix, device_kernel_source, residual_block_values, sm80_description
 from .emit_sm90 import sm90_kernel_parts
 from .records import GemmKernel, GemmRegion
 from .sm100 import sm100_kernel_parts
@@ -36,7 +36,7 @@ def _operation(kernel: GemmKernel):
     from cutlass_library.library import GemmKind, LayoutType, TensorDescription
 
     p = kernel.problem
-    tile, functor, swizzle = _sm80_description(kernel, p.element_a, p.element_b)
+    tile, functor, swizzle = sm80_description(kernel, p.element_a, p.element_b)
     # Transposed description: operand A of the description is our B, and vice versa.
     desc_a = TensorDescription(
         data_type(p.element_b), LayoutType.RowMajor if p.b_transposed else LayoutType.ColumnMajor, p.alignment
@@ -102,7 +102,7 @@ def _residual_instance(kernel: GemmKernel) -> str:
         layout_b="cutlass::layout::ColumnMajor" if p.b_transposed else "cutlass::layout::RowMajor",
         element_c=DataTypeTag[op.C.element],
         element_acc=DataTypeTag[op.accumulator_type()],
-        **_residual_block_values(kernel, op.C.element),
+        **residual_block_values(kernel, op.C.element),
     )
 
 
@@ -118,7 +118,7 @@ def _sm80_kernel_parts(kernel: GemmKernel) -> dict[str, str]:
     from cutlass_library.gemm_operation import EmitGemmUniversalInstance
 
     op = _operation(kernel)
-    prefix = _activation_prefix(kernel)
+    prefix = activation_prefix(kernel)
     return {
         "includes": INCLUDES,
         "instance": prefix + EmitGemmUniversalInstance().emit(op),

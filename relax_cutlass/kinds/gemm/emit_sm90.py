@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from ...stages.templates import pdl_switch
-from ..epilogue import CUTLASS_ELEMENT, DTYPE_BITS
+from ...toolkit.dtypes import CUTLASS_ELEMENT, DTYPE_BITS
+from ...toolkit.templates import pdl_switch
 from .records import SPLIT_K_MAX_SLICES, SPLIT_K_MIN_ITERATIONS, GemmKernel
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...stages.profile import ProfileJob, by_label
-from ...stages.tuning import M_BUCKETS
+from ...kinds.profiling import ProfileJob, by_label
+from ...toolkit.tuning import M_BUCKETS
 from .. import Profiling, RegionKind
 from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input

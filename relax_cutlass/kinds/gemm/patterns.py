@@ -15,11 +15,11 @@ from .. import CODEGEN
 from ..epilogue_patterns import (
     SUPPORTED_INPUT_DTYPES,
     SUPPORTED_OUTPUT_DTYPES,
-    _epilogue_pattern,
-    _EpilogueSpec,
-    _shape,
+    EpilogueSpec,
     dtype_of,
+    epilogue_pattern,
     epilogue_specs,
+    shape_dims,
     static_int,
 )
 from ..ir import accumulator_for, shape_of, static_shape
@@ -27,7 +27,7 @@ from .records import GemmProblem
 
 
 @dataclass(frozen=True)
-class GemmPatternSpec(_EpilogueSpec):
+class GemmPatternSpec(EpilogueSpec):
     """The shape of one composite: GEMM root, then bias, activation, residual add(+relu) or
     multiply (a gated MLP's product), cast."""
 
@@ -72,7 +72,7 @@ def gemm_pattern(spec: GemmPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]
     if spec.b_transposed:
         rhs_in = ann["transpose"] = is_op("relax.permute_dims")(rhs)
     ann["root"] = root = is_op("relax.matmul")(lhs, rhs_in)
-    out = _epilogue_pattern(root, ann, spec)
+    out = epilogue_pattern(root, ann, spec)
     return out, dict(ann)
 
 
@@ -90,7 +90,7 @@ def matmul_problems(matmul: relax.Call, rhs: relax.Expr, transpose: relax.Call |
     out_dtype = dtype_of(matmul)
     if out_dtype not in SUPPORTED_OUTPUT_DTYPES:
         problems.append(f"matmul out_dtype {out_dtype} is not one of {SUPPORTED_OUTPUT_DTYPES}")
-    lshape, rshape = _shape(lhs), _shape(rhs)
+    lshape, rshape = shape_dims(lhs), shape_dims(rhs)
     if len(lshape) < 2:
         problems.append(f"lhs has rank {len(lshape)}; a GEMM needs a (..., M, K) lhs of rank >= 2")
     if len(rshape) != 2:

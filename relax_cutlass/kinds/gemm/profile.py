@@ -10,14 +10,14 @@ from .records import SPLIT_K_MIN_ITERATIONS, GemmProblem, TileConfig
 from .select import (
     SM90_HEURISTIC_TILES,
     SM90_SMALL_TILES,
-    _rank_sm80,
-    _smem_bytes,
     candidate_tiles,
     candidate_tiles_sm90,
     choose_kernel,
     estimate_cost,
+    rank_sm80,
     sm90_large_tile,
     smem_limit,
+    tile_smem_bytes,
     under_fills,
 )
 from .sm100 import candidate_tiles_sm100, rank_sm100
@@ -62,10 +62,10 @@ def gemm_candidates(problem: GemmProblem, arch: int, family: int, limit: int) ->
         pool = [
             t
             for t in candidate_tiles(problem.element_accumulator, problem.element_a)
-            if _smem_bytes(t) <= smem_limit(arch)
+            if tile_smem_bytes(t) <= smem_limit(arch)
         ]
         chosen = choose_kernel(problem, Epilogue(), arch, family="sm80").tile
-        rank = lambda t: _rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
+        rank = lambda t: rank_sm80(problem, t, arch, problem.m or 1024)  # noqa: E731
     ranked = [chosen] + sorted((t for t in pool if t != chosen), key=rank)
     front = []
     if family == 90 and _splits_usefully(problem, arch):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reference import _torch_cuda, epilogue_problem
+from ..reference import epilogue_problem, torch_cuda
 
 
 def _gemm_reference(a: np.ndarray, b: np.ndarray, b_transposed: bool) -> np.ndarray:
     bt = b.T if b_transposed else b
-    torch = _torch_cuda()
+    torch = torch_cuda()
     if torch is not None:
         ta, tb = torch.from_numpy(a).cuda().float(), torch.from_numpy(np.ascontiguousarray(bt)).cuda().float()
         return (ta @ tb).cpu().numpy()
@@ -17,7 +17,7 @@ def _gemm_reference(a: np.ndarray, b: np.ndarray, b_transposed: bool) -> np.ndar
 
 
 def problem(job: dict, rng: np.random.Generator, tvm, dev):
-    """A (m, k) x (k, n) or (n, k)^T problem (relax_cutlass.stages.profile_runner)."""
+    """A (m, k) x (k, n) or (n, k)^T problem (relax_cutlass.toolkit.profile_runner)."""
     dtype = job["dtype"]
     m, n, k, bt = job["m"], job["n"], job["k"], job["b_transposed"]
     a = rng.uniform(-1, 1, size=(m, k)).astype(dtype)

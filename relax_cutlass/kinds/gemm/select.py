@@ -24,12 +24,13 @@ import functools
 import math
 
 from ...arch import SM_COUNT, family_note, native_family, resolve_family
-from ...cutlass_lib import data_type
-from ...cutlass_lib import load as load_cutlass_library
-from ...stages.codegen import DEFAULT_M_HINT
-from ...stages.tuning import epilogue_key, m_bucket, parse_label
+from ...kinds.epilogue import epilogue_key
+from ...toolkit.dtypes import DTYPE_BITS
+from ...toolkit.settings import DEFAULT_M_HINT
+from ...toolkit.tuning import m_bucket, parse_label
 from .. import PlanError
-from ..epilogue import DTYPE_BITS, Epilogue
+from ..epilogue import Epilogue
+from .generators import generated_gemms, stable_order
 from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
 from .sm100 import candidate_tiles_sm100, choose_sm100
 
@@ -53,53 +54,7 @@ def smem_limit(arch: int) -> int:
     return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
 
 
-class _Collector:
-    """Stands in for cutlass_library's Manifest: keeps every operation the generator appends."""
-
-    kernel_filter = "all"  # non-empty: the generator emits every tile, not only the first
-    compute_capabilities_baseline = [90]
-    compute_capabilities_feature_set = ["90a"]
-    selected_kernels: list = []
-
-    def __init__(self, instantiation_level: int | None = None):
-        self.operations = []
-        self.instantiation_level = instantiation_level
-
-    def append(self, operation):
-        self.operations.append(operation)
-
-    def get_instantiation_level(self, pruned_level=0, default_level=111, exhaustive_level=9992):
-        # None: the generator's default set of cluster shapes and schedules
-        return default_level if self.instantiation_level is None else self.instantiation_level
-
-
-@functools.cache
-def _generated(generator_name: str, instantiation_level: int | None = None) -> tuple:
-    """Every operation one cutlass_library generator function emits (run once per process), at
-    its default instantiation level unless one is given (SM90 generators read it; see
-    SM90_SMALL_TILES_LEVEL)."""
-    load_cutlass_library()
-    from cutlass_library import generator
-
-    collector = _Collector(instantiation_level)
-    getattr(generator, generator_name)(collector, "13.0")
-    return tuple(collector.operations)
-
-
-def _gemms(generator_name: str, kind: str, element: str, accumulator: str, instantiation_level: int | None = None):
-    """The GEMM operations of `kind` ("Universal" / "Universal3x") for these input/accumulator types."""
-    from cutlass_library.library import GemmKind
-
-    for op in _generated(generator_name, instantiation_level):
-        if (
-            getattr(op, "gemm_kind", None) == getattr(GemmKind, kind)
-            and op.A.element == data_type(element)
-            and op.accumulator_type() == data_type(accumulator)
-        ):
-            yield op
-
-
-def _sm80_tile(op, swizzle: int = 8) -> TileConfig:
+def sm80_tile(op, swizzle: int = 8) -> TileConfig:
     """A CUTLASS 2.x operation's TileDescription as a TileConfig."""
     td = op.tile_description
     return TileConfig(
@@ -114,8 +69,9 @@ def _sm80_tile(op, swizzle: int = 8) -> TileConfig:
 @functools.cache
 def candidate_tiles(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct SM80 16x8x16 tensor-op tiles cutlass_library generates for these input/accumulator types."""
-    tiles = {_sm80_tile(op): None for op in _gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)}
-    return _stable(tiles)
+    operations = generated_gemms("GenerateSM80_TensorOp_16816", "Universal", element, accumulator)
+    tiles = {sm80_tile(op): None for op in operations}
+    return stable_order(tiles)
 
 
 SM90_SCHEDULES = {"TmaWarpSpecializedCooperative": "cooperative", "TmaWarpSpecializedPingpong": "pingpong"}
@@ -142,7 +98,7 @@ def _sm90_configs(accumulator: str, element: str, instantiation_level: int | Non
             schedule=SM90_SCHEDULES[op.kernel_schedule.name],
             scheduler="streamk" if op.tile_scheduler.name == "StreamK" else "default",
         ): None
-        for op in _gemms(
+        for op in generated_gemms(
             "GenerateSM90_TensorOp_16b_WGMMA_gemm", "Universal3x", element, accumulator, instantiation_level
         )
         if op.kernel_schedule.name in SM90_SCHEDULES
@@ -158,8 +114,8 @@ def candidate_tiles_sm90(accumulator: str, element: str = "float16") -> tuple[Ti
     `SM90_SMALL_TILES` configurations of its level `SM90_SMALL_TILES_LEVEL`."""
     tiles = _sm90_configs(accumulator, element)
     tiles.update({dataclasses.replace(t, scheduler="splitk"): None for t in tiles if t.scheduler == "streamk"})
-    default = _stable(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
-    small = _stable(
+    default = stable_order(t for t in tiles if accumulator_registers(t, accumulator) <= SM90_MAX_ACCUMULATOR_REGISTERS)
+    small = stable_order(
         t
         for t in _sm90_configs(accumulator, element, SM90_SMALL_TILES_LEVEL)
         if t.scheduler == "default"
@@ -187,13 +143,7 @@ def accumulator_registers(tile: TileConfig, accumulator: str) -> int:
     return bm * bn * DTYPE_BITS[accumulator] // 32 // (128 * warp_groups)
 
 
-def _stable(tiles) -> tuple[TileConfig, ...]:
-    """Candidates in an order that is the same in every process: cutlass_library's generators
-    iterate hash-ordered sets, so their own order changes with PYTHONHASHSEED."""
-    return tuple(sorted(tiles, key=lambda t: (t.threadblock, t.warps, t.stages, t.cluster, t.schedule, t.scheduler)))
-
-
-def _smem_bytes(tile: TileConfig) -> int:
+def tile_smem_bytes(tile: TileConfig) -> int:
     bm, bn, bk = tile.threadblock
     return tile.stages * (bm * bk + bk * bn) * 2
 
@@ -283,21 +233,21 @@ def choose_kernel(
             return _choose_sm90(problem, epilogue, arch, m_hint)
     elif native != 80:
         note = "SM80 kernel requested (family='sm80')"
-    legal = _fitting(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
+    legal = fitting_tiles(candidate_tiles(problem.element_accumulator, problem.element_a), arch, problem)
     if tile:
         return _pinned(problem, epilogue, arch, 80, legal, tile, note)
-    best = min(legal, key=lambda t: _rank_sm80(problem, t, arch, m_hint))
+    best = min(legal, key=lambda t: rank_sm80(problem, t, arch, m_hint))
     return GemmKernel(problem, epilogue, best, arch=80, target=arch, selected_by="heuristic", note=note)
 
 
-def _fitting(tiles, arch: int, problem) -> list[TileConfig]:
-    legal = [t for t in tiles if _smem_bytes(t) <= smem_limit(arch)]
+def fitting_tiles(tiles, arch: int, problem) -> list[TileConfig]:
+    legal = [t for t in tiles if tile_smem_bytes(t) <= smem_limit(arch)]
     if not legal:
         raise RuntimeError(f"no CUTLASS tile fits sm_{arch}'s shared memory for {problem}")
     return legal
 
 
-def _rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
+def rank_sm80(problem: GemmProblem, tile: TileConfig, arch: int, m_hint: int):
     prefer_deep_k = tile.threadblock[2] if problem.k >= 1024 else -tile.threadblock[2]
     # Remaining ties (e.g. 256x128 vs 128x256) go to the taller tile, as in cutlass_library's list.
     return (
@@ -330,7 +280,7 @@ def measured_choice(record) -> tuple[str, int, float]:
     return tile, split, ok[label]
 
 
-def _stage_record(db, key):
+def stage_record(db, key):
     """The record of `key` with its epilogue (stage 2) if any, else of its main loop (stage 1),
     and its choice (tile, split-K, ms); the note says which kind of timing chose the kernel."""
     record = db.lookup(key) if key.epilogue else None
@@ -348,7 +298,7 @@ def _tuned(problem: GemmProblem, epilogue: Epilogue, arch: int, m_hint: int, fam
     native = native_3x(problem, arch, family)
     m = problem.m if problem.m is not None else m_bucket(m_hint)
     key = dataclasses.replace(gemm_key(problem, arch, native, m), epilogue=epilogue_key(epilogue, problem.element_out))
-    record, choice, note = _stage_record(db, key)
+    record, choice, note = stage_record(db, key)
     if record is None:
         return f"no tuning record for M={m} N={problem.n} K={problem.k}: heuristic"
     # A record measured before the heuristic's current kernel was a candidate (an older candidate

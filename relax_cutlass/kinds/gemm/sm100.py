@@ -28,6 +28,7 @@ import math
 from ...arch import SM_COUNT
 from ..epilogue import Epilogue
 from .emit_sm90 import CollectiveFamily, sm90_kernel_parts
+from .generators import generated_gemms, stable_order
 from .records import GemmKernel, GemmProblem, TileConfig
 
 SM100_SCHEDULES = {"TmaWarpSpecialized1SmSm100": "1sm", "TmaWarpSpecialized2SmSm100": "2sm"}
@@ -47,17 +48,15 @@ REUSE_FOR_FULL_RATE = 128.0
 def candidate_tiles_sm100(accumulator: str, element: str = "float16") -> tuple[TileConfig, ...]:
     """Distinct static-cluster SM100 16-bit UMMA configurations cutlass_library generates (the
     dynamic-cluster ones, cluster 0x0, need a run-time cluster shape this glue does not pass)."""
-    from .select import _gemms, _stable
-
     tiles = {}
-    for op in _gemms("GenerateSM100_TensorOp_16b_UMMA_gemm", "Universal3x", element, accumulator):
+    for op in generated_gemms("GenerateSM100_TensorOp_16b_UMMA_gemm", "Universal3x", element, accumulator):
         td = op.tile_description
         schedule = SM100_SCHEDULES.get(op.kernel_schedule.name)
         if schedule is None or 0 in td.cluster_shape or op.tile_scheduler.name not in ("Default", "StreamK"):
             continue
         scheduler = "streamk" if op.tile_scheduler.name == "StreamK" else "default"
         tiles[sm100_config(op, schedule, scheduler)] = None
-    return _stable(tiles)
+    return stable_order(tiles)
 
 
 def sm100_config(op, schedule: str, scheduler: str = "default") -> TileConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from string import Template
 
-from ...stages.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
+from ...toolkit.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
 
 ARGS_TYPE = "RelaxCutlassGemmArgs"
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ...stages.compile import Source
-from ...stages.emit import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
-from ...stages.literals import cxx_float
-from ...stages.templates import PDL_DEVICE, pdl_switch
+from ...toolkit.compile import Source
+from ...toolkit.glue import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
+from ...toolkit.literals import cxx_float
+from ...toolkit.templates import PDL_DEVICE, pdl_switch
 from .records import BYTES, NormKernel, NormRegion
 from .templates import ARGS, ARGS_TYPE, CTYPES, GLUE_FUNCTION, KERNEL_TU
 

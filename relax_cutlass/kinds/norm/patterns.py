@@ -13,8 +13,8 @@ from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .. import CODEGEN
 from ..epilogue import Epilogue
-from ..epilogue_patterns import _scalar
-from ..ir import _shape, dtype_of, same_shape, static_int, static_shape
+from ..epilogue_patterns import scalar_constant
+from ..ir import dtype_of, same_shape, shape_dims, static_int, static_shape
 from .records import MAX_N, NormProblem
 
 NORMS = ("layer_norm", "rms_norm", "rms_decomposed")
@@ -101,13 +101,13 @@ def _last_axis(axes, ndim: int) -> bool:
 def _norm_attrs(spec: NormSpec, ann: dict) -> tuple[float | None, bool, bool, list[str]]:
     """-> (epsilon, center, scale, problems) of the matched norm."""
     root, sum_ = ann["root"], ann.get("sum", ann["data"])
-    ndim = len(_shape(sum_))
+    ndim = len(shape_dims(sum_))
     if spec.norm == "rms_decomposed":
         mean = ann["mean"]
         problems = []
         if not _last_axis(mean.attrs.axis, ndim) or not bool(mean.attrs.keepdims):
             problems.append("the RMSNorm's mean must be over the last axis only (keepdims)")
-        eps = _scalar(ann["epsilon"])
+        eps = scalar_constant(ann["epsilon"])
         if eps is None:
             problems.append("the RMSNorm's epsilon must be a scalar constant (a kernel literal)")
         return eps, False, True, problems
@@ -135,14 +135,14 @@ def rules(spec: NormSpec, ann: dict, out: relax.Expr, _var2val) -> list[str]:
     if problems:
         return problems[:1]
     eps, center, scale, problems = _norm_attrs(spec, ann)
-    shape = _shape(sum_)
+    shape = shape_dims(sum_)
     n = static_int(shape[-1]) if shape else None
     if n is None:
         return [*problems, "the normalized (last) axis must be static"]
     if n > MAX_N:
         problems.append(f"normalized size {n} > {MAX_N}, the largest the kernel holds in registers")
     for role in ("residual", "data") if "sum" in ann else ():
-        if not same_shape(_shape(ann[role]), shape):
+        if not same_shape(shape_dims(ann[role]), shape):
             problems.append(f"the {role} of the residual add is broadcast to the sum (the kernel adds equal shapes)")
     if "sum" in ann:
         for role in ("data", "residual"):
@@ -163,7 +163,7 @@ def rules(spec: NormSpec, ann: dict, out: relax.Expr, _var2val) -> list[str]:
 def read_problem(spec: NormSpec, ann: dict, out: relax.Expr, _var2val, _accumulator: str) -> NormProblem:
     eps, center, scale, _ = _norm_attrs(spec, ann)
     sum_ = ann.get("sum", ann["data"])
-    shape = _shape(sum_)
+    shape = shape_dims(sum_)
     rows = 1
     for d in shape[:-1]:
         rows = rows * static_int(d) if rows is not None and static_int(d) is not None else None

@@ -34,8 +34,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..arch import arch_name
-from .compile import CompileError
 from .settings import env_flag
+from .toolchain import CompileError, toolchain
 
 __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_object"]
 
@@ -105,7 +105,6 @@ def _disassembler_env() -> dict[str, str]:
 def _find(tool: str, wheel: str) -> str:
     candidates = []
     try:
-        from .compile import toolchain
 
         tc = toolchain()
         nvcc = Path(tc.nvcc)

@@ -10,6 +10,7 @@ import os
 import re
 
 __all__ = [
+    "DEFAULT_M_HINT",
     "PDL_ENV",
     "PDL_KINDS",
     "SettingError",
@@ -20,9 +21,11 @@ __all__ = [
     "positive_int",
 ]
 
+# M assumed by the kernel heuristics when M is symbolic (CodegenOptions.m_hint).
+DEFAULT_M_HINT = 1024
 JOBS_ENV = "RELAX_CUTLASS_JOBS"
 PDL_ENV = "RELAX_CUTLASS_PDL"
-# The kinds whose kernels launch with programmatic dependent launch (stages.templates.pdl_switch),
+# The kinds whose kernels launch with programmatic dependent launch (toolkit.templates.pdl_switch),
 # and "none": the names RELAX_CUTLASS_PDL=always:<kind>[+<kind>...] takes.
 PDL_KINDS = ("gemm", "norm", "attention", "none")
 PDL_ACCEPTED = "unset, 1 (the default), 0 (never), always, or always:<kinds> with kinds from {} joined by '+'"
@@ -61,7 +64,7 @@ def jobs_setting(jobs) -> int | None:
 
 def check_pdl_setting() -> str | None:
     """RELAX_CUTLASS_PDL, checked at build time as the kernels read it at run time (the C++ reader,
-    stages.templates.pdl_switch, refuses to launch on a value this refuses)."""
+    toolkit.templates.pdl_switch, refuses to launch on a value this refuses)."""
     value = os.environ.get(PDL_ENV)
     if value is None or value in ("0", "1", "always"):
         return value

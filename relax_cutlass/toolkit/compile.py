@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import os
-import re
-import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import nvcc_gencode
+from .sass_check import verify_object
 from .settings import SettingError, env_jobs
 from .templates import CXX_ABI_SUPPORT
+from .toolchain import CompileError, Toolchain, package_dir, toolchain
 
 __all__ = [
     "CompileError",
@@ -40,23 +39,6 @@ __all__ = [
     "failure_summary",
     "link_relocatable",
 ]
-
-
-class CompileError(RuntimeError):
-    """A generated source failed to compile; carries the compiler log and the kept source path."""
-
-    def __init__(self, source_path: Path, command: list[str], log: str):
-        self.source_path, self.command, self.log = source_path, command, log
-        super().__init__(
-            f"compiling {source_path} failed (source kept there for inspection):\n"
-            f"$ {' '.join(command)}\n{log.strip()[-8000:]}"
-        )
-
-    @property
-    def first_error(self) -> str:
-        """The compiler's first error line (else its first line): what a report has room for."""
-        lines = [line.strip() for line in self.log.splitlines() if line.strip()]
-        return next((line for line in lines if re.search(r"\berror\b", line, re.IGNORECASE)), lines[0] if lines else "")
 
 
 def failure_summary(err: Exception) -> str:
@@ -76,7 +58,7 @@ class Source:
     text: str
     kind: str  # "cuda" | "host"
     extra_flags: tuple[str, ...] = ()  # e.g. the include dirs of a CUTLASS example's headers
-    # Kernel family ("sm80", "sm90", "fmha"): relax_cutlass.stages.sass_check requires its MMA instructions
+    # Kernel family ("sm80", "sm90", "fmha"): relax_cutlass.toolkit.sass_check requires its MMA instructions
     # in the object's SASS. "" for sources that are not tensor-core kernels.
     family: str = ""
 
@@ -95,71 +77,6 @@ def cache_dir() -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise SettingError(f"{name} is not writable: point RELAX_CUTLASS_CACHE_DIR at a writable directory")
     return path
-
-
-def _pkg_dir(module: str) -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise RuntimeError(f"python package {module!r} is not installed")
-    return Path(spec.origin).parent
-
-
-@dataclass(frozen=True)
-class Toolchain:
-    nvcc: str
-    cxx: str
-    cuda_home: Path
-    nvcc_version: str
-    cutlass_version: str
-    includes_cuda: tuple[str, ...]
-    includes_host: tuple[str, ...]
-
-    def fingerprint(self) -> str:
-        from .. import __version__
-
-        return f"{self.nvcc_version}|cutlass {self.cutlass_version}|relax_cutlass {__version__}"
-
-
-def _cuda_home(nvcc: str) -> Path:
-    """CUDA_HOME / CUDA_PATH, else the toolkit nvcc lives in (following a wrapper or symlink)."""
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    candidates += [Path(os.path.realpath(nvcc)).parent.parent, Path(nvcc).parent.parent, "/usr/local/cuda"]
-    for c in candidates:
-        if c and (Path(c) / "include" / "cuda_runtime.h").exists():
-            return Path(c)
-    raise RuntimeError(f"cannot locate the CUDA toolkit of {nvcc}; set CUDA_HOME")
-
-
-@functools.cache
-def toolchain() -> Toolchain:
-    nvcc = os.environ.get("RELAX_CUTLASS_NVCC") or shutil.which("nvcc")
-    if os.environ.get("RELAX_CUTLASS_NVCC") and not os.access(nvcc, os.X_OK):
-        raise SettingError(f"RELAX_CUTLASS_NVCC={nvcc!r} is not an executable: give the path of nvcc, or unset it")
-    if not nvcc:
-        raise RuntimeError(
-            "nvcc was not found: install the CUDA toolkit (12.x or 13.x) and put nvcc on PATH, "
-            "or set RELAX_CUTLASS_NVCC to its path"
-        )
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
-    version = version.splitlines()[-1] if version else "unknown"
-    cuda_home = _cuda_home(nvcc)
-    cutlass_root = _pkg_dir("cutlass_library") / "source"
-    # nvidia-cutlass's headers must win over the older copy shipped inside the tvm wheel.
-    cutlass_inc = (str(cutlass_root / "include"), str(cutlass_root / "tools" / "util" / "include"))
-    import tvm_ffi.libinfo
-
-    ffi_inc = tuple(dict.fromkeys([tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_dlpack_include_path()]))
-    return Toolchain(
-        nvcc=nvcc,
-        cxx=os.environ.get("CXX", shutil.which("g++") or "c++"),
-        cuda_home=cuda_home,
-        nvcc_version=version,
-        cutlass_version=importlib.metadata.version("nvidia-cutlass"),
-        includes_cuda=cutlass_inc,
-        includes_host=(*ffi_inc, str(cuda_home / "include")),  # the profiler's glue times with CUDA events
-    )
 
 
 # The one CUTLASS header that `throw`s in code every kernel compiles: cute's TMA descriptor helpers,
@@ -183,7 +100,7 @@ _NO_THROW_PREAMBLE = """\
 def _no_throw_overlay() -> tuple[str, ...]:
     """nvcc flags putting the copy of _THROWING_HEADER without throws ahead of CUTLASS's own (a
     directory named by the copy's hash under the cache dir); none if the header has no throw."""
-    original = _pkg_dir("cutlass_library") / "source" / "include" / _THROWING_HEADER
+    original = package_dir("cutlass_library") / "source" / "include" / _THROWING_HEADER
     text = original.read_text()
     if "throw" not in text:
         return ()
@@ -240,8 +157,6 @@ def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
 
 def _compile_checked(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     """_compile_one, then (kernels, cached or not) the SASS check: a stub never reaches a library."""
-    from .sass_check import verify_object
-
     obj, cached = _compile_one(tc, src, arch)
     verify_object(obj, src.name, src.family, arch)
     return obj, cached
@@ -251,7 +166,7 @@ def compile_all(
     sources: list[Source], arch: int, jobs: int | None = None, failures: dict[str, Exception] | None = None
 ) -> dict[str, tuple[Path, bool]]:
     """Compile distinct sources in parallel (RELAX_CUTLASS_JOBS, default: all cores); every kernel
-    object is checked for its family's tensor-core instructions (relax_cutlass.stages.sass_check).
+    object is checked for its family's tensor-core instructions (relax_cutlass.toolkit.sass_check).
 
     `failures`: when given, a source that does not compile (or fails its check) is left out of the
     result and its error recorded there by name; else the first error is raised."""

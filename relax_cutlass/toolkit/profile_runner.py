@@ -1,6 +1,6 @@
 """Run a profiler built by `relax_cutlass.stages.profile` on a GPU host and write tuning records.
 
-    python -m relax_cutlass.stages.profile_runner build/profile tuning.jsonl [--repeat 7]
+    python -m relax_cutlass.toolkit.profile_runner build/profile tuning.jsonl [--repeat 7]
 
 Needs only the TVM runtime and numpy (torch, when present, computes the reference faster). Each
 candidate first runs once on random (never zero) data and is checked against a float32 reference,
@@ -45,7 +45,7 @@ def _problem(job: dict, rng: np.random.Generator, tvm, dev):
     """-> (output shape, float32 reference (or (index, values) of part of the output), call(fn, out,
     split_k, iterations)), from the `reference`
     module of the job's kind (numpy only, like this module). Inputs are random, never zero."""
-    reference = importlib.import_module(f"relax_cutlass.kinds.{job['op']}.reference")
+    reference = importlib.import_module(job["reference"])  # the kind's numpy reference, named by the manifest
     return reference.problem(job, rng, tvm, dev)
 
 
@@ -137,7 +137,7 @@ def device_name() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m relax_cutlass.stages.profile_runner", description=__doc__.split("\n\n")[0]
+        prog="python -m relax_cutlass.toolkit.profile_runner", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("directory", type=Path, help="what relax_cutlass.stages.profile built (profile.json, profiler.so)")
     ap.add_argument("database", type=Path, help="tuning database (JSON lines) to append to")

@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..kinds.ir import static_shape
+from .ir import static_shape
 
 # Leaves an input-free value may read besides constants: shapes and scalars spelled out.
 _LEAVES = (relax.ShapeExpr, tvm.tirx.IntImm, tvm.tirx.FloatImm)

@@ -149,7 +149,7 @@ bool KnownPdlKind(const char* p, size_t n) {
 // This unit's kernels' RELAX_CUTLASS_PDL mode: 0 never, 1 except while the stream is captured into
 // a CUDA graph, 2 always ("always", or "always:" and a "+"-joined list of kinds that names KIND),
 // 3 as 1, and while captured too for work of at most MAX_FLOPS flops (the GEMMs' default); -1 a
-// value that is no setting (the build refuses it too: stages.settings.check_pdl_setting)
+// value that is no setting (the build refuses it too: toolkit.settings.check_pdl_setting)
 int PdlMode() {
   static const int mode = [] {
     const char* value = std::getenv("RELAX_CUTLASS_PDL");

@@ -24,8 +24,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import __version__
-from ..kinds.epilogue import Epilogue
+from ..version import __version__
 
 CUTLASS_VERSION = "4.2.0.0"  # nvidia-cutlass, pinned in pyproject.toml
 SCHEMA = 1
@@ -77,17 +76,6 @@ def parse_label(label: str) -> tuple[str, int]:
     tile's own name ("..._cooperative_splitk")."""
     match = re.fullmatch(r"(.*)_splitk(\d+)", label)
     return (match.group(1), int(match.group(2))) if match else (label, 1)
-
-
-def epilogue_key(epilogue: Epilogue, element_out: str) -> str:
-    """TuningKey.epilogue of a region's epilogue: "" for none (stage 1's timing is the kernel's).
-    Activations are named in the form a kernel writing `element_out` computes ("bias+gelu16"), so a
-    record timed with another form of the same epilogue is not taken for this one."""
-    if epilogue == Epilogue():
-        return ""
-    names = (epilogue.activation, epilogue.residual_activation)
-    forms = dict(zip(names, (form.name for form in epilogue.functors(element_out)), strict=True))
-    return "+".join(forms.get(part, part) for part in epilogue.parts())
 
 
 @dataclass(frozen=True)
