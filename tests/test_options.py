@@ -13,7 +13,7 @@ import tvm
 from tvm.script import relax as R
 
 import relax_cutlass
-from relax_cutlass.stages import compile as compile_stage
+from relax_cutlass.toolkit import compile as compile_stage
 from relax_cutlass.toolkit.settings import SettingError
 from relax_cutlass.toolkit.tuning import TuningDatabase, TuningDatabaseWarning
 

@@ -178,7 +178,8 @@ def test_a_glue_that_does_not_compile_runs_in_tvm(monkeypatch):
 
 @pytest.mark.nvcc
 def test_a_kernel_that_fails_its_sass_check_runs_in_tvm(monkeypatch):
-    from relax_cutlass.stages import sass_check
+    from relax_cutlass.toolkit import compile as compile_stage
+    from relax_cutlass.toolkit import sass_check
 
     def inject(bad):
         verify = sass_check.verify_object
@@ -189,7 +190,7 @@ def test_a_kernel_that_fails_its_sass_check_runs_in_tvm(monkeypatch):
                 raise sass_check.StubKernelError(f"{name} (injected)", arch, family or "sm80", record, obj)
             return verify(obj, name, family, arch)
 
-        monkeypatch.setattr(sass_check, "verify_object", stub)
+        monkeypatch.setattr(compile_stage, "verify_object", stub)  # as the compile step calls it
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "failed its SASS check")
