@@ -147,8 +147,8 @@ def _checked_tuning_db(path, given: bool) -> str:
 
 
 def _database(path: str):
-    """The tuning database at `path`, read once per version of the file: a build plans its regions
-    twice (for the report, then in RunCodegen) and should neither re-read nor re-warn."""
+    """The tuning database at `path`, read once per version of the file: a build, its profiling
+    stages and the offload report read the same database and should neither re-read nor re-warn."""
     try:
         stat = os.stat(path)
         version = (stat.st_mtime_ns, stat.st_size)
