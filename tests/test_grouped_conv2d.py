@@ -215,7 +215,7 @@ def test_resnext_from_torch_offloads_every_conv():
     assert sum(p.numel() for p in full.parameters()) == 25_028_904
     mod, weights = torch_models.import_exported(
         torch_models.resnet50(groups=32, width_per_group=4, blocks=(1, 1, 1, 1), num_classes=10),
-        (torch_models._torch().zeros(1, 3, 32, 32),),
+        (torch_models.import_torch().zeros(1, 3, 32, 32),),
     )
     mod = bind_float16(mod, weights)
     _, _, rewritten = compare_on_cpu(mod, random_inputs(mod))

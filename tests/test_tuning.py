@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import relax_cutlass
-from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.kinds.epilogue import Epilogue, epilogue_key
 from relax_cutlass.kinds.gemm.profile import candidate_label, gemm_candidates
 from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
 from relax_cutlass.kinds.gemm.select import choose_kernel
@@ -22,7 +22,6 @@ from relax_cutlass.toolkit.tuning import (
     TuningDatabaseWarning,
     TuningKey,
     TuningRecord,
-    epilogue_key,
     m_bucket,
 )
 
