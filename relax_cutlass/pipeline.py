@@ -6,14 +6,10 @@ import tvm
 
 from .arch import parse_arch
 from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
-from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
-from .rewrites.conv1d import Conv1dAsConv2d
-from .rewrites.gated import SplitPackedGatedProjections
-from .rewrites.layout import ConvertToNHWC
-from .rewrites.projections import FuseParallelProjections
+from .rewrites.canonicalize import AccumulateInFloat32
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
-from .stages.partition import PartitionForCutlass
+from .stages.partition import PartitionForCutlass, partition_as_offloaded, pre_partition_passes
 
 
 def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **options) -> tvm.transform.Pass:
@@ -54,23 +50,4 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     )
 
 
-def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass]:
-    """The rewrites offload_pipeline runs before PartitionForCutlass, in its order: whatever previews
-    the partition (the offload report, tuning, kernel dumps, the tests' CPU harness) runs exactly
-    these, so it plans the regions the build gets."""
-    layout = [ConvertToNHWC()] if convert_layout else []
-    return [
-        FixTvmCudaForms(),
-        FoldLinearReshapes(),
-        SplitPackedGatedProjections(),
-        FuseParallelProjections(),
-        Conv1dAsConv2d(),
-        *layout,
-    ]
-
-
-def partition_as_offloaded(mod: tvm.IRModule, arch: str | int = "sm_80", convert_layout: bool = True) -> tvm.IRModule:
-    """`mod` partitioned (constants lifted) as offload_pipeline partitions it before codegen."""
-    for rewrite in pre_partition_passes(convert_layout):
-        mod = rewrite(mod)
-    return LiftConstants()(PartitionForCutlass(parse_arch(arch))(mod))
+__all__ = ["offload_pipeline", "partition_as_offloaded", "pre_partition_passes"]

@@ -23,16 +23,20 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ..arch import parse_arch, resolve_family
+from ..arch import local_gpu_arch, parse_arch, resolve_family
 from ..kinds import CODEGEN, PlanError, kind_of, kinds
 from ..kinds.epilogue_patterns import ACCUMULATOR_DTYPES
 from ..kinds.ir import json_attr
 from ..toolkit.compile import cache_dir, compile_all, failure_summary, link_relocatable
+from ..toolkit.profile_runner import device_name, run_profiler
 from ..toolkit.sass_check import StubKernelError
 from ..toolkit.sass_check import enabled as sass_check_enabled
 from ..toolkit.settings import DEFAULT_M_HINT, SettingError, check_pdl_setting, jobs_setting, positive_int
 from ..toolkit.tuning import TuningDatabase, TuningDatabaseWarning
+from .constants import call_counts, composite_of, offloaded_functions
 from .emit import emit_glue, emit_kernel
+from .partition import check_same_arch
+from .profile import build_profiler, plan_epilogue_jobs, plan_jobs, retime_reason
 from .regions import RegionError, analyze, make_region
 
 REGIONS_ATTR = "relax_cutlass.regions"
@@ -203,7 +207,6 @@ def _profiles_here(options: CodegenOptions) -> bool:
     this machine's GPU is the target: an sm_80 library measured on an H100 would be tuned wrongly."""
     if options.profile == "never" or not options.compile or options.tile:
         return False
-    from ..arch import local_gpu_arch
 
     return local_gpu_arch() == options.arch
 
@@ -216,8 +219,6 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     import tempfile
     from pathlib import Path
 
-    from ..toolkit.profile_runner import device_name, run_profiler
-    from .profile import build_profiler, plan_epilogue_jobs, plan_jobs, retime_reason
 
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
@@ -321,8 +322,6 @@ class CutlassCodegen:
         self.options = CodegenOptions.create(arch, **options)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        from .constants import call_counts, offloaded_functions
-        from .partition import check_same_arch
 
         check_same_arch(mod, self.options.arch, "build its kernels")
 
@@ -378,7 +377,6 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
     attribute RETURNED_ATTR for `offload_report`, and a warning names them."""
     import warnings
 
-    from .constants import composite_of, offloaded_functions
 
     returned = json_attr(mod, RETURNED_ATTR, {})
     now_returned = []

@@ -7,9 +7,21 @@ import json
 import tvm
 from tvm import relax
 
+from ..arch import arch_name, parse_arch
 from ..kinds import kind_of, kinds
 from ..kinds.ir import json_attr
-from ..rewrites.canonicalize import drop_identity_broadcasts, fold_float32_accumulation, fold_scalar_casts
+from ..rewrites.canonicalize import (
+    FixTvmCudaForms,
+    FoldLinearReshapes,
+    drop_identity_broadcasts,
+    fold_float32_accumulation,
+    fold_scalar_casts,
+)
+from ..rewrites.conv1d import Conv1dAsConv2d
+from ..rewrites.gated import SplitPackedGatedProjections
+from ..rewrites.layout import ConvertToNHWC
+from ..rewrites.projections import FuseParallelProjections
+from .constants import LiftConstants
 from .patterns import fusion_patterns, spec_by_name
 
 NOT_FUSED_ATTR = "relax_cutlass.not_fused"
@@ -76,8 +88,6 @@ def check_same_arch(mod: tvm.IRModule, arch: int, doing: str) -> None:
     """Refuse to `doing` for `arch` a module relax_cutlass already partitioned or offloaded for
     another arch: its regions were checked, and its kernels built, for that one (an sm_90a kernel
     call kept in a module re-labelled sm_80 cannot run on an A100)."""
-    from ..arch import arch_name
-
     before = (mod.attrs or {}).get(ARCH_ATTR)
     if before is not None and int(before) != arch:
         raise ValueError(
@@ -104,8 +114,6 @@ class PartitionForCutlass:
     """
 
     def __init__(self, arch: str | int = "sm_80"):
-        from ..arch import parse_arch
-
         self.arch = parse_arch(arch)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -125,3 +133,25 @@ class PartitionForCutlass:
         return mod.with_attr(ARCH_ATTR, self.arch).with_attr(
             NOT_FUSED_ATTR, json.dumps(previous + log.rows())
         )
+
+
+def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass]:
+    """The rewrites offload_pipeline runs before PartitionForCutlass, in its order: whatever previews
+    the partition (the offload report, tuning, kernel dumps, the tests' CPU harness) runs exactly
+    these, so it plans the regions the build gets."""
+    layout = [ConvertToNHWC()] if convert_layout else []
+    return [
+        FixTvmCudaForms(),
+        FoldLinearReshapes(),
+        SplitPackedGatedProjections(),
+        FuseParallelProjections(),
+        Conv1dAsConv2d(),
+        *layout,
+    ]
+
+
+def partition_as_offloaded(mod: tvm.IRModule, arch: str | int = "sm_80", convert_layout: bool = True) -> tvm.IRModule:
+    """`mod` partitioned (constants lifted) as offload_pipeline partitions it before codegen."""
+    for rewrite in pre_partition_passes(convert_layout):
+        mod = rewrite(mod)
+    return LiftConstants()(PartitionForCutlass(parse_arch(arch))(mod))

@@ -16,8 +16,10 @@ from ..kinds import kind_of, kinds
 from ..kinds.ir import json_attr
 from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
-from .constants import offloaded_functions
-from .partition import ARCH_ATTR, check_same_arch
+from .codegen import REGIONS_ATTR, RETURNED_ATTR, CodegenOptions, plan_regions, return_to_tvm
+from .constants import LiftConstants, call_counts, offloaded_functions
+from .partition import ARCH_ATTR, NOT_FUSED_ATTR, check_same_arch, partition_as_offloaded
+from .patterns import spec_by_name
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,6 @@ def _shapes(call: relax.Call) -> list[str]:
 
 
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
-    from .codegen import RETURNED_ATTR
 
     rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
     # regions CutlassCodegen gave back to TVM (they could not be planned or compiled), and why
@@ -148,16 +149,12 @@ def _flops_name() -> str:
 
 
 def _kind_of_row(row: dict):
-    from .patterns import spec_by_name
 
     return kind_of(spec_by_name()[row["composite"]])
 
 
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
-    from ..pipeline import partition_as_offloaded
-    from .codegen import REGIONS_ATTR, CodegenOptions, plan_regions, return_to_tvm
-    from .constants import LiftConstants, call_counts
 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
@@ -196,7 +193,6 @@ def _built_for_another_arch(mod: tvm.IRModule, arch) -> list[str]:
 
 
 def _not_fused(mod: tvm.IRModule) -> list[dict]:
-    from .partition import NOT_FUSED_ATTR
 
     return json_attr(mod, NOT_FUSED_ATTR, [])
 
