@@ -15,6 +15,7 @@ from relax_cutlass.kinds.gemm.profile import candidate_label, gemm_candidates
 from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
 from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.models import dense_epilogue_model
+from relax_cutlass.stages import codegen
 from relax_cutlass.stages.profile import kernel_label, plan_epilogue_jobs, plan_jobs, retime_reason, stage2_reason
 from relax_cutlass.toolkit.tuning import (
     M_BUCKETS,
@@ -233,14 +234,11 @@ class _FakeGpu:
     candidate of every job (so a tuned choice differs from the heuristic's)."""
 
     def __init__(self, monkeypatch, arch: int):
-        import relax_cutlass.arch
-        import relax_cutlass.stages.profile
-        import relax_cutlass.toolkit.profile_runner
-
         self.built: list = []
-        monkeypatch.setattr(relax_cutlass.arch, "local_gpu_arch", lambda: arch)
-        monkeypatch.setattr(relax_cutlass.stages.profile, "build_profiler", self.build)
-        monkeypatch.setattr(relax_cutlass.toolkit.profile_runner, "run_profiler", self.run)
+        # where the build calls them
+        monkeypatch.setattr(codegen, "local_gpu_arch", lambda: arch)
+        monkeypatch.setattr(codegen, "build_profiler", self.build)
+        monkeypatch.setattr(codegen, "run_profiler", self.run)
 
     def build(self, jobs, arch, out, jobs_parallel=None):
         self.built.append(jobs)
@@ -253,7 +251,7 @@ class _FakeGpu:
             # every candidate in the record, as the real runner writes them (a record missing one is
             # re-timed); the others as failed, so that stage 2 takes only these two
             timed = {kernel_label(k, split): None for k, split in job.candidates} | {heuristic: 0.02, tile: 0.01}
-            device = relax_cutlass.toolkit.profile_runner.device_name() or "fake GPU"
+            device = codegen.device_name() or "fake GPU"  # the name the build asks for, as the runner's
             records.append(TuningRecord(job.key, tile, 0.01, candidates=timed, device=device))
             log(f"[{number}/{len(self.jobs)}] {tile}")
         TuningDatabase(db_path).add(records)
@@ -294,12 +292,10 @@ def test_profiling_re_times_records_of_an_older_candidate_set_or_another_gpu(mon
     """A record that never timed one of today's candidates, or was measured on another GPU model,
     is timed again by a build that profiles (otherwise H100 builds would keep an H200's records, and
     an attention record from before its new candidates, forever)."""
-    import relax_cutlass.toolkit.profile_runner
-
     gpu = _FakeGpu(monkeypatch, arch=80)
     db = tmp_path / "tuning.jsonl"
     mod = dense_epilogue_model(512, 1024, 256, activation="gelu")
-    monkeypatch.setattr(relax_cutlass.toolkit.profile_runner, "device_name", lambda: "fake GPU")
+    monkeypatch.setattr(codegen, "device_name", lambda: "fake GPU")
     _regions(mod, tuning_db=str(db))
     assert len(gpu.built) == 2
     (job,) = gpu.built[0]
@@ -307,7 +303,7 @@ def test_profiling_re_times_records_of_an_older_candidate_set_or_another_gpu(mon
     assert retime_reason(job, record, "fake GPU") is None and retime_reason(job, record) is None
     # another GPU model: both stages again (stage 2 follows stage 1's new record)
     assert "measured on fake GPU" in retime_reason(job, record, "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(relax_cutlass.toolkit.profile_runner, "device_name", lambda: "other GPU")
+    monkeypatch.setattr(codegen, "device_name", lambda: "other GPU")
     _regions(mod, tuning_db=str(db))
     assert len(gpu.built) == 4 and TuningDatabase(db).lookup(job.key).device == "other GPU"
     assert "1 re-timed: record measured on fake GPU, not on this other GPU" in capsys.readouterr().err
@@ -316,7 +312,7 @@ def test_profiling_re_times_records_of_an_older_candidate_set_or_another_gpu(mon
     older = dataclasses.replace(record, candidates=dict(list(record.candidates.items())[:-1]))
     assert "before 1 of its candidates existed" in retime_reason(job, older)
     TuningDatabase(db).add([older])
-    monkeypatch.setattr(relax_cutlass.toolkit.profile_runner, "device_name", lambda: "")
+    monkeypatch.setattr(codegen, "device_name", lambda: "")
     _regions(mod, tuning_db=str(db))
     assert len(gpu.built) == 5 and retime_reason(job, TuningDatabase(db).lookup(job.key)) is None  # stage 1 only
     assert retime_reason(job, None) == "no record"
