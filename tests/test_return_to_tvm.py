@@ -142,18 +142,23 @@ def _check_runs_like_tvm(rewritten: tvm.IRModule, regions: list, why: str) -> No
     assert rel_error(got, expected) <= 1e-2
 
 
+def _break_emitter(monkeypatch, name: str, concerns) -> None:
+    """codegen's emitter `name`, its source given a compile error where `concerns(*args)`."""
+    emit = getattr(codegen, name)
+
+    def broken(*args):
+        source = emit(*args)
+        if concerns(*args):
+            source = dataclasses.replace(source, text=source.text + f"\n#error injected {name} failure\n")
+        return source
+
+    monkeypatch.setattr(codegen, name, broken)
+
+
 @pytest.mark.nvcc
 def test_a_kernel_that_does_not_compile_runs_in_tvm(monkeypatch):
     def inject(bad):
-        emit = codegen.emit_kernel
-
-        def broken(kernel):
-            source = emit(kernel)
-            if kernel.name == bad.kernels[0].name:
-                source = dataclasses.replace(source, text=source.text + "\n#error injected kernel failure\n")
-            return source
-
-        monkeypatch.setattr(codegen, "emit_kernel", broken)
+        _break_emitter(monkeypatch, "emit_kernel", lambda kernel: kernel.name == bad.kernels[0].name)
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "did not compile")
@@ -162,15 +167,7 @@ def test_a_kernel_that_does_not_compile_runs_in_tvm(monkeypatch):
 @pytest.mark.nvcc
 def test_a_glue_that_does_not_compile_runs_in_tvm(monkeypatch):
     def inject(bad):
-        emit = codegen.emit_glue
-
-        def broken(regions, module_name):
-            source = emit(regions, module_name)
-            if any(r.symbol == bad.symbol for r in regions):
-                source = dataclasses.replace(source, text=source.text + "\n#error injected glue failure\n")
-            return source
-
-        monkeypatch.setattr(codegen, "emit_glue", broken)
+        _break_emitter(monkeypatch, "emit_glue", lambda regions, _name: any(r.symbol == bad.symbol for r in regions))
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "host glue did not compile")
