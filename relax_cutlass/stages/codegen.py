@@ -207,7 +207,6 @@ def _profiles_here(options: CodegenOptions) -> bool:
     this machine's GPU is the target: an sm_80 library measured on an H100 would be tuned wrongly."""
     if options.profile == "never" or not options.compile or options.tile:
         return False
-
     return local_gpu_arch() == options.arch
 
 
@@ -218,7 +217,6 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     import sys
     import tempfile
     from pathlib import Path
-
 
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
@@ -256,19 +254,19 @@ def build_regions(regions: list, options: CodegenOptions, module_name: str = MOD
     return tvm.runtime.load_static_library(str(merged), [r.symbol for r in regions])
 
 
-def module_failures(regions: list, options: CodegenOptions) -> dict[str, str]:
-    """Build the module of these regions (kernels compiled already) as RunCodegen will: host glue,
+def module_failures(regions: list, options: CodegenOptions) -> tuple[dict[str, str], object]:
+    """Build the module of these regions (kernels compiled already) as RunCodegen would: host glue,
     link, load. Where that fails, find the regions that break it, so that only they return to TVM:
-    each region's glue compiled alone (in parallel), then linked and loaded alone. {symbol: why}."""
+    each region's glue compiled alone (in parallel), then linked and loaded alone.
+    -> ({symbol: why}, the module of the regions that build; None where none is left)."""
     if not regions:
-        return {}
+        return {}, None
     try:
-        build_regions(regions, options)
-        return {}
+        return {}, build_regions(regions, options)
     except Exception as err:
         whole = failure_summary(err)
     if len(regions) == 1:
-        return {regions[0].symbol: f"its host glue or link failed: {whole}"}
+        return {regions[0].symbol: f"its host glue or link failed: {whole}"}, None
     glue = {r.symbol: emit_glue([r], f"{MODULE_NAME}_{r.symbol}") for r in regions}
     errors: dict[str, Exception] = {}
     compile_all(list(glue.values()), options.arch, options.jobs, errors)
@@ -284,28 +282,37 @@ def module_failures(regions: list, options: CodegenOptions) -> dict[str, str]:
             except Exception as err:
                 failed[region.symbol] = f"its link or load failed: {failure_summary(err)}"
     if not failed:  # each region builds alone, only not together: none can be blamed alone
-        return {r.symbol: f"the module of all regions did not build: {whole}" for r in regions}
-    return failed | module_failures([r for r in regions if r.symbol not in failed], options)
+        return {r.symbol: f"the module of all regions did not build: {whole}" for r in regions}, None
+    more, module = module_failures([r for r in regions if r.symbol not in failed], options)
+    return failed | more, module
 
 
-# The regions CutlassCodegen planned (and checked to build) for the RunCodegen call it is making, by
-# symbol: the callback takes them instead of planning the same functions again.
-_PLANNED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("relax_cutlass_planned", default=None)
+@dataclass(frozen=True)
+class _Plan:
+    """What CutlassCodegen planned for the RunCodegen call it is making: its regions by symbol, and
+    the module it built of them (None in a dry run)."""
+
+    regions: dict
+    module: object = None
+
+
+# The callback takes the plan instead of planning and building the same functions again.
+_PLANNED: contextvars.ContextVar[_Plan | None] = contextvars.ContextVar("relax_cutlass_planned", default=None)
 
 
 @tvm_ffi.register_global_func(f"relax.ext.{CODEGEN}", override=True)
 def _relax_ext_codegen(functions, options, _constant_names):
     """Entry point RunCodegen calls with all functions annotated Codegen="relax_cutlass"."""
     opts = CodegenOptions.from_map(options)
-    planned = _PLANNED.get() or {}
+    plan = _PLANNED.get()
     symbols = [str(func.attrs["global_symbol"]) for func in functions]
-    if symbols and all(symbol in planned for symbol in symbols):
-        regions = [planned[symbol] for symbol in symbols]
-    else:  # RunCodegen run by hand on a partitioned module: plan here
-        regions = plan_regions(list(functions), opts)
+    if plan is not None and set(symbols) == set(plan.regions):
+        regions, module = [plan.regions[symbol] for symbol in symbols], plan.module
+    else:  # RunCodegen run by hand on a partitioned module: plan and build here
+        regions, module = plan_regions(list(functions), opts), None
     if not regions or not opts.compile:
         return []
-    return [build_regions(regions, opts)]
+    return [module if module is not None else build_regions(regions, opts)]
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.CutlassCodegen")
@@ -322,7 +329,6 @@ class CutlassCodegen:
         self.options = CodegenOptions.create(arch, **options)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-
         check_same_arch(mod, self.options.arch, "build its kernels")
 
         # Planning is deterministic and cheap, so the report rows are computed here rather than
@@ -331,17 +337,18 @@ class CutlassCodegen:
         # says why, and a warning asks for a bug report.
         failed: dict[str, str] = {}
         regions = plan_regions([f for _, f in offloaded_functions(mod)], self.options, failed)
+        module = None
         if self.options.compile:
             failed |= compile_kernels(regions, self.options)
-            # the module RunCodegen builds from what is left: its glue, link and load checked here
-            # (every object is cached, so RunCodegen's own build compiles nothing again)
-            failed |= module_failures([r for r in regions if r.symbol not in failed], self.options)
+            # the module of what is left, built here (glue, link, load) and handed to RunCodegen
+            unbuilt, module = module_failures([r for r in regions if r.symbol not in failed], self.options)
+            failed |= unbuilt
         if failed:
             mod = return_to_tvm(mod, failed)
             regions = [r for r in regions if r.symbol not in failed]
         calls = call_counts(mod)
         rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions]
-        token = _PLANNED.set({r.symbol: r for r in regions})
+        token = _PLANNED.set(_Plan({r.symbol: r for r in regions}, module))
         try:
             out = relax.transform.RunCodegen({CODEGEN: self.options.to_map()})(mod)
         finally:
@@ -375,9 +382,6 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
     """Turn the offloaded functions named in `failed` back into ordinary private Relax functions
     (the composite's body, called as before), so TVM builds them; the reasons go under the module
     attribute RETURNED_ATTR for `offload_report`, and a warning names them."""
-    import warnings
-
-
     returned = json_attr(mod, RETURNED_ATTR, {})
     now_returned = []
     for gv, func in list(offloaded_functions(mod)):
