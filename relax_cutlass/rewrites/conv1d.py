@@ -16,6 +16,7 @@ from tvm import relax
 
 from ..kinds.ir import is_call
 from ..kinds.nhwc import conv1d_refusal
+from .canonicalize import relax_functions
 
 # Ops computed on the 4-D value the same way as on the 3-D one: elementwise in their first operand.
 _UNARY = (
@@ -28,6 +29,8 @@ _UNARY = (
     "relax.tanh",
 )
 _BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
 def _conv2d_of(call: relax.Call, data: relax.Expr, weight: relax.Expr) -> relax.Expr:
     a = call.attrs
     return relax.op.nn.conv2d(
@@ -102,10 +105,4 @@ class Conv1dAsConv2d:
     """conv1d -> conv2d of height 1 in every Relax function that is not an offloaded region."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        functions = {
-            gv: conv1d_as_conv2d(func)
-            if isinstance(func, relax.Function) and not (func.attrs and "Codegen" in func.attrs)
-            else func
-            for gv, func in mod.functions_items()
-        }
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return relax_functions(mod, conv1d_as_conv2d)

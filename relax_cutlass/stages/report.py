@@ -107,7 +107,6 @@ def _shapes(call: relax.Call) -> list[str]:
 
 
 def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
-
     rows, skipped = [], layout_skipped(mod)  # functions ConvertToNHWC left in NCHW, and why
     # regions CutlassCodegen gave back to TVM (they could not be planned or compiled), and why
     returned = json_attr(mod, RETURNED_ATTR, {})
@@ -149,21 +148,19 @@ def _flops_name() -> str:
 
 
 def _kind_of_row(row: dict):
-
     return kind_of(spec_by_name()[row["composite"]])
 
 
 def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) -> OffloadReport:
     """Report for a module before offload (partitioned on a copy), after partition, or after codegen."""
-
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
         notes = _built_for_another_arch(mod, arch)
         return OffloadReport(json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod), notes)
     if arch is not None:
         check_same_arch(mod, parse_arch(arch), "report its plan")
-    arch = arch if arch is not None else int(attrs.get("relax_cutlass.arch", 80))
-    if "relax_cutlass.arch" not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
+    arch = arch if arch is not None else int(attrs.get(ARCH_ATTR, 80))
+    if ARCH_ATTR not in attrs:  # not partitioned yet: do what offload_pipeline does, on a copy
         mod = partition_as_offloaded(mod, arch)
     mod = LiftConstants()(mod)  # idempotent: a no-op when constants are already lifted
     # A report previews the plan; it never runs the GPU (the build itself profiles, see CodegenOptions).
@@ -193,7 +190,6 @@ def _built_for_another_arch(mod: tvm.IRModule, arch) -> list[str]:
 
 
 def _not_fused(mod: tvm.IRModule) -> list[dict]:
-
     return json_attr(mod, NOT_FUSED_ATTR, [])
 
 

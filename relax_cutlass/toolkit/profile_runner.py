@@ -43,9 +43,9 @@ def _iterations_for(first_ms: float, target_ms: float = 2.0) -> int:
 
 def _problem(job: dict, rng: np.random.Generator, tvm, dev):
     """-> (output shape, float32 reference (or (index, values) of part of the output), call(fn, out,
-    split_k, iterations)), from the `reference`
-    module of the job's kind (numpy only, like this module). Inputs are random, never zero."""
-    reference = importlib.import_module(job["reference"])  # the kind's numpy reference, named by the manifest
+    split_k, iterations)), from the `reference` module of the job's kind, which the manifest names
+    (numpy only, like this module). Inputs are random, never zero."""
+    reference = importlib.import_module(job["reference"])
     return reference.problem(job, rng, tvm, dev)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import tvm
 
-from ...kinds.profiling import ProfileJob
 from .. import Profiling, RegionKind
 from ..ir import rules_at
+from ..profiling import ProfileJob
 from .causal import constant_causal_masks
 from .diagnose import explain_left_in_tvm
 from .emit import attention_glue_function, emit_attention_kernel

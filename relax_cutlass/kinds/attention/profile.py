@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from string import Template
 
-from ...kinds.profiling import ProfileJob
+from ..profiling import ProfileJob
 from .records import AttentionProblem, attention_key
 from .select import (
     attention_family,

@@ -5,13 +5,13 @@ grouped convs (1 < groups, not depthwise: + bias, activation) as its grouped ker
 
 from __future__ import annotations
 
-from ...kinds.profiling import ProfileJob, by_label
 from .. import Profiling, RegionKind
 from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input
 from ..gemm.profile import candidate_label
 from ..gemm.records import TILE_SPELLING
 from ..nhwc import conv1d_refusal, conv_flops
+from ..profiling import ProfileJob, by_label
 from ..region import mnk_report_line
 from .channels import pad_odd_input_channels
 from .emit import conv2d_glue_function, emit_conv2d_kernel

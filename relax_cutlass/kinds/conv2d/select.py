@@ -11,9 +11,8 @@ import math
 
 from ...arch import SM_COUNT, family_note, native_family, resolve_family
 from ...cutlass_lib import data_type
-from ...kinds.epilogue import epilogue_key
 from .. import PlanError
-from ..epilogue import Epilogue
+from ..epilogue import Epilogue, epilogue_key
 from ..gemm.generators import generated_operations, stable_order
 from ..gemm.records import GemmProblem, TileConfig
 from ..gemm.select import (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...kinds.profiling import ProfileJob, by_label
 from ...toolkit.tuning import M_BUCKETS
 from .. import Profiling, RegionKind
 from ..epilogue import Epilogue
 from ..epilogue_patterns import epilogue_problems, residual_input
+from ..profiling import ProfileJob, by_label
 from ..region import mnk_report_line
 from .emit import emit_gemm_kernel, gemm_glue_function
 from .patterns import GemmPatternSpec, all_gemm_specs, gemm_pattern, left_in_tvm_row, matmul_problems, read_problem

@@ -24,12 +24,11 @@ import functools
 import math
 
 from ...arch import SM_COUNT, family_note, native_family, resolve_family
-from ...kinds.epilogue import epilogue_key
 from ...toolkit.dtypes import DTYPE_BITS
 from ...toolkit.settings import DEFAULT_M_HINT
 from ...toolkit.tuning import m_bucket, parse_label
 from .. import PlanError
-from ..epilogue import Epilogue
+from ..epilogue import Epilogue, epilogue_key
 from .generators import generated_gemms, stable_order
 from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
 from .sm100 import candidate_tiles_sm100, choose_sm100
