@@ -470,21 +470,28 @@ def _memcheck_section() -> list[str]:
     return out
 
 
+def _tuning_tables(results: dict) -> str:
+    """The tuned end-to-end table (where the run has one) and the tuning records' table."""
+    e2e = tuned_e2e_table(results)
+    return f"{e2e}\n\n{tuning_table(results['tuning'])}" if e2e else tuning_table(results["tuning"])
+
+
 # (section title, results key, table function) of a GPU suite run (bench/gpu_suite.py)
 SUITE_TABLES = (
     ("GEMM + epilogue", "bench", table),
     ("conv2d and ResNet-50", "conv_bench", conv_table),
     ("Fused attention", "attention_bench", attention_table),
     ("BERT-large end to end", "bert", bert_table),
+    ("Tuning", "tuning", _tuning_tables),
 )
 
 
-def _suite_file(paths: list[Path], key: str) -> list[Path]:
+def _suite_run(runs: dict[Path, dict], key: str) -> list[tuple[Path, dict]]:
     """The suite run a section's table comes from: the newest run published for that section (its
     name holds the section's word: `-gpu-suite-bert-`), else the newest run that has it."""
     word = key.split("_")[0]
-    having = [p for p in paths if json.loads(p.read_text()).get(key)]
-    named = [p for p in having if f"-{word}-" in p.name or f"-{word}." in p.name]
+    having = [(path, results) for path, results in runs.items() if results.get(key)]
+    named = [(path, results) for path, results in having if f"-{word}-" in path.name or f"-{word}." in path.name]
     return (named or having)[-1:]
 
 
@@ -492,19 +499,13 @@ def _suite_section() -> list[str]:
     out = ["## GPU suite", ""]
     for gpu in sorted({gpu_of(p) for p in RESULTS.glob("*-gpu-suite*.json")}):
         paths = _latest([p for p in RESULTS.glob("*-gpu-suite*.json") if gpu_of(p) == gpu])
+        runs = {path: json.loads(path.read_text()) for path in paths}  # oldest first
         for title, key, render in SUITE_TABLES:
-            for path in _suite_file(paths, key):
-                results = json.loads(path.read_text())
+            for path, results in _suite_run(runs, key):
                 figure = path.with_suffix(".png")
                 picture = f"\nPlot: `{figure.relative_to(ROOT)}`.\n" if key == "bench" and figure.exists() else ""
                 out += [f"### {title} ({GPU_NAMES.get(gpu, gpu)}, {path.name[:10]})", "", render(results), picture]
                 out += [f"Raw results: `{path.relative_to(ROOT)}`.", ""]
-        for path in _suite_file(paths, "tuning"):
-            results = json.loads(path.read_text())
-            e2e = tuned_e2e_table(results)
-            body = f"{e2e}\n\n{tuning_table(results['tuning'])}" if e2e else tuning_table(results["tuning"])
-            out += [f"### Tuning ({GPU_NAMES.get(gpu, gpu)}, {path.name[:10]})", "", body, ""]
-            out += [f"Raw results: `{path.relative_to(ROOT)}`.", ""]
     return out
 
 
