@@ -155,6 +155,18 @@ def _break_emitter(monkeypatch, name: str, concerns) -> None:
     monkeypatch.setattr(codegen, name, broken)
 
 
+def _fail_where(monkeypatch, module, name: str, concerns, error) -> None:
+    """`module.name` raising `error(*args)` where `concerns(*args)`, else doing its work."""
+    real = getattr(module, name)
+
+    def failing(*args):
+        if concerns(*args):
+            raise error(*args)
+        return real(*args)
+
+    monkeypatch.setattr(module, name, failing)
+
+
 @pytest.mark.nvcc
 def test_a_kernel_that_does_not_compile_runs_in_tvm(monkeypatch):
     def inject(bad):
@@ -178,16 +190,12 @@ def test_a_kernel_that_fails_its_sass_check_runs_in_tvm(monkeypatch):
     from relax_cutlass.toolkit import compile as compile_stage
     from relax_cutlass.toolkit import sass_check
 
-    def inject(bad):
-        verify = sass_check.verify_object
+    def stub(obj, name, family, arch):
+        record = {"counts": {"HMMA": 0}, "command": ["cuobjdump"], "sass": ["sm_80"]}
+        return sass_check.StubKernelError(f"{name} (injected)", arch, family or "sm80", record, obj)
 
-        def stub(obj, name, family, arch):
-            if name == bad.kernels[0].name:
-                record = {"counts": {"HMMA": 0}, "command": ["cuobjdump"], "sass": ["sm_80"]}
-                raise sass_check.StubKernelError(f"{name} (injected)", arch, family or "sm80", record, obj)
-            return verify(obj, name, family, arch)
-
-        monkeypatch.setattr(compile_stage, "verify_object", stub)  # as the compile step calls it
+    def inject(bad):  # verify_object where the compile step calls it
+        _fail_where(monkeypatch, compile_stage, "verify_object", lambda _o, name, *_: name == bad.kernels[0].name, stub)
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "failed its SASS check")
@@ -196,14 +204,13 @@ def test_a_kernel_that_fails_its_sass_check_runs_in_tvm(monkeypatch):
 @pytest.mark.nvcc
 def test_a_module_that_does_not_link_returns_the_region_that_breaks_it(monkeypatch):
     def inject(bad):
-        link = codegen.link_relocatable
-
-        def broken(objects, name):
-            if any(Path(o).name.startswith(bad.kernels[0].name + "-") for o in objects):
-                raise CompileError(Path(objects[0]), ["ld", "-r"], "ld: error: injected link failure")
-            return link(objects, name)
-
-        monkeypatch.setattr(codegen, "link_relocatable", broken)
+        _fail_where(
+            monkeypatch,
+            codegen,
+            "link_relocatable",
+            lambda objects, _name: any(Path(o).name.startswith(bad.kernels[0].name + "-") for o in objects),
+            lambda objects, _name: CompileError(Path(objects[0]), ["ld", "-r"], "ld: error: injected link failure"),
+        )
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "link or load failed")
