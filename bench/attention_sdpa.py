@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_common import rel_error, time_torch  # noqa: E402
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.gpu_common import time_torch
 
 TOKENS = 16384  # batch x seq per case
 HEAD_ELEMENTS = 2048  # heads x head dim

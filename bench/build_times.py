@@ -28,13 +28,14 @@ import json, sys, time
 t0 = time.time()
 import tvm
 import relax_cutlass
-from relax_cutlass.models import bert_encoder_layer, bind_float16, bind_weights, random_weights
+from relax_cutlass.testing.models import bert_encoder_layer, random_weights
+from relax_cutlass.prepare import bind_float16, bind_weights
 model, arch, out, db = sys.argv[1:5]
 if model == "bert_large_layer":
     mod = bert_encoder_layer()
     mod = bind_weights(mod, random_weights(mod))
 else:
-    from relax_cutlass.models.torch_models import resnet50_module
+    from relax_cutlass.testing.models.torch_models import resnet50_module
     mod, weights = resnet50_module(batch=32)
     mod = bind_float16(mod, weights)
 t_import = time.time() - t0

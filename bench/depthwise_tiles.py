@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpu_common import time_torch  # noqa: E402  (bench/ is not a package)
+from relax_cutlass.testing.gpu_common import time_torch
 
 # (H=W of the input, C, filter R, stride, model, times the model runs it); padding R // 2
 DEPTHWISE_CONVS = [

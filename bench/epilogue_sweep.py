@@ -19,9 +19,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 # (M, N, K): the benchmark's shapes with M >= 4096, where fused gelu must match cuBLAS's plain matmul.
 SHAPES = ((4096, 4096, 1024), (4096, 1024, 4096), (8192, 4096, 1024), (8192, 1024, 4096), (8192, 8192, 8192))
 GELU_TILES = (
@@ -121,7 +118,8 @@ def _torch_peers(m: int, n: int, k: int) -> dict:
     """cuBLAS: the plain matmul, and eager linear + bias + gelu (two kernels), median of CUDA events."""
     import torch
     import torch.nn.functional as F
-    from gpu_common import time_torch
+
+    from relax_cutlass.testing.gpu_common import time_torch
 
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5

@@ -1,5 +1,5 @@
 """The GPU suite's benchmarks on a GPU host with the whole TVM (../shared/gpu/make-full-bundle): each
-case built in-process (relax_cutlass's build and TVM's own, bench/gpu_build.py), then timed against
+case built in-process (relax_cutlass's build and TVM's own, relax_cutlass/testing/gpu_build.py), then timed against
 TVM's default build, torch eager (cuBLAS / cuDNN) and torch.compile; a table is printed and
 OUT/gpu_results.json written (bench/publish.py turns it into docs/results.md's tables).
 
@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT)]
 
 CHECKED = ("tests", "conv", "graphs", "frontends", "attention")  # correctness sections (check_case)
 BENCHMARKS = ("bench", "conv_bench", "attention_bench", "sweep", "model", "resnet", "bert")
@@ -35,8 +34,8 @@ DEFAULT = tuple(s for s in BENCHMARKS if s != "sweep")
 def select_cases(only: set[str], tuning_db: str = "", match: str = "") -> list:
     """The SuiteCases of the `only` sections whose name matches `match` (attention_bench: the
     attention section's benchmark cases)."""
-    from gpu_cases import correctness_cases
-    from suite_cases import benchmark_cases
+    from relax_cutlass.testing.gpu_cases import correctness_cases
+    from relax_cutlass.testing.suite_cases import benchmark_cases
 
     cases = [
         c for c in correctness_cases(tuning_db)
@@ -48,7 +47,7 @@ def select_cases(only: set[str], tuning_db: str = "", match: str = "") -> list:
 def build_sections(only: set[str], arch: str, out: Path, tuning_db: str = "", match: str = "") -> dict:
     """Build every selected case into `out`, kernels compiled up front on all cores: -> {section:
     [manifest entries]} (attention_bench's entries are kept under "attention")."""
-    from gpu_build import prewarm
+    from relax_cutlass.testing.gpu_build import prewarm
 
     cases = select_cases(only, tuning_db, match)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,8 +57,8 @@ def build_sections(only: set[str], arch: str, out: Path, tuning_db: str = "", ma
 
 
 def _build_all(cases, arch: str, out: Path, tuning_db: str) -> dict[str, list[dict]]:
-    from gpu_build import build_case
-    from suite_cases import offloaded_flops
+    from relax_cutlass.testing.gpu_build import build_case
+    from relax_cutlass.testing.suite_cases import offloaded_flops
 
     manifest: dict[str, list[dict]] = {}
     for case in cases:
@@ -127,15 +126,16 @@ def run_sections(
     of the run), write out/gpu_results.json as it goes and print the summary: -> failed rows."""
     import suite_timing
     import torch
-    from gpu_checks import (
+    from suite_models import bert_case, model_case, resnet_case
+    from suite_timing import attention_bench_case, bench_case, bench_conv_case, sweep, warm_up_gpu
+
+    from relax_cutlass.testing.gpu_checks import (
         check_back_to_back,
         check_case,
         check_conv_glue_errors,
         check_gelu_every_fp16,
         check_glue_errors,
     )
-    from suite_models import bert_case, model_case, resnet_case
-    from suite_timing import attention_bench_case, bench_case, bench_conv_case, sweep, warm_up_gpu
 
     suite_timing.BENCH_ROUNDS[0] = rounds
     # torch peers get cuDNN's autotuner (what a user timing a conv net turns on): the strongest baseline.
@@ -237,7 +237,7 @@ def main() -> int:
     args = ap.parse_args()
     only, build = set(args.only or DEFAULT), args.out / "build"
     if args.phase in ("all", "build", "prewarm"):
-        from gpu_build import local_arch, prewarm
+        from relax_cutlass.testing.gpu_build import local_arch, prewarm
 
         arch = args.arch or local_arch()
         if args.phase == "prewarm":

@@ -55,8 +55,7 @@ def main(argv=None) -> int:
     if args.child:
         return child(*args.child)
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from zoo import ZOO
+    from relax_cutlass.testing.zoo import ZOO
 
     entries = {e.name: e for e in ZOO}
     settings = args.settings.split(",")

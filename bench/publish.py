@@ -450,7 +450,7 @@ def summary_table(days: int = 1) -> str:
 
 
 def _zoo_section() -> list[str]:
-    import zoo  # bench/zoo.py, beside this script
+    from relax_cutlass.testing import zoo
 
     out = ["## The model zoo", "", ZOO_NOTE, ""]
     for gpu, runs in sorted(zoo_runs().items()):

@@ -12,9 +12,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import tvm
-from gpu_checks import DEV, TOL_VS_TVM, call, device_args, inputs_for, load, run
-from gpu_common import rel_error, time_torch
-from suite_timing import _check_tuned, _time_tuned, time_args, time_vm
+from suite_timing import check_tuned, time_args, time_tuned, time_vm
+
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.gpu_checks import DEV, TOL_VS_TVM, call, device_args, inputs_for, load, run
+from relax_cutlass.testing.gpu_common import time_torch
 
 
 def torch_bert_layer(values: dict[str, np.ndarray], heads: int = 16):
@@ -43,8 +45,8 @@ def _time_builds(row: dict, case: dict, build: Path, values: dict, vms: tuple, r
     vm_c, vm_t = vms
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
     if "tuned" in case.get("families", []):
-        _time_tuned(row, case, build, values)
-        _check_tuned(row, case, values, ref, "tvm")
+        time_tuned(row, case, build, values)
+        check_tuned(row, case, values, ref, "tvm")
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     if case.get("cuda_graph"):
         _time_cuda_graphs(row, case, build, values)
@@ -133,7 +135,7 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
     }
 
     def peer(values):
-        from relax_cutlass.models.torch_models import resnet50
+        from relax_cutlass.testing.models.torch_models import resnet50
 
         model = resnet50().half().cuda().to(memory_format=torch.channels_last)
         return model, torch.from_numpy(values["x"]).cuda().half().contiguous(memory_format=torch.channels_last)
@@ -143,7 +145,7 @@ def resnet_case(case: dict, build: Path, use_compile: bool) -> dict:
 
 def bert_case(case: dict, build: Path, use_compile: bool) -> dict:
     """The transformers BERT-large encoder end to end; torch runs transformers' BertEncoder (written
-    in plain torch, relax_cutlass.models.bert_encoder_torch; tests/test_models.py checks it is the
+    in plain torch, relax_cutlass.testing.models.bert_encoder_torch; tests/test_models.py checks it is the
     same computation) in fp16 with its default sdpa attention."""
     details = {
         "batch": case["batch"],
@@ -156,7 +158,7 @@ def bert_case(case: dict, build: Path, use_compile: bool) -> dict:
     }
 
     def peer(values):
-        from relax_cutlass.models.torch_transformers import bert_encoder_torch
+        from relax_cutlass.testing.models.torch_transformers import bert_encoder_torch
 
         model = bert_encoder_torch(layers=case["layers"]).half().cuda()
         return model, torch.from_numpy(values[case["tvm_params"][0]["name"]]).cuda().half()

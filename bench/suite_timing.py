@@ -1,11 +1,10 @@
 """Timing the GPU suite's benchmark cases (bench/gpu_suite.py): relax_cutlass against TVM's default
 build of the same model, torch eager (cuBLAS / cuDNN) and torch.compile, each case's libraries
-built by bench/gpu_build.py. Speed is only ever a ratio against peers timed in the same run.
+built by relax_cutlass/testing/gpu_build.py. Speed is only ever a ratio against peers timed in the same run.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -14,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from tvm.runtime.vm import VirtualMachine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_checks import (  # noqa: E402
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.gpu_checks import (
     DEV,
     TOL_VS_TVM,
     attention_operands,
@@ -24,7 +23,7 @@ from gpu_checks import (  # noqa: E402
     load,
     run,
 )
-from gpu_common import rel_error, time_alternating, time_torch  # noqa: E402
+from relax_cutlass.testing.gpu_common import time_alternating, time_torch
 
 
 def time_vm(vm: VirtualMachine, params: list[dict], values: dict[str, np.ndarray]) -> float:
@@ -111,7 +110,7 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     if "sm80" in case.get("families", []):
         row["err_sm80_vs_torch"] = rel_error(run(vm_80, case["cutlass_params"], values), torch_out)
     row["ok"] = row["err_vs_torch"] <= TOL_VS_TVM and row.get("err_sm80_vs_torch", 0) <= TOL_VS_TVM
-    _check_tuned(row, case, values, torch_out, "torch")
+    check_tuned(row, case, values, torch_out, "torch")
     row["relax_cutlass_tflops"] = case["flops"] / row["relax_cutlass_ms"] / 1e9
     row["cublas_tflops"] = case["flops"] / row["cublas_matmul_only_ms"] / 1e9
     row["vs_cublas_matmul"] = row["cublas_matmul_only_ms"] / row["relax_cutlass_ms"]
@@ -120,7 +119,7 @@ def bench_case(case: dict, build: Path, use_compile: bool) -> dict:
     return row
 
 
-def _time_tuned(row: dict, case: dict, build: Path, values: dict) -> None:
+def time_tuned(row: dict, case: dict, build: Path, values: dict) -> None:
     """The same model built with the tuning database's kernels against the heuristic's build,
     timed in alternation (gpu_common.time_alternating)."""
     vm = load(build / f"{case['name']}.cutlass_tuned.so")
@@ -142,8 +141,8 @@ def _tuned_fields(row: dict, case: dict, vm: VirtualMachine) -> None:
     row["tuned_vs_heuristic"] = row["relax_cutlass_heuristic_alternating_ms"] / row["relax_cutlass_tuned_ms"]
 
 
-def _check_tuned(row: dict, case: dict, values: dict, reference: np.ndarray, against: str) -> None:
-    """The tuned build's (timed by _time_tuned) error against `reference`, counted in row["ok"]."""
+def check_tuned(row: dict, case: dict, values: dict, reference: np.ndarray, against: str) -> None:
+    """The tuned build's (timed by time_tuned) error against `reference`, counted in row["ok"]."""
     if "_vm_tuned" not in row:
         return
     error = rel_error(run(row.pop("_vm_tuned"), case["cutlass_params"], values), reference)
@@ -232,8 +231,8 @@ def bench_conv_case(case: dict, build: Path, use_compile: bool) -> dict:
     row["ok"] = row["err_vs_tvm"] <= TOL_VS_TVM and row["err_vs_torch"] <= TOL_VS_TVM
     row["relax_cutlass_ms"] = time_vm(vm_c, case["cutlass_params"], values)
     if "tuned" in case.get("families", []):
-        _time_tuned(row, case, build, values)
-        _check_tuned(row, case, values, torch_out, "torch")
+        time_tuned(row, case, build, values)
+        check_tuned(row, case, values, torch_out, "torch")
     row["tvm_default_ms"] = time_vm(vm_t, case["tvm_params"], values)
     row["torch_eager_ms"] = time_torch(eager)
     if use_compile:

@@ -14,8 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import alternating_samples  # noqa: E402
+from relax_cutlass.testing.gpu_common import alternating_samples
 
 DEFAULT_CASES = ("dense_bias_gelu_m8192_k1024_n4096", "dense_bias_gelu_m4096_k4096_n1024")
 

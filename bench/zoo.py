@@ -25,7 +25,6 @@ GPU host). The phases can run in separate calls on the same machine (`--phase bu
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -33,221 +32,11 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import time_torch  # noqa: E402  (bench/ is not a package)
-
-
-@dataclass(frozen=True)
-class ZooModel:
-    """One zoo entry: how to build it (random init) and its example inputs."""
-
-    name: str
-    family: str  # "vision" (channels_last for torch) or "transformer"
-    batch: int
-    seq: int = 0  # transformers: sequence length of the token ids
-
-    def build(self):
-        """-> (torch model in float32 eval mode, example inputs tuple); deterministic, so the build
-        and the time phase construct the same weights."""
-        import torch
-
-        torch.manual_seed(0)
-        return BUILDERS[self.name](self, torch)
-
-
-def _vision(constructor_name: str):
-    def build(entry: ZooModel, torch):
-        import torchvision
-
-        model = getattr(torchvision.models, constructor_name)(weights=None)
-        _randomize_zero_layers(model, torch)
-        image = torch.randn(entry.batch, 3, 224, 224)
-        return _calibrate_batch_norm(model, image, torch), (image,)
-
-    return build
-
-
-def _randomize_zero_layers(model, torch) -> None:
-    """torchvision initializes some layers to zero (vit_b_16's classification head): its output is
-    then all zeros, and every build matches it exactly, which checks nothing. Such a layer gets
-    the default init of its type (nn.Linear's uniform), as a trained model's would be non-zero.
-    Likewise ConvNeXt's layer scales start at 1e-6, which makes every block's contribution
-    invisible in the output (the error check would then see only the stem and downsampling
-    convs): they get values in a trained model's range, uniform in [0.1, 1]."""
-    gen = torch.Generator().manual_seed(0)
-    for name, param in model.named_parameters():
-        if name.endswith("layer_scale"):
-            with torch.no_grad():
-                param.copy_(torch.rand(param.shape, generator=gen) * 0.9 + 0.1)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and not module.weight.detach().any():
-            module.reset_parameters()
-
-
-def _calibrate_batch_norm(model, image, torch):
-    """Random init leaves batch norm at mean 0 / variance 1, so activations grow block after block
-    (MobileNetV3's reach 1e5 and overflow fp16): set every batch norm's statistics from one batch,
-    as a trained model's would be, then return the model in eval mode."""
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if norms:
-        for m in norms:
-            m.momentum = None  # cumulative average: one batch sets the statistics exactly
-            m.reset_running_stats()
-        model.train()
-        with torch.no_grad():
-            model(image)
-    return model.eval()
-
-
-def _transformer(config_class: str, model_class: str, vocab: int, padding: bool = False, **config):
-    """A `transformers` model with random init; `padding`: called with an attention mask whose row b
-    keeps seq - 12 * b tokens (a padded batch of sentences of different lengths)."""
-
-    def build(entry: ZooModel, torch):
-        import transformers
-
-        from relax_cutlass.models.torch_transformers import last_hidden_state
-
-        kwargs = {"add_pooling_layer": False} if model_class == "BertModel" else {}
-        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config), **kwargs)
-        ids = torch.randint(0, vocab, (entry.batch, entry.seq))
-        if not padding:
-            return last_hidden_state(model.eval()), (ids,)
-        lengths = torch.tensor([max(1, entry.seq - 12 * b) for b in range(entry.batch)])
-        mask = (torch.arange(entry.seq)[None, :] < lengths[:, None]).to(torch.int64)
-        return last_hidden_state(model.eval()), (ids, mask)
-
-    return build
-
-
-BUILDERS = {
-    "resnet50": _vision("resnet50"),
-    "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case (issue 19's 1.2x torch.compile)
-    "vit_b_16": _vision("vit_b_16"),
-    "mobilenet_v3_large": _vision("mobilenet_v3_large"),
-    "convnext_tiny": _vision("convnext_tiny"),
-    # grouped 3x3 convs (32 groups), the ResNeXt/RegNet form (issue 19)
-    "resnext50_32x4d": _vision("resnext50_32x4d"),
-    # depthwise convs, squeeze-excitation, SiLU (issue 19)
-    "efficientnet_b0": _vision("efficientnet_b0"),
-    "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
-    # a padded batch: the attention mask a tokenizer gives sentences of different lengths (issue 20)
-    "bert_base_padded": _transformer("BertConfig", "BertModel", 30000, padding=True),
-    # BERT-large (24 layers, hidden 1024, 16 heads, FFN 4096) at 8 x 128: issue 20's 1.8 ms target,
-    # against torch in the same run
-    "bert_large": _transformer(
-        "BertConfig",
-        "BertModel",
-        30000,
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        intermediate_size=4096,
-    ),
-    "gpt2": _transformer("GPT2Config", "GPT2Model", 50000),
-    "llama_gqa": _transformer(
-        "LlamaConfig",
-        "LlamaModel",
-        32000,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_hidden_layers=4,
-        vocab_size=32000,
-    ),
-    # Llama-3-8B's layer shapes (hidden 4096, 32 query / 8 kv heads, SiLU-gated MLP 14336), two
-    # layers, 1 x 2048 prefill (issue 20)
-    "llama_8b_2l": _transformer(
-        "LlamaConfig",
-        "LlamaModel",
-        32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_hidden_layers=2,
-        vocab_size=32000,
-    ),
-    # Siblings of GPT-2's packed projection: Falcon's fused projection with multi-query
-    # attention (its key/value heads taken with negative indices: NaN in TVM's float16 build before
-    # FixTvmCudaForms wrapped them) and GPT-NeoX's (Pythia's) per-head interleaved q/k/v
-    "falcon_mq": _transformer(
-        "FalconConfig",
-        "FalconModel",
-        32000,
-        hidden_size=2048,
-        num_attention_heads=32,
-        num_hidden_layers=4,
-        vocab_size=32000,
-        multi_query=True,
-        new_decoder_architecture=False,
-    ),
-    "gpt_neox": _transformer(
-        "GPTNeoXConfig",
-        "GPTNeoXModel",
-        32000,
-        hidden_size=1024,
-        intermediate_size=4096,
-        num_attention_heads=16,
-        num_hidden_layers=8,
-        vocab_size=32000,
-    ),
-    # Phi-3-mini's layer shapes (hidden 3072, 32 heads, intermediate 8192), two layers: its packed
-    # gate_up_proj is split so the gated multiply fuses (unsplit, it runs in TVM)
-    "phi3": _transformer(
-        "Phi3Config",
-        "Phi3Model",
-        32064,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        num_hidden_layers=2,
-        vocab_size=32064,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-}
-
-ZOO = (
-    ZooModel("resnet50", "vision", 32),
-    ZooModel("resnet50_b1", "vision", 1),
-    ZooModel("bert_base", "transformer", 8, 128),
-    ZooModel("gpt2", "transformer", 1, 512),
-    ZooModel("llama_gqa", "transformer", 1, 512),
-    ZooModel("bert_base_padded", "transformer", 8, 128),
-    ZooModel("bert_large", "transformer", 8, 128),
-    ZooModel("llama_8b_2l", "transformer", 1, 2048),
-    ZooModel("vit_b_16", "vision", 8),
-    ZooModel("mobilenet_v3_large", "vision", 32),
-    ZooModel("convnext_tiny", "vision", 32),
-    ZooModel("resnext50_32x4d", "vision", 32),
-    ZooModel("efficientnet_b0", "vision", 32),
-    ZooModel("falcon_mq", "transformer", 1, 512),
-    ZooModel("gpt_neox", "transformer", 1, 512),
-    ZooModel("phi3", "transformer", 1, 512),
-)
-
-BUILDS = ("relax_cutlass", "relax_cutlass_graph", "tvm_default", "tvm_default_graph")
-
-
-def _rel_error(got, expected) -> float:
-    """‖got - expected‖ / ‖expected‖; NaN where that checks nothing (shapes differ, or an all-zero
-    reference: every build would match it), inf for a non-finite result."""
-    import numpy as np
-
-    got, expected = np.asarray(got, "float64"), np.asarray(expected, "float64")
-    if got.shape != expected.shape or not np.linalg.norm(expected) > 0:
-        return float("nan")
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.gpu_common import time_torch
+from relax_cutlass.testing.zoo import BUILDS, ZOO, ZooModel, error_bound, float64_reference, profile_for, table
 
 
 def _weights_checksum(model) -> float:
@@ -273,7 +62,7 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
     import tvm
 
     import relax_cutlass
-    from relax_cutlass.models import tvm_baseline
+    from relax_cutlass.prepare import tvm_baseline
 
     record: dict = {"model": entry.name, "batch": entry.batch, "seq": entry.seq, "steps": {}}
     steps = record["steps"]
@@ -364,7 +153,7 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     with torch.no_grad():
         half, half_inputs = _half_model(model, entry, example, torch)
         ref16 = half(*half_inputs).float().cpu().numpy()
-    record["error"] = {"torch_fp16_vs_fp64": _rel_error(ref16, ref64)}
+    record["error"] = {"torch_fp16_vs_fp64": rel_error(ref16, ref64)}
 
     timers = {}
     for key, path in record["libraries"].items():
@@ -377,7 +166,7 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
         args = [tvm.runtime.tensor(a, dev) for a in inputs_np]
         out = vm["main"](*args)
         out = out if hasattr(out, "numpy") else out[0]
-        record["error"][f"{key}_vs_torch_fp64"] = _rel_error(out.numpy(), ref64)
+        record["error"][f"{key}_vs_torch_fp64"] = rel_error(out.numpy(), ref64)
         evaluator = vm.time_evaluator("main", dev, number=10, repeat=10, min_repeat_ms=0)
         timers[key] = lambda e=evaluator, a=args: float(statistics.median(e(*a).results)) * 1e3
 
@@ -415,25 +204,6 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     return record
 
 
-def float64_reference(model, inputs_gpu):
-    """`model`'s output in float64 on the GPU (a copy; the model is left as it is), as numpy. A
-    float32 reference there runs cuDNN's convolutions in TF32 (10-bit mantissas, torch's default),
-    about as coarse as the fp16 builds it is to judge."""
-    import torch
-
-    with torch.no_grad():
-        out = copy.deepcopy(model).cuda().double()(*[x.double() if x.is_floating_point() else x for x in inputs_gpu])
-    return out.cpu().numpy()
-
-
-def error_bound(torch_fp16_error: float) -> float:
-    """The largest relative error (vs torch float64) a 16-bit build may have: 1e-2, or, for a model
-    whose output torch's own fp16 already misses by more (a random-init ResNet's classifier sums
-    2048 all-positive features against random-sign weights, so every fp16 rounding upstream is
-    amplified: torch fp16 is itself 3e-2 off), 1.5x torch fp16's own error."""
-    return max(1e-2, 1.5 * torch_fp16_error)
-
-
 def _load_problem(path: str) -> str:
     """'' if a child process loads the library at `path`, else what went wrong (a signal too)."""
     code = "import sys, tvm; tvm.runtime.load_module(sys.argv[1])"
@@ -446,13 +216,6 @@ def _load_problem(path: str) -> str:
     # the whole native backtrace TVM prints on a signal: where in the loader it died
     frames = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
     return f"load_module failed (exit {done.returncode}): {' | '.join(frames)[-4000:]}"
-
-
-def profile_for(model: str, spec: str) -> str:
-    """The profile= option for `model`: `spec` is one option for all ("never", "auto"), or
-    "auto:a+b" to tune only models a and b (tuning takes minutes per model on the GPU host)."""
-    option, _, names = spec.partition(":")
-    return option if not names or model in names.split("+") else "never"
 
 
 def _child(args) -> int:
@@ -545,39 +308,6 @@ def run_time_phase(args, names: list[str]) -> list[dict]:
             code = "timeout"
         records.append(_finish(name, path, code, time.time() - t0, "time"))
     return records
-
-
-def _ratio(a, b) -> str:
-    return f"{b / a:.2f}x" if a and b else "-"
-
-
-def table(records: list[dict]) -> str:
-    head = (
-        "| model | offloaded | FLOPs | err vs torch fp64 (torch fp16's) | relax_cutlass ms (graph) "
-        "| TVM default ms (graph) | torch eager ms | torch.compile ms | reduce-overhead ms "
-        "| vs TVM | vs eager | vs reduce-overhead |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in records:
-        if "failed" in r:
-            lines.append(f"| {r['model']} | FAILED: {r['failed'][:160]} |" + " |" * 10)
-            continue
-        ms, err, rep = r["ms"], r["error"], r["report"]
-        ours = min(ms.get("relax_cutlass", 0) or 1e9, ms.get("relax_cutlass_graph", 0) or 1e9)
-        tvm_best = min(ms.get("tvm_default", 0) or 1e9, ms.get("tvm_default_graph", 0) or 1e9)
-        errors = [v for k, v in err.items() if k.startswith("relax_cutlass")]
-        verdict = "" if r.get("ok") else " NOT OK"
-        lines.append(
-            f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''} "
-            f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
-            f"| {max(errors, default=float('nan')):.1e} ({err.get('torch_fp16_vs_fp64', float('nan')):.1e}){verdict} "
-            f"| {ms.get('relax_cutlass', 0):.3f} ({ms.get('relax_cutlass_graph', 0):.3f}) "
-            f"| {ms.get('tvm_default', 0):.3f} ({ms.get('tvm_default_graph', 0):.3f}) "
-            f"| {ms.get('torch_eager', 0):.3f} | {ms.get('torch_compile_default', 0):.3f} "
-            f"| {ms.get('torch_compile_reduce-overhead', 0):.3f} | {_ratio(ours, tvm_best if tvm_best < 1e9 else 0)} "
-            f"| {_ratio(ours, ms.get('torch_eager'))} | {_ratio(ours, ms.get('torch_compile_reduce-overhead'))} |"
-        )
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import relax_cutlass
     from relax_cutlass.arch import parse_arch
-    from relax_cutlass.models import bert_encoder_layer, bind_weights, random_weights
+    from relax_cutlass.prepare import bind_weights
+    from relax_cutlass.testing.models import bert_encoder_layer, random_weights
 
     gpu = _gpu_present()
     arch = parse_arch(args.arch or ("auto" if gpu else "sm_80"))

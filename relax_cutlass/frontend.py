@@ -15,6 +15,8 @@ from typing import Any
 
 import tvm
 
+from .prepare import to_float16
+
 __all__ = ["from_torch", "import_float32"]
 
 SUPPORTED_DTYPES = ("float16", "bfloat16")
@@ -140,7 +142,7 @@ def _import_program(model, args, kwargs, dynamic_shapes, torch, caller: str) -> 
         "relax_cutlass imports a float32 CPU copy of the model through torch.export and TVM's "
         "from_exported_program; make the model exportable (torch.export.export(model, example_inputs) "
         "reproduces an export error), or import it yourself and lower it with "
-        "relax_cutlass.models.bind_float16(mod, weights)"
+        "relax_cutlass.prepare.bind_float16(mod, weights)"
     ) from err
 
 
@@ -239,11 +241,11 @@ def import_float32(
     # Forms TVM's own CUDA build gets wrong (values unchanged), so that TVM's build of the module is
     # right too, not only the offloaded one; symbolic shapes made exact under the Dims' bounds.
     mod = FixTvmCudaForms()(mod)
-    _require_shapes(mod, caller)
+    require_shapes(mod, caller)
     return mod
 
 
-def _require_shapes(mod: tvm.IRModule, caller: str) -> None:
+def require_shapes(mod: tvm.IRModule, caller: str) -> None:
     """Raise where an elementwise op over symbolic dims has no shape, which TVM cannot legalize
     (its FoldConstant would fail with "emit_te now only supports Tensor that has ShapeExpr shape")."""
     from tvm import relax
@@ -286,8 +288,6 @@ def from_torch(
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"from_torch: dtype {dtype!r} is not supported; use one of {SUPPORTED_DTYPES}")
-    from .models import to_float16
-
     mod = import_float32(
         model, example_inputs, example_kwargs=example_kwargs, dynamic_shapes=dynamic_shapes, caller="from_torch"
     )

@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.models.torch_transformers import last_hidden_state
+from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
 
 def small_model(which: str):

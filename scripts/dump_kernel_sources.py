@@ -8,8 +8,8 @@ byte for byte before and after a refactor:
     diff -r build/sources-before build/sources-after
 
 Cases: the GPU suite's correctness, benchmark, sweep, conv2d, random-graph, attention and frontend
-cases (tests/gpu_cases.py, bench/suite_cases.py), the BERT layer, small torch.export models (ResNet-50,
-MobileNetV3, ViT, BERT, the LLaMA MLP), for sm_80, sm_90a (native and CUTLASS 2.x families) and
+cases (relax_cutlass.testing's gpu_cases and suite_cases), the BERT layer, small torch.export
+models (ResNet-50, MobileNetV3, ViT, BERT, the LLaMA MLP), for sm_80, sm_90a (native and CUTLASS 2.x families) and
 sm_100a. The profiler's stage-1 sources of every case's problems are written too.
 """
 
@@ -22,25 +22,19 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
-
-import gpu_build  # noqa: E402
-import gpu_cases  # noqa: E402
-import suite_cases  # noqa: E402
-
-from relax_cutlass.pipeline import partition_as_offloaded  # noqa: E402
-from relax_cutlass.stages import profile  # noqa: E402
-from relax_cutlass.stages.codegen import CodegenOptions, plan_regions  # noqa: E402
-from relax_cutlass.stages.constants import offloaded_functions  # noqa: E402
-from relax_cutlass.stages.emit import emit_glue, emit_kernel  # noqa: E402
+from relax_cutlass.pipeline import partition_as_offloaded
+from relax_cutlass.stages import profile
+from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
+from relax_cutlass.stages.constants import offloaded_functions
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.testing import gpu_build, gpu_cases, suite_cases
 
 ARCHES = (("sm_80", ("auto",)), ("sm_90a", ("auto", "sm80")), ("sm_100a", ("auto",)))
 
 
 def cases() -> list[tuple[str, object, bool, dict]]:
     """(name, module, bind weights, codegen options)."""
-    from relax_cutlass.models import bert_encoder_layer, dense_epilogue_model
+    from relax_cutlass.testing.models import bert_encoder_layer, dense_epilogue_model
 
     gpu_cases.register_quick_gelu()
     out = []
@@ -68,8 +62,8 @@ def cases() -> list[tuple[str, object, bool, dict]]:
 
 
 def torch_cases() -> list:
-    from relax_cutlass.models.torch_models import mobilenet_v3_module, resnet50_module, vit_module
-    from relax_cutlass.models.torch_transformers import bert_module, llama_mlp_module
+    from relax_cutlass.testing.models.torch_models import mobilenet_v3_module, resnet50_module, vit_module
+    from relax_cutlass.testing.models.torch_transformers import bert_module, llama_mlp_module
 
     return [
         ("resnet50_small", gpu_build.shippable(*resnet50_module(batch=2, image=64)), False, {}),

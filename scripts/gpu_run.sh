@@ -78,7 +78,7 @@ if [[ -d build/cutlass-examples ]]; then
 fi
 out=${OUT:-build/run}
 mkdir -p "$out" build
-models=${ZOO_MODELS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); from zoo import ZOO; print(','.join(e.name for e in ZOO))")}
+models=${ZOO_MODELS:-$(python3 -c "from relax_cutlass.testing.zoo import ZOO; print(','.join(e.name for e in ZOO))")}
 jobs=${ZOO_JOBS:-4}
 # ZOO_TORCH_COMPILE=0: the zoo without torch.compile's columns (a short device budget)
 torch_compile=--torch-compile

@@ -20,100 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-LAYERS = 2
-VOCAB = 512
-
-
-def _families(transformers) -> dict:
-    """family -> (config class, model class, config kwargs); hidden 128, 4 heads, 2 layers."""
-    t = transformers
-    decoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": LAYERS,
-               "vocab_size": VOCAB}  # fmt: skip
-    gqa = {**decoder, "num_key_value_heads": 2}
-    encoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": LAYERS,
-               "vocab_size": VOCAB}  # fmt: skip
-    return {
-        "llama": (t.LlamaConfig, t.LlamaModel, gqa),
-        "mistral": (t.MistralConfig, t.MistralModel, {**gqa, "sliding_window": 16}),
-        "qwen2": (t.Qwen2Config, t.Qwen2Model, gqa),
-        "qwen3": (getattr(t, "Qwen3Config", None), getattr(t, "Qwen3Model", None), {**gqa, "head_dim": 32}),
-        "gemma": (t.GemmaConfig, t.GemmaModel, {**gqa, "head_dim": 32}),
-        "gemma2": (t.Gemma2Config, t.Gemma2Model, {**gqa, "head_dim": 32, "sliding_window": 16}),
-        "phi": (t.PhiConfig, t.PhiModel, decoder),
-        "phi3": (t.Phi3Config, t.Phi3Model, {**gqa, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
-        "stablelm": (t.StableLmConfig, t.StableLmModel, gqa),
-        "falcon_new": (
-            t.FalconConfig,
-            t.FalconModel,
-            {
-                "hidden_size": 128,
-                "num_attention_heads": 4,
-                "num_kv_heads": 2,
-                "num_hidden_layers": LAYERS,
-                "vocab_size": VOCAB,
-                "new_decoder_architecture": True,
-            },
-        ),  # fmt: skip
-        "gpt2": (t.GPT2Config, t.GPT2Model, {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB}),
-        "gpt_neox": (t.GPTNeoXConfig, t.GPTNeoXModel, decoder),
-        "gptj": (
-            t.GPTJConfig,
-            t.GPTJModel,
-            {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB, "rotary_dim": 16},
-        ),  # fmt: skip
-        "codegen": (
-            t.CodeGenConfig,
-            t.CodeGenModel,
-            {"n_embd": 128, "n_layer": LAYERS, "n_head": 4, "vocab_size": VOCAB, "rotary_dim": 16},
-        ),  # fmt: skip
-        "opt": (
-            t.OPTConfig,
-            t.OPTModel,
-            {
-                "hidden_size": 128,
-                "ffn_dim": 256,
-                "num_attention_heads": 4,
-                "num_hidden_layers": LAYERS,
-                "vocab_size": VOCAB,
-                "word_embed_proj_dim": 128,
-            },
-        ),  # fmt: skip
-        "bloom": (
-            t.BloomConfig,
-            t.BloomModel,
-            {"hidden_size": 128, "n_head": 4, "n_layer": LAYERS, "vocab_size": VOCAB},
-        ),  # fmt: skip
-        "bert": (t.BertConfig, t.BertModel, encoder),
-        "roberta": (t.RobertaConfig, t.RobertaModel, {**encoder, "pad_token_id": 1}),
-        "distilbert": (
-            t.DistilBertConfig,
-            t.DistilBertModel,
-            {"dim": 128, "hidden_dim": 256, "n_heads": 4, "n_layers": LAYERS, "vocab_size": VOCAB},
-        ),  # fmt: skip
-        "albert": (t.AlbertConfig, t.AlbertModel, {**encoder, "embedding_size": 64}),
-        "electra": (t.ElectraConfig, t.ElectraModel, {**encoder, "embedding_size": 128}),
-        "t5_encoder": (
-            t.T5Config,
-            t.T5EncoderModel,
-            {"d_model": 128, "d_ff": 256, "num_heads": 4, "d_kv": 32, "num_layers": LAYERS, "vocab_size": VOCAB},
-        ),  # fmt: skip
-        "clip_text": (t.CLIPTextConfig, t.CLIPTextModel, {**encoder, "max_position_embeddings": 77}),
-    }
-
-
-def _model(family: str, torch, transformers):
-    from relax_cutlass.models.torch_transformers import last_hidden_state
-
-    config_class, model_class, kwargs = _families(transformers)[family]
-    if config_class is None:
-        raise RuntimeError("not in this transformers")
-    kwargs = dict(kwargs)
-    model = model_class(config_class(**kwargs)).eval()
-    if family in ("bert", "roberta", "electra", "albert") and hasattr(model, "pooler"):
-        model.pooler = None
-    return last_hidden_state(model)
+from relax_cutlass.testing.models.torch_transformers import TINY_LAYERS, TINY_VOCAB, tiny_families, tiny_model
 
 
 def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False) -> dict:
@@ -121,17 +28,18 @@ def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False) -> dict
     import torch
     import transformers
     import tvm
-    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
 
     import relax_cutlass
+    from relax_cutlass.testing.errors import rel_error
+    from relax_cutlass.testing.harness import build_cpu, offload_pipeline_on_cpu, run_vm
 
     row: dict = {"family": family}
     stage = "model"
     t0 = time.time()
     try:
         torch.manual_seed(0)
-        model = _model(family, torch, transformers)
-        ids = torch.randint(3, VOCAB, (batch, seq))
+        model = tiny_model(family, torch, transformers)
+        ids = torch.randint(3, TINY_VOCAB, (batch, seq))
         with torch.no_grad():
             expected = model(ids).float().numpy()
         stage = "import"
@@ -153,7 +61,7 @@ def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False) -> dict
         row["tvm_err_vs_torch"] = rel_error(tvm_own, expected)
         row["finite"] = bool(np.isfinite(got).all())
         if symbolic:
-            short = torch.randint(3, VOCAB, (batch, seq // 2 + 1))
+            short = torch.randint(3, TINY_VOCAB, (batch, seq // 2 + 1))
             with torch.no_grad():
                 want = model(short).float().numpy()
             row["err_short_vs_torch"] = rel_error(run_vm(build_cpu(offloaded), [short.numpy()]), want)
@@ -181,7 +89,7 @@ def _line(row: dict) -> str:
     left = "; ".join(sorted(set(row["in_tvm"])))[:300] or "-"
     return (
         f"{row['family']:12s} err {row['err_vs_torch']:.1e} (tvm {row['tvm_err_vs_torch']:.1e}){bad}{flags} "
-        f"attention {row['attention']}/{LAYERS} calls {row['offloaded_calls']} in TVM: {left} ({row['seconds']} s)"
+        f"attention {row['attention']}/{TINY_LAYERS} calls {row['offloaded_calls']} in TVM: {left} ({row['seconds']} s)"
     )
 
 
@@ -189,7 +97,7 @@ def main() -> int:
     import transformers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--families", default=",".join(_families(transformers)))
+    ap.add_argument("--families", default=",".join(tiny_families(transformers)))
     ap.add_argument("--seq", type=int, default=24)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--symbolic", action="store_true", help="export with a symbolic sequence length")

@@ -20,9 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
 
 def _sanitizer() -> str:
     found = shutil.which("compute-sanitizer")
@@ -52,7 +49,7 @@ def run_once(library: str, inputs: str) -> None:
 
 
 def check(name: str, zoo_dir: Path, library: str, timeout: int) -> dict:
-    from zoo import ZOO
+    from relax_cutlass.testing.zoo import ZOO
 
     record = json.loads((zoo_dir / name / "record.json").read_text())
     path = record.get("libraries", {}).get(library)

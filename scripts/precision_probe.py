@@ -19,19 +19,16 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import tvm
 from tvm import relax
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from zoo import ZOO, ZooModel, _rel_error, float64_reference  # noqa: E402
-
-import relax_cutlass  # noqa: E402
-from relax_cutlass.frontend import import_float32  # noqa: E402
+import relax_cutlass
+from relax_cutlass.frontend import import_float32
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.zoo import ZOO, ZooModel, float64_reference
 
 
 def run(mod, target, dev, inputs):
@@ -80,7 +77,7 @@ def bisect(mod: tvm.IRModule, inputs, targets: list[str]) -> None:
         print(f"{spec}: {len(names)} bindings built and run in {time.time() - t0:.0f} s", flush=True)
     worst = 0.0
     for (name, op), a, b in zip(names, *outs, strict=True):
-        error = _rel_error(a, b)
+        error = rel_error(a, b)
         jump = "  <-- grows" if error > max(2 * worst, 1e-3) else ""
         worst = max(worst, error)
         print(f"{name:>24} {op:<36} {str(a.shape):<22} {error:.2e}{jump}")
@@ -114,23 +111,23 @@ def main() -> None:
     with torch.no_grad():
         half = copy.deepcopy(model).cuda().half()
         inputs16 = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in example]
-        print(f"torch fp16 (GPU): {_rel_error(half(*inputs16).cpu().numpy(), ref):.2e}")
+        print(f"torch fp16 (GPU): {rel_error(half(*inputs16).cpu().numpy(), ref):.2e}")
     model = model.cpu()
     inputs = [x.numpy() for x in example]
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
     modules = {"float32": import_float32(model, example), "fp16 (from_torch)": relax_cutlass.from_torch(model, example)}
     for name, mod in modules.items():
         out, s = run(mod, cuda, tvm.cuda(0), inputs)
-        print(f"TVM CUDA {name}: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
+        print(f"TVM CUDA {name}: {rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
         # TVM 0.27 compiles its CUDA kernels with --use_fast_math (__sinf/__cosf/__expf, approximate
         # division, denormals flushed) unless this variable is set when it runs nvcc
         os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
         out, s = run(mod, cuda, tvm.cuda(0), inputs)
         del os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"]
-        print(f"TVM CUDA {name}, no --use_fast_math: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
+        print(f"TVM CUDA {name}, no --use_fast_math: {rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
         if args.llvm:
             out, s = run(mod, "llvm", tvm.cpu(), inputs)
-            print(f"TVM llvm {name}: {_rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
+            print(f"TVM llvm {name}: {rel_error(out, ref):.2e} ({s:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+import tvm
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import tvm  # noqa: E402
-from gpu_checks import DEV, inputs_for, load  # noqa: E402
+from relax_cutlass.testing.gpu_checks import DEV, inputs_for, load
 
 
 def _find_case(manifest: dict, name: str) -> dict:

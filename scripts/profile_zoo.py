@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import tvm  # noqa: E402
-from profile_calls import DEV, kernel_profile, print_profile  # noqa: E402
-from zoo import ZOO  # noqa: E402
+import tvm
+from profile_calls import DEV, kernel_profile, print_profile
+
+from relax_cutlass.testing.zoo import ZOO
 
 
 def owner(kernel: str) -> str:

@@ -16,11 +16,12 @@ import sys
 from collections import Counter
 
 from relax_cutlass.arch import arch_name, parse_arch
-from relax_cutlass.models import bert_encoder_layer, bind_weights, conv2d_epilogue_model, random_weights
 from relax_cutlass.pipeline import partition_as_offloaded
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.models import bert_encoder_layer, conv2d_epilogue_model, random_weights
 from relax_cutlass.toolkit.compile import compile_all
 from relax_cutlass.toolkit.sass_check import FAMILIES, mma_counts
 

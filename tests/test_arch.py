@@ -17,8 +17,8 @@ from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.kinds.gemm.records import GemmProblem
 from relax_cutlass.kinds.gemm.select import choose_kernel
-from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.models import dense_epilogue_model
 from relax_cutlass.toolkit import sass_check
 
 SPELLINGS = {

@@ -9,347 +9,40 @@ misread layout: the composite still computes the right thing, the kernel would n
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-import tvm_ffi
-from harness import (
-    _static_view_shapes,
+from tvm import relax
+
+from relax_cutlass.kinds.attention.records import AttentionProblem
+from relax_cutlass.kinds.attention.select import choose_attention_kernel
+from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.stages.report import offload_report
+from relax_cutlass.testing.attention import (
+    F16,
+    attention_regions,
+    check_regions_against_kernel_model,
+    evaluate_dim,
+    kernel_model,
+    masked_inputs,
+    offloaded_attention_rows,
+    op_attention,
+    sdpa_attention,
+    tensor_type,
+    torch_export_attention,
+    tvm_rewrite_form,
+)
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import (
     build_cpu,
     compare_on_cpu,
     offload_for_cpu,
     random_inputs,
-    rel_error,
     run_vm,
     serve_regions_on_cpu,
 )
-from tvm import relax
-
-from relax_cutlass.kinds.attention.records import AttentionProblem, AttentionRegion
-from relax_cutlass.kinds.attention.select import choose_attention_kernel
-from relax_cutlass.stages.constants import offloaded_functions
-from relax_cutlass.stages.emit import emit_glue, emit_kernel
-from relax_cutlass.stages.regions import analyze, make_region
-from relax_cutlass.stages.report import offload_report
-
-F16 = "float16"
-
-
-def _tensor(shape, dtype=F16):
-    return relax.TensorType(shape, dtype)
-
-
-def _c(value: float, dtype: str = "float32"):
-    return relax.const(value, dtype)
-
-
-def torch_export_attention(
-    b=2,
-    s=8,
-    n=2,
-    h=8,
-    t=None,
-    *,
-    symbolic_batch=False,
-    softmax_axis=-1,
-    out="bsnh",
-    scale_op="multiply",
-    cast=True,
-    dtype=F16,
-):
-    """softmax(q k^T * scale) v as torch.export writes a Hugging Face BERT's eager attention:
-    split heads (reshape), permute to (B, N, S, H), k transposed by a second permute, no-op
-    broadcast_to + reshape to 3-D for the batched matmuls, fp16 scale, softmax in fp32."""
-    t = t or s
-    bb = relax.BlockBuilder()
-    batch = tvm.tirx.Var("batch", "int64") if symbolic_batch else b
-    x = relax.Var("x", _tensor((batch, s, n * h), dtype))
-    y = relax.Var("y", _tensor((batch, t, n * h), dtype))
-    with bb.function("main", [x, y]):
-        with bb.dataflow():
-            q = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, (batch, s, n, h))), [0, 2, 1, 3]))
-            k = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(y, (batch, t, n, h))), [0, 2, 1, 3]))
-            v = bb.emit(
-                relax.op.permute_dims(bb.emit(relax.op.reshape(y * _c(0.5, dtype), (batch, t, n, h))), [0, 2, 1, 3])
-            )
-            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
-            q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(q, (batch, n, s, h))), (batch * n, s, h)))
-            k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(kt, (batch, n, h, t))), (batch * n, h, t)))
-            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=dtype)), (batch, n, s, t)))
-            scale = bb.emit(relax.op.astype(_c(1 / np.sqrt(h) if scale_op == "multiply" else np.sqrt(h)), dtype))
-            scaled = bb.emit(getattr(relax.op, scale_op)(scores, scale))
-            logits = bb.emit(relax.op.astype(scaled, "float32")) if cast else scaled
-            probs = bb.emit(relax.op.nn.softmax(logits, axis=softmax_axis))
-            probs3 = bb.emit(
-                relax.op.reshape(bb.emit(relax.op.broadcast_to(probs, (batch, n, s, t))), (batch * n, s, t))
-            )
-            probs3 = bb.emit(relax.op.astype(probs3, dtype)) if cast else probs3
-            v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.broadcast_to(v, (batch, n, t, h))), (batch * n, t, h)))
-            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=dtype)), (batch, n, s, h)))
-            if out == "bsnh":
-                ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(ctx, [0, 2, 1, 3])), (batch, s, n * h)))
-            gv = bb.emit_output(ctx)
-        bb.emit_func_output(gv)
-    return bb.get()
-
-
-def _bsnh_function(b, s, t, n, h, body) -> tvm.IRModule:
-    """main(x, y, z) on (B, S, N, H) query and (B, T, N, H) key / value tensors, returning
-    `body(bb, q, k, v)` from one dataflow block."""
-    bb = relax.BlockBuilder()
-    q = relax.Var("x", _tensor((b, s, n, h)))
-    k = relax.Var("y", _tensor((b, t, n, h)))
-    v = relax.Var("z", _tensor((b, t, n, h)))
-    with bb.function("main", [q, k, v]):
-        with bb.dataflow():
-            gv = bb.emit_output(body(bb, q, k, v))
-        bb.emit_func_output(gv)
-    return bb.get()
-
-
-def op_attention(b=2, s=8, n=2, h=8, t=None, scale=None, causal=None):
-    """R.nn.attention on BSNH tensors (inputs x, y, z: q, k, v)."""
-
-    def body(bb, q, k, v):
-        return bb.emit(relax.op.nn.attention(q, k, v, scale=scale, causal_mask=causal))
-
-    return _bsnh_function(b, s, t or s, n, h, body)
-
-
-def tvm_rewrite_form(b=2, s=8, n=2, h=8):
-    """TVM's own rewrite layout (relax.backend.patterns): BSNH -> permute -> reshape to 3-D, k then
-    transposed in 3-D; the scale is a divide; no casts; the output stays (B*N, S, H) -> BSNH."""
-
-    def body(bb, q, k, v):
-        q3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(q, [0, 2, 1, 3])), (b * n, s, h)))
-        k3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(k, [0, 2, 1, 3])), (b * n, s, h)))
-        kt = bb.emit(relax.op.permute_dims(k3, [0, 2, 1]))
-        v3 = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(v, [0, 2, 1, 3])), (b * n, s, h)))
-        scores = bb.emit(relax.op.divide(bb.emit(relax.op.matmul(q3, kt)), _c(np.sqrt(h), F16)))
-        ctx = bb.emit(relax.op.matmul(bb.emit(relax.op.nn.softmax(scores, axis=-1)), v3))
-        return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(ctx, (b, n, s, h))), [0, 2, 1, 3]))
-
-    return _bsnh_function(b, s, s, n, h, body)
-
-
-MASK_SHAPES = {"b1st": "B1ST", "b11t": "B11T", "11st": "11ST", "bnst": "BNST"}
-
-
-def sdpa_attention(
-    b=2,
-    s=16,
-    n=2,
-    h=8,
-    t=None,
-    *,
-    mask="bool",
-    mask_shape="b1st",
-    masked_value=-np.inf,
-    q_scale=True,
-    k_scale=True,
-    tail=True,
-    fill=0.0,
-):
-    """softmax(q k^T * scale + mask) v as torch.export writes transformers' default (sdpa)
-    attention: q and k^T each multiplied by sqrt(1/sqrt(H)) in fp16 (`q_scale` / `k_scale`: the
-    factor on that side, the rest of 1/sqrt(H) on the scores), the fp32 additive mask
-    where(keep, 0, masked_value) of a boolean input `keep` (mask="bool"; "float16": an fp16
-    additive `bias` input added before the cast; "float32": an fp32 `bias` input; "constant":
-    a causal fp32 constant mask), the fp32 softmax with torch's safe-softmax tail (a fully
-    masked row gets `fill`), the heads moved back by three permutes. Inputs x, y (q/k/v
-    projections) and the mask."""
-    t = t or s
-    dims = {"B": b, "N": n, "S": s, "T": t, "1": 1}
-    shape = [dims[a] for a in MASK_SHAPES[mask_shape]]
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", _tensor((b, s, n * h)))
-    y = relax.Var("y", _tensor((b, t, n * h)))
-    if mask == "constant":  # a causal mask, as a float32 constant
-        causal = np.tril(np.ones((s, t), bool))
-        m = relax.const(np.where(causal, 0, masked_value).astype("float32").reshape(shape))
-    else:
-        m = relax.Var("keep" if mask == "bool" else "bias", _tensor(shape, F16 if mask == "float16" else mask))
-    root = float(np.sqrt(1 / np.sqrt(h)))
-    with bb.function("main", [x, y] + ([m] if isinstance(m, relax.Var) else [])):
-        with bb.dataflow():
-
-            def heads(z, rows):
-                return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(z, (b, rows, n, h))), [0, 2, 1, 3]))
-
-            q, k = heads(x, s), heads(y, t)
-            v = heads(bb.emit(y * _c(0.5, F16)), t)
-            if q_scale:
-                q = bb.emit(relax.op.multiply(q, _c(root, F16)))
-            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
-            if k_scale:
-                kt = bb.emit(relax.op.multiply(kt, _c(root, F16)))
-            q3 = bb.emit(relax.op.reshape(q, (b * n, s, h)))
-            k3 = bb.emit(relax.op.reshape(kt, (b * n, h, t)))
-            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=F16)), (b, n, s, t)))
-            rest = (1 / np.sqrt(h)) / (root if q_scale else 1) / (root if k_scale else 1)
-            if abs(rest - 1) > 1e-6:
-                scores = bb.emit(relax.op.multiply(scores, _c(rest, F16)))
-            if mask == "float16":
-                scores = bb.emit(relax.op.add(scores, m))
-            logits = bb.emit(relax.op.astype(scores, "float32"))
-            if mask == "bool":
-                additive = bb.emit(relax.op.where(m, _c(0.0), _c(masked_value)))
-                logits = bb.emit(relax.op.add(logits, additive))
-            elif mask in ("float32", "constant"):
-                logits = bb.emit(relax.op.add(logits, m))
-            probs = bb.emit(relax.op.nn.softmax(logits, axis=-1))
-            if tail:
-                finite = bb.emit(relax.op.logical_not(bb.emit(relax.op.equal(logits, _c(-np.inf)))))
-                row_any = bb.emit(relax.op.max(bb.emit(relax.op.astype(finite, "int8")), axis=[-1], keepdims=True))
-                masked_row = bb.emit(relax.op.logical_not(bb.emit(relax.op.astype(row_any, "bool"))))
-                fills = relax.const(np.full((b, n, s, t), fill, "float32"))  # torch writes a tensor
-                probs = bb.emit(relax.op.where(masked_row, fills, probs))
-            probs3 = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(probs, (b * n, s, t))), F16))
-            v3 = bb.emit(relax.op.reshape(v, (b * n, t, h)))
-            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=F16)), (b, n, s, h)))
-            for axes in ([2, 0, 1, 3], [1, 2, 0, 3], [0, 2, 1, 3]):
-                ctx = bb.emit(relax.op.permute_dims(ctx, axes))
-            gv = bb.emit_output(bb.emit(relax.op.reshape(ctx, (b, s, n * h))))
-        bb.emit_func_output(gv)
-    return bb.get()
-
-
-def masked_inputs(mod: tvm.IRModule, seed: int = 0, full_row: bool = True) -> list[np.ndarray]:
-    """Random inputs; a boolean mask masks about a third of the keys, and (`full_row`) every
-    key of its first row; an additive float bias gets -inf where a key is masked."""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for p in mod["main"].params:
-        shape, dtype = [int(d) for d in p.ty.shape.values], str(p.ty.dtype)
-        if dtype == "bool" or p.name in ("bias", "mask"):
-            keep = rng.random(shape) > 0.3
-            if full_row:
-                keep[(0,) * (len(shape) - 1)] = False
-            arrays.append(keep if dtype == "bool" else np.where(keep, rng.uniform(-1, 1, shape), -np.inf).astype(dtype))
-        else:
-            arrays.append(rng.uniform(-1, 1, size=shape).astype(dtype))
-    return arrays
-
-
-def _regions(partitioned: tvm.IRModule, arch: int = 90, family: str = "auto") -> list[AttentionRegion]:
-    regions = []
-    for _, func in offloaded_functions(partitioned):
-        symbol = str(func.attrs["global_symbol"])
-        spec, roles, problem, composite, aliases = analyze(func, symbol)
-        if isinstance(problem, AttentionProblem):
-            kernel = choose_attention_kernel(problem, arch, family=family)
-            regions.append(make_region(func, symbol, kernel, roles, composite, aliases))
-    return regions
-
-
-def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.ndarray:
-    """What the kernel computes from its problem record alone, in float64: each packed operand
-    read through the strides its *_reads give (the bias through `bias_reads`, stride 0 where it
-    is broadcast; k and v with heads / kv_group heads, each serving kv_group query heads), output
-    (B, S, N, V); a row whose every score is -inf as `masked_rows` says."""
-
-    def strides(array, reads):
-        return [0 if read is None else math.prod(array.shape[read[0] + 1 :]) * read[1] * 8 for read in reads]
-
-    def view(array, reads, rows: int, dim: int, heads: int = problem.heads, role: str = ""):
-        array = np.ascontiguousarray(array.astype("float64"))
-        # a part of a packed projection: read from its first element of the sliced dim on
-        offset = sum(first * math.prod(array.shape[d + 1 :]) for r, d, first, _ in problem.slices if r == role)
-        shape = (batch, rows, heads, dim)
-        return np.lib.stride_tricks.as_strided(array.reshape(-1)[offset:], shape, strides(array, reads))
-
-    def size(array, reads, axes: str, axis: str) -> int:
-        """A symbolic axis's size: its dimension's extent over the other (static) axes in it."""
-        known = {"B": problem.batch, "S": problem.seq_q, "T": problem.seq_kv, "N": problem.heads}
-        known |= {"H": problem.head_dim, "V": problem.head_dim_value}
-        dim = reads[axes.index(axis)][0]
-        others = [known[a] for a, (d, _) in zip(axes, reads, strict=True) if d == dim and a != axis]
-        return array.shape[dim] // math.prod(others)
-
-    batch = problem.batch or size(query, problem.query_reads, "BSNH", "B")
-    seq_q = problem.seq_q or size(query, problem.query_reads, "BSNH", "S")
-    seq_kv = problem.seq_kv or size(key, problem.key_reads, "BTNH", "T")
-    q = view(query, problem.query_reads, seq_q, problem.head_dim, role="query")
-    # grouped-query attention: kv head n // kv_group serves query head n
-    group, kv_heads = problem.kv_group, problem.kv_heads
-    k = np.repeat(view(key, problem.key_reads, seq_kv, problem.head_dim, kv_heads, "key"), group, 2)
-    v = np.repeat(view(value, problem.value_reads, seq_kv, problem.head_dim_value, kv_heads, "value"), group, 2)
-    scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
-    if problem.bias_reads is not None:
-        array = np.ascontiguousarray(bias.astype("float64"))
-        shape = (batch, problem.heads, seq_q, seq_kv)
-        scores = scores + np.lib.stride_tricks.as_strided(array, shape, strides(array, problem.bias_reads))
-    if problem.causal is not None:  # TVM's: query i sees key j iff j <= i + (0 or |S - T|)
-        offset = abs(seq_q - seq_kv) if problem.causal == "BottomRight" else 0
-        scores = np.where(np.arange(seq_kv)[None, :] <= np.arange(seq_q)[:, None] + offset, scores, -np.inf)
-    row_max = scores.max(-1, keepdims=True)
-    masked = np.isneginf(row_max)  # every key masked: the softmax is 0/0
-    with np.errstate(invalid="ignore"):
-        probs = np.exp(scores - np.where(masked, 0.0, row_max))
-        probs /= probs.sum(-1, keepdims=True)
-    fill = {"nan": np.nan, "zero": 0.0, "mean": 1.0 / seq_kv}[problem.masked_rows]
-    probs = np.where(masked, fill, probs)
-    return np.einsum("bnst,btnv->bsnv", probs, v)
-
-
-def _masked_bias(rng, shape, dtype) -> np.ndarray:
-    """A random additive bias with -inf entries (masked keys) and its first row fully masked."""
-    bias = rng.uniform(-1, 1, size=shape).astype(dtype)
-    bias[rng.random(shape) < 0.3] = -np.inf
-    bias[(0,) * (len(shape) - 1)] = -np.inf
-    return bias
-
-
-def check_regions_against_kernel_model(partitioned: tvm.IRModule, rng_seed: int = 0, **dims) -> int:
-    """For each attention region: its composite on CPU vs `kernel_model` of its problem (a bias
-    gets masked keys and a fully masked row)."""
-    checked = 0
-    for _, func in offloaded_functions(partitioned):
-        symbol = str(func.attrs["global_symbol"])
-        _, roles, problem, composite, aliases = analyze(func, symbol)
-        if not isinstance(problem, AttentionProblem):
-            continue
-        composite = _static_view_shapes(composite.without_attr("Composite"))
-        rng = np.random.default_rng(rng_seed)
-        inputs, args = [], []
-        for role, param in zip(roles, composite.params, strict=True):
-            values = param.ty.values if isinstance(param.ty, relax.ShapeType) else param.ty.shape.values
-            shape = [_evaluate(d, dims) for d in values]
-            if isinstance(param.ty, relax.ShapeType):
-                inputs.append(None)
-                args.append(tvm_ffi.Shape(shape))
-            else:
-                dtype = str(param.ty.dtype)
-                inputs.append(
-                    _masked_bias(rng, shape, dtype) if role == "bias" else rng.uniform(-1, 1, size=shape).astype(dtype)
-                )
-                args.append(tvm.runtime.tensor(inputs[-1]))
-        expected = build_cpu(tvm.IRModule({"main": composite}))["main"](*args).numpy()
-        by_role = dict(zip(roles, inputs, strict=True))
-        by_role |= {alias: by_role[role] for alias, role in aliases}  # q, k, v of one packed projection
-        got = kernel_model(problem, by_role["query"], by_role["key"], by_role["value"], by_role.get("bias"))
-        got = got.reshape(expected.shape)
-        nan = np.isnan(expected)
-        assert (np.isnan(got) == nan).all(), symbol  # fully masked rows without a safe softmax
-        assert rel_error(np.where(nan, 0, got), np.where(nan, 0, expected)) < 2e-2, symbol
-        checked += 1
-    return checked
-
-
-def _evaluate(dim, dims: dict[str, int]) -> int:
-    if hasattr(dim, "value"):
-        return int(dim.value)
-    analyzer = tvm.sym.Analyzer()
-    for var in tvm.tirx.analysis.undefined_vars(dim):
-        analyzer.bind(var, tvm.tirx.IntImm("int64", dims[var.name]))
-    return int(analyzer.simplify(dim))
-
-
-def _offloaded_attention(mod: tvm.IRModule) -> list[dict]:
-    return [r for r in offload_report(mod, arch="sm_90a").offloaded if r["op"] == "attention"]
 
 
 @pytest.mark.parametrize(
@@ -369,7 +62,7 @@ def _offloaded_attention(mod: tvm.IRModule) -> list[dict]:
 )
 def test_attention_is_offloaded_and_correct(builder, kwargs):
     mod = builder(**kwargs)
-    rows = _offloaded_attention(mod)
+    rows = offloaded_attention_rows(mod)
     assert len(rows) == 1, offload_report(mod, arch="sm_90a")
     # Nothing of the attention is left in TVM: both matmuls are inside the region.
     assert not offload_report(mod, arch="sm_90a").left_in_tvm
@@ -401,7 +94,7 @@ FINFO_MIN = float(np.finfo(np.float32).min)
 )
 def test_masked_attention_is_offloaded_and_correct(kwargs, bias, masked_rows):
     mod = sdpa_attention(**kwargs)
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     if bias is None:  # `masked_rows` is then the causal mask
         assert "bias" not in row["attention"] and row["attention"]["causal"] == masked_rows
     else:
@@ -416,7 +109,7 @@ def test_masked_attention_is_offloaded_and_correct(kwargs, bias, masked_rows):
 
 def test_split_scale_is_the_product_of_both_sides():
     partitioned, _ = offload_for_cpu(sdpa_attention(h=16))
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     root = float(np.float16(np.sqrt(0.25)))  # each side's fp16 factor
     assert region.kernel.problem.scale == pytest.approx(root * root, rel=1e-6)
 
@@ -431,7 +124,7 @@ def test_split_scale_is_the_product_of_both_sides():
 )
 def test_unsupported_masks_stay_in_tvm_with_the_reason(kwargs, reason):
     mod = sdpa_attention(**kwargs)
-    assert not _offloaded_attention(mod)
+    assert not offloaded_attention_rows(mod)
     text = str(offload_report(mod, arch="sm_90a"))
     assert reason in text, text
     compare_on_cpu(mod, masked_inputs(mod))
@@ -465,8 +158,8 @@ def _transformers_bert(attention: str, with_mask: bool):
     torch.export and TVM's frontend, weights bound in float16: (torch model, Relax module)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from relax_cutlass.models import bind_float16
-    from relax_cutlass.models.torch_models import import_exported
+    from relax_cutlass.prepare import bind_float16
+    from relax_cutlass.testing.models.torch_models import import_exported
 
     torch.manual_seed(0)
     config = transformers.BertConfig(
@@ -499,7 +192,7 @@ def test_transformers_bert_attention_is_fused(attention, with_mask, masked_rows)
     import torch
 
     model, mod = _transformers_bert(attention, with_mask)
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     if with_mask:
         assert (row["attention"]["bias"], row["attention"]["masked_rows"]) == ("B1ST", masked_rows)
     else:  # the mask transformers builds without an attention_mask is zero: dropped (no bias)
@@ -530,7 +223,7 @@ def test_attention_op_with_an_explicit_scale():
     result (its batch_matmul mixes dtypes), so the reference here is numpy's."""
     mod = op_attention(scale=0.3, t=5)
     partitioned, _ = offload_for_cpu(mod)
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     q, k, v = random_inputs(mod)
     scores = np.einsum("bsnh,btnh->bnst", q.astype("float64"), k.astype("float64")) * 0.3
     probs = np.exp(scores - scores.max(-1, keepdims=True))
@@ -541,7 +234,7 @@ def test_attention_op_with_an_explicit_scale():
 
 def test_symbolic_batch_reads_sizes_at_run_time():
     mod = torch_export_attention(symbolic_batch=True)
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["attention"]["batch"] == "dynamic"
     for batch in (1, 3):
         compare_on_cpu(mod, random_inputs(mod, batch=batch))
@@ -551,10 +244,10 @@ def test_symbolic_batch_reads_sizes_at_run_time():
 
 def test_scale_is_the_applied_one():
     partitioned, _ = offload_for_cpu(torch_export_attention(h=16, scale_op="divide"))
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     assert region.kernel.problem.scale == pytest.approx(0.25)
     partitioned, _ = offload_for_cpu(op_attention(h=16))
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     assert region.kernel.problem.scale == pytest.approx(0.25)  # R.nn.attention's default 1/sqrt(H)
 
 
@@ -568,7 +261,7 @@ def test_scale_is_the_applied_one():
 )
 def test_unsupported_attention_stays_in_tvm_with_the_reason(builder, kwargs, reason):
     mod = builder(**kwargs)
-    assert not _offloaded_attention(mod)
+    assert not offloaded_attention_rows(mod)
     text = str(offload_report(mod, arch="sm_90a"))
     assert reason in text, text
     compare_on_cpu(mod, random_inputs(mod))  # whatever was offloaded instead is still right
@@ -576,7 +269,7 @@ def test_unsupported_attention_stays_in_tvm_with_the_reason(builder, kwargs, rea
 
 def test_emitted_kernel_and_glue():
     partitioned, _ = offload_for_cpu(torch_export_attention(h=64))
-    (region,) = _regions(partitioned, family="sm80")  # sm_90a's SM90 kernel: tests/test_attention_sm90.py
+    (region,) = attention_regions(partitioned, family="sm80")  # sm_90a's SM90 kernel: tests/test_attention_sm90.py
     kernel = region.kernel
     assert kernel.name == "sm80_fmha_f16_aligned_q32_k128_maxk64"  # 4 CTAs of 64 queries: under-filled
     source = emit_kernel(kernel)
@@ -594,7 +287,7 @@ def test_a_bias_off_16_byte_rows_is_padded_at_run_time():
     Now the kernel's run function copies such a bias into rows rounded up to 8 keys (PadBiasRows)
     and no key count is refused, static (13 keys) or symbolic."""
     partitioned, _ = offload_for_cpu(sdpa_attention(mask_shape="b11t", s=9, t=13))
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     assert region.kernel.problem.bias_reads is not None and region.kernel.arch == 80
     source = emit_kernel(region.kernel).text
     assert "PadBiasRows<T><<<" in source and "if (!BiasIsVectorAligned(a))" in source
@@ -606,13 +299,13 @@ def test_a_bias_off_16_byte_rows_is_padded_at_run_time():
 def test_head_split_is_read_through_strides():
     """The hand-written BERT layer splits heads right before the permute, so the region starts at
     the (B, S, N*H) projections: heads and head dims are two axes of one dimension."""
-    from relax_cutlass.models import bert_encoder_layer
+    from relax_cutlass.testing.models import bert_encoder_layer
 
     mod = bert_encoder_layer(batch=2, seq=16, hidden=64, ffn=128, heads=4)
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["shapes"]["query"] == [2, 16, 64]
     partitioned, _ = offload_for_cpu(mod)
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     assert region.kernel.problem.query_reads == ((0, 1), (1, 1), (2, 16), (2, 1))
     glue = emit_glue([region], "m").text
     assert "PackedStride(query, 2) * 16" in glue
@@ -642,11 +335,11 @@ def test_torchvision_vit_attention_is_fused():
     cast to float16 just before each batched matmul, the output written sequence-first. Each
     layer's attention becomes one region, and the module agrees with the untouched one."""
     pytest.importorskip("torch")
-    from relax_cutlass.models import bind_float16
-    from relax_cutlass.models.torch_models import vit_module
+    from relax_cutlass.prepare import bind_float16
+    from relax_cutlass.testing.models.torch_models import vit_module
 
     mod = bind_float16(*vit_module(batch=2, layers=1))  # two layers took 4.5 min on 2 cores
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["calls"] == 1
     assert row["attention"]["scale"] == pytest.approx(0.25)  # q and k^T each scaled by 0.5
     compare_on_cpu(mod, random_inputs(mod))
@@ -658,11 +351,11 @@ def test_torchvision_vit_attention_with_head_dim_64_is_fused():
     cannot run in float16 bit-identically; they stay in float32 between two casts, which the
     pattern reads through. The test above uses head dim 16, whose scales are 0.5."""
     pytest.importorskip("torch")
-    from relax_cutlass.models import bind_float16
-    from relax_cutlass.models.torch_models import vit_module
+    from relax_cutlass.prepare import bind_float16
+    from relax_cutlass.testing.models.torch_models import vit_module
 
     mod = bind_float16(*vit_module(batch=2, hidden=64, heads=1, mlp=128, layers=1))
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["calls"] == 1
     assert row["attention"]["scale"] == pytest.approx(0.125)  # q and k^T each scaled by 1/sqrt(8)
     compare_on_cpu(mod, random_inputs(mod))
@@ -737,8 +430,8 @@ def op_attention_bias(bias_shape, causal=None, b=2, s=16, t=16, n=4, h=16, bias_
     """R.nn.attention(q, k, v, bias) on BSNH tensors: TVM's relax.nn.attention_bias (inputs x, y,
     z: q, k, v, then the bias)."""
     bb = relax.BlockBuilder()
-    q, k, v = (relax.Var(name, _tensor((b, rows, n, h))) for name, rows in (("x", s), ("y", t), ("z", t)))
-    bias = relax.Var("bias", _tensor(bias_shape, bias_dtype))
+    q, k, v = (relax.Var(name, tensor_type((b, rows, n, h))) for name, rows in (("x", s), ("y", t), ("z", t)))
+    bias = relax.Var("bias", tensor_type(bias_shape, bias_dtype))
     with bb.function("main", [q, k, v, bias]):
         with bb.dataflow():
             gv = bb.emit_output(bb.emit(relax.op.nn.attention(q, k, v, bias, causal_mask=causal)))
@@ -784,8 +477,8 @@ def test_attention_op_with_a_bias_and_symbolic_sizes(bias_batch):
 
     b, s = tvm.tirx.Var("b", "int64"), tvm.tirx.Var("s", "int64")
     bb = relax.BlockBuilder()
-    q, k, v = (relax.Var(name, _tensor((b, s, 4, 16))) for name in "xyz")
-    bias = relax.Var("bias", _tensor((b if bias_batch == "b" else 1, 1, 1, s)))
+    q, k, v = (relax.Var(name, tensor_type((b, s, 4, 16))) for name in "xyz")
+    bias = relax.Var("bias", tensor_type((b if bias_batch == "b" else 1, 1, 1, s)))
     with bb.function("main", [q, k, v, bias]):
         with bb.dataflow():
             gv = bb.emit_output(bb.emit(relax.op.nn.attention(q, k, v, bias)))
@@ -795,7 +488,7 @@ def test_attention_op_with_a_bias_and_symbolic_sizes(bias_batch):
         compare_on_cpu(mod, masked_inputs_sized(mod, size))
     partitioned, _ = offload_for_cpu(mod)
     assert check_regions_against_kernel_model(partitioned, b=3, s=24) == 1
-    regions = _regions(partitioned)
+    regions = attention_regions(partitioned)
     assert regions[0].kernel.problem.batch is None and regions[0].kernel.problem.seq_kv is None
     compile_all([emit_glue(regions, "symbolic_bias")], 90)  # host compiler only
     assert len(list(offloaded(partitioned))) == 1
@@ -806,7 +499,7 @@ def masked_inputs_sized(mod: tvm.IRModule, dims: dict[str, int], seed: int = 0) 
     rng = np.random.default_rng(seed)
     arrays = []
     for p in mod["main"].params:
-        shape = [_evaluate(d, dims) for d in p.ty.shape.values]
+        shape = [evaluate_dim(d, dims) for d in p.ty.shape.values]
         values = rng.uniform(-1, 1, size=shape)
         if p.name == "bias":
             values[..., 1:][rng.random(values[..., 1:].shape) < 0.3] = -np.inf

@@ -4,15 +4,10 @@ they are an attention's and which ops between the scores and the softmax no patt
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from tvm import relax
 
 import relax_cutlass
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 
 
 def _attention(between) -> relax.Function:
@@ -51,7 +46,7 @@ def test_a_soft_capped_attention_is_named_with_the_op_no_pattern_reads():
 
 
 def test_a_fused_attention_and_other_batched_matmuls_get_no_note():
-    from test_attention import torch_export_attention
+    from relax_cutlass.testing.attention import torch_export_attention
 
     assert _rows(torch_export_attention(h=64)) == []  # fused: nothing left in TVM
     bb = relax.BlockBuilder()
@@ -82,11 +77,12 @@ def test_real_models_attention_left_in_tvm_says_why(family, says):
     """The three families of scripts/hf_sweep.py whose attention stays in TVM."""
     import torch
     import transformers
-    from hf_sweep import VOCAB, _model
+
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
 
     torch.manual_seed(0)
-    model = _model(family, torch, transformers)
-    mod = relax_cutlass.from_torch(model, (torch.randint(3, VOCAB, (1, 16)),))
+    model = tiny_model(family, torch, transformers)
+    mod = relax_cutlass.from_torch(model, (torch.randint(3, TINY_VOCAB, (1, 16)),))
     rows = _rows(mod)
     assert rows and all(r["reasons"][0].startswith("the ") and says in r["reasons"][0] for r in rows), rows
 

@@ -12,15 +12,6 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
-from test_attention import (
-    _offloaded_attention,
-    _regions,
-    check_regions_against_kernel_model,
-    op_attention,
-    sdpa_attention,
-    torch_export_attention,
-)
 from tvm import relax
 
 from relax_cutlass import offload_report
@@ -34,6 +25,15 @@ from relax_cutlass.kinds.attention.select import (
     sm90_padded_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.testing.attention import (
+    attention_regions,
+    check_regions_against_kernel_model,
+    offloaded_attention_rows,
+    op_attention,
+    sdpa_attention,
+    torch_export_attention,
+)
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
 from relax_cutlass.toolkit.tuning import TuningDatabase, TuningRecord
 
 HD128 = AttentionProblem(4, 16, 1024, 1024, 128, 128, 128**-0.5)
@@ -97,7 +97,7 @@ def test_what_the_sm90_kernel_cannot_run_falls_back_with_the_reason(change, reas
 )
 def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):
     mod = builder(**kwargs)
-    (row,) = _offloaded_attention(mod)  # sm_90a
+    (row,) = offloaded_attention_rows(mod)  # sm_90a
     assert kernel in row["kernel"] and note in row.get("note", "")
     text = str(offload_report(mod, arch="sm_90a"))
     assert row["kernel"] in text and ("causal=" in text) == ("causal" in kwargs)
@@ -115,11 +115,11 @@ def test_causal_attention_is_offloaded_and_correct(s, t, causal):
     offloaded module matches the untouched one, and the kernel's record (mask included) matches
     the composite."""
     mod = op_attention(s=s, t=t, h=16, causal=causal)
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["attention"]["causal"] == causal
     compare_on_cpu(mod, random_inputs(mod))
     partitioned, _ = offload_for_cpu(mod)
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     assert region.kernel.problem.causal == causal
     assert check_regions_against_kernel_model(partitioned) == 1
 
@@ -128,9 +128,9 @@ def test_kernel_model_masks_as_tvm_does():
     """The record's mask is not vacuous: without it the model of a causal region is wrong."""
     mod = op_attention(s=9, t=5, h=16, causal="BottomRight")
     partitioned, _ = offload_for_cpu(mod)
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     unmasked = dataclasses.replace(region.kernel.problem, causal="TopLeft")
-    from test_attention import kernel_model
+    from relax_cutlass.testing.attention import kernel_model
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.uniform(-1, 1, size=(2, n, 2, 16)) for n in (9, 5, 5))
@@ -152,7 +152,7 @@ def _symbolic_causal(h=64, causal="TopLeft"):
 
 def test_symbolic_sequence_length_takes_the_sm90_kernel():
     mod = _symbolic_causal()
-    (row,) = _offloaded_attention(mod)
+    (row,) = offloaded_attention_rows(mod)
     assert row["attention"]["seq_q"] == "dynamic" and row["kernel"].startswith("sm90_fmha_f16_pingpong_q128_k128_h64")
     for seq in (3, 13):
         compare_on_cpu(mod, random_inputs(mod, seq=seq))
@@ -162,7 +162,7 @@ def test_symbolic_sequence_length_takes_the_sm90_kernel():
 
 def test_emitted_sm90_kernel_is_examples_88():
     partitioned, _ = offload_for_cpu(op_attention(h=128, causal="BottomRight"))
-    (region,) = _regions(partitioned)
+    (region,) = attention_regions(partitioned)
     source = emit_kernel(region.kernel)
     assert source.family == "sm90"  # the SASS check asks for HGMMA
     assert any(flag.endswith("88_hopper_fmha") for flag in source.extra_flags)
@@ -185,7 +185,7 @@ def test_emitted_sm90_kernel_is_examples_88():
 
 def test_sm80_kernel_takes_the_causal_mask_at_run_time():
     partitioned, _ = offload_for_cpu(op_attention(h=8, causal="TopLeft"))
-    (region,) = _regions(partitioned, arch=80)
+    (region,) = attention_regions(partitioned, arch=80)
     text = emit_kernel(region.kernel).text
     assert "Attention::CausalFromTopLeft" in text and "causal_diagonal_offset" in text
     assert "args.causal = 1;" in emit_glue([region], "m").text

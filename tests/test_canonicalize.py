@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, run_vm
 from tvm import relax
 
 from relax_cutlass.rewrites.shapes import bound_symbolic_shapes
+from relax_cutlass.testing.harness import build_cpu, run_vm
 from relax_cutlass.transform import FixTvmCudaForms
 
 
@@ -205,7 +205,7 @@ def test_a_slice_the_bounds_do_not_prove_in_bounds_is_left_clamped():
 def test_from_torch_names_an_op_tvm_infers_no_shape_for():
     """Without the Dim's lower bound the packed-sequence check's subtract keeps no shape; from_torch
     then says which op and what to do, where TVM's build would fail on an unlowered operator."""
-    from relax_cutlass.frontend import _require_shapes
+    from relax_cutlass.frontend import require_shapes
 
     s = tvm.tirx.Var("s", "int64")
     ids = relax.Var("ids", relax.TensorType((1, s), "int64"))
@@ -217,7 +217,7 @@ def test_from_torch_names_an_op_tvm_infers_no_shape_for():
     fixed = FixTvmCudaForms()(bb.get())
     assert fixed["main"].ret_ty.shape is None
     with pytest.raises(RuntimeError) as raised:
-        _require_shapes(fixed, "from_torch")
+        require_shapes(fixed, "from_torch")
     message = str(raised.value)
     assert message.startswith("from_torch: TVM infers no shape for 1 elementwise op(s)")
     assert "relax.subtract((1, max(min(1, s) + s - 1, 0)), (1, s))" in message and "min=2, max=" in message

@@ -9,7 +9,6 @@ import copy
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, compare_on_cpu, offload_for_cpu, random_inputs, rel_error, run_vm, serve_regions_on_cpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -17,8 +16,20 @@ from tvm import relax
 import relax_cutlass
 from relax_cutlass.kinds.attention.causal import causal_offset
 from relax_cutlass.kinds.evaluate import evaluate_input_free, input_free_bindings
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import (
+    build_cpu,
+    compare_on_cpu,
+    random_inputs,
+    run_vm,
+    serve_regions_on_cpu,
+)
 
 torch = pytest.importorskip("torch")
+
+# isort: split
+from relax_cutlass.testing.attention import attention_rows_after_offload  # noqa: E402
+from relax_cutlass.testing.models.torch_attention import CausalAttention  # noqa: E402
 
 
 def _mask(rows: int, keys: int, offset: int, masked: float = -np.inf) -> np.ndarray:
@@ -106,49 +117,6 @@ def test_input_free_values_are_evaluated_and_input_dependent_ones_are_not():
     assert input_free_bindings(func, symbolic) is None  # reads y (and has a symbolic shape)
 
 
-class _Attention(torch.nn.Module):
-    """softmax(q k^T * scale + mask) v on (B, N, S, H) q, k, v with the mask built from aranges,
-    as decoders build it:
-    `kind` "top_left" / "bottom_right" (causal), "window" (causal in form, not in value), "none"
-    (`arange >= 0`: hides nothing, as Hugging Face's BERT builds it without an attention_mask),
-    `masked` the value of a hidden key (-inf or finfo(float32).min); `group` > 1: k and v have
-    N / group heads, repeated across the query heads (`repeat`)."""
-
-    def __init__(self, kind: str, masked: float = float("-inf"), group: int = 1, tile: bool = False):
-        super().__init__()
-        self.kind, self.masked, self.group, self.tile = kind, masked, group, tile
-
-    def forward(self, q, k, v):
-        if self.group > 1:  # grouped-query k and v: (B, N / group, T, H), repeated across the heads
-            k, v = (self.repeat(x) for x in (k, v))
-        rows, keys = q.shape[-2], k.shape[-2]
-        i = torch.arange(rows)[:, None] + (keys - rows if self.kind == "bottom_right" else 0)
-        j = torch.arange(keys)[None, :]
-        keep = j <= i
-        if self.kind == "window":
-            keep = keep & (j > i - 3)
-        if self.kind == "none":
-            keep = (j >= 0).expand(rows, keys)
-        mask = torch.where(keep, 0.0, self.masked)[None, None]
-        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-        out = torch.softmax(scores.float() + mask, dim=-1).to(q.dtype) @ v
-        return out.transpose(1, 2)  # (B, S, N, H), as a model merges the heads back
-
-    def repeat(self, x):
-        """transformers' repeat_kv (query head n reads kv head n // group), or with `tile` torch's
-        repeat (query head n reads kv head n % N_kv)."""
-        b, heads, t, h = x.shape
-        if self.tile:
-            return x.repeat(1, self.group, 1, 1)
-        return x[:, :, None].expand(b, heads, self.group, t, h).reshape(b, heads * self.group, t, h)
-
-
-def _attention_rows(mod):
-    partitioned, rewritten = offload_for_cpu(mod)
-    rows = [r for r in relax_cutlass.offload_report(rewritten).offloaded if r["op"] == "attention"]
-    return rows, partitioned, rewritten
-
-
 @pytest.mark.parametrize(
     "kind, masked, causal",
     [
@@ -161,8 +129,8 @@ def _attention_rows(mod):
 def test_an_arange_built_mask_becomes_the_kernels_causal_mask(kind, masked, causal):
     rows, keys = (16, 24) if kind == "bottom_right" else (24, 24)
     q, k, v = torch.randn(2, 2, rows, 16), torch.randn(2, 2, keys, 16), torch.randn(2, 2, keys, 16)
-    mod = relax_cutlass.from_torch(_Attention(kind, masked), (q, k, v))
-    (row,) = _attention_rows(mod)[0]
+    mod = relax_cutlass.from_torch(CausalAttention(kind, masked), (q, k, v))
+    (row,) = attention_rows_after_offload(mod)[0]
     assert row["attention"].get("causal") == causal, row
     assert ("bias" in row["attention"]) == (causal is None), row  # the window stays a mask tensor
     compare_on_cpu(mod, random_inputs(mod))
@@ -172,8 +140,8 @@ def test_an_input_free_mask_of_zeros_is_dropped():
     """A mask that hides no key is no mask: the region has neither a bias nor a causal mask (so
     the SM90 kernel, which takes no bias, can run it), and the result is unchanged."""
     q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
-    mod = relax_cutlass.from_torch(_Attention("none"), (q, k, v))
-    (row,) = _attention_rows(mod)[0]
+    mod = relax_cutlass.from_torch(CausalAttention("none"), (q, k, v))
+    (row,) = attention_rows_after_offload(mod)[0]
     assert "bias" not in row["attention"] and "causal" not in row["attention"], row
     compare_on_cpu(mod, random_inputs(mod))
 
@@ -184,9 +152,8 @@ def test_bert_without_an_attention_mask_runs_attention_with_no_mask_tensor():
     read as a bias it kept BERT-large on the SM80 kernel (0.29 ms of 2.4 ms) plus a masked-rows
     fix-up kernel per layer."""
     pytest.importorskip("transformers")
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     model = last_hidden_state(small_transformer("bert"))
@@ -194,7 +161,7 @@ def test_bert_without_an_attention_mask_runs_attention_with_no_mask_tensor():
     with torch.no_grad():
         expected = copy.deepcopy(model).double()(ids).numpy()
     mod = relax_cutlass.from_torch(model, (ids,))
-    rows, partitioned, rewritten = _attention_rows(mod)
+    rows, partitioned, rewritten = attention_rows_after_offload(mod)
     assert sum(r["calls"] for r in rows) == 2, rows
     assert all("bias" not in r["attention"] and "causal" not in r["attention"] for r in rows), rows
     serve_regions_on_cpu(partitioned)
@@ -208,9 +175,8 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
     5.24) at batch 1: each layer's attention is one region with TVM's TopLeft causal mask, and
     the model agrees with torch float64."""
     pytest.importorskip("transformers")
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     model = last_hidden_state(small_transformer(family, impl))
@@ -218,7 +184,7 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
     with torch.no_grad():
         expected = copy.deepcopy(model).double()(ids).numpy()
     mod = relax_cutlass.from_torch(model, (ids,))
-    rows, partitioned, rewritten = _attention_rows(mod)
+    rows, partitioned, rewritten = attention_rows_after_offload(mod)
     assert sum(r["calls"] for r in rows) == 2 and all(r["attention"]["causal"] == "TopLeft" for r in rows), rows
     assert all("bias" not in r["attention"] for r in rows)
     assert "R.less_equal" not in rewritten["main"].script()  # the mask's computation is gone

@@ -10,10 +10,11 @@ from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.kinds.epilogue import ACTIVATIONS
-from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.codegen import REGIONS_ATTR, CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.testing.models import bert_encoder_layer, dense_epilogue_model, random_weights
 from relax_cutlass.transform import CutlassCodegen, LiftConstants, PartitionForCutlass
 
 

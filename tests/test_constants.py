@@ -5,8 +5,9 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.models import bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.constants import composite_of, is_scalar_constant, offloaded_functions
+from relax_cutlass.testing.models import dense_epilogue_model, random_weights
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 
@@ -64,7 +65,7 @@ def test_generated_sources_never_contain_weights():
 
 
 def test_lifted_module_computes_the_same_on_cpu():
-    from harness import compare_on_cpu, random_inputs
+    from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
 
     mod = bound_model(activation="gelu_decomposed", residual=True, residual_relu=True)
     compare_on_cpu(mod, random_inputs(mod))
@@ -83,7 +84,7 @@ def test_shared_weight_used_by_two_regions():
         bb.emit_func_output(out)
     mod = bb.get()
     assert len(list(offloaded_functions(lifted(mod)))) == 2
-    from harness import compare_on_cpu, random_inputs
+    from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
 
     compare_on_cpu(mod, random_inputs(mod))
     assert relax_cutlass.offload_report(mod).offloaded

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from harness import compare_on_cpu
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.rewrites.conv1d import conv1d_as_conv2d
+from relax_cutlass.testing.harness import compare_on_cpu
 
 
 def _rows(mod, arch="sm_90a"):

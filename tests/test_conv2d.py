@@ -2,7 +2,6 @@
 
 import pytest
 import tvm
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -13,9 +12,11 @@ from relax_cutlass.kinds.conv2d.records import Conv2dProblem
 from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel, choose_split_k
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.stages.patterns import spec_by_name
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
+from relax_cutlass.testing.models import conv2d_epilogue_model, random_weights
 
 
 def _bound(mod):

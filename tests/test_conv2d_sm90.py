@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,8 +17,10 @@ from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv
 from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel
 from relax_cutlass.kinds.conv2d.select_3x import candidate_conv2d_tiles_sm90, tma_conv_fallback_reason, upper_padding
 from relax_cutlass.kinds.epilogue import Epilogue
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
+from relax_cutlass.testing.models import conv2d_epilogue_model, random_weights
 from relax_cutlass.toolkit.tuning import TuningDatabase, TuningRecord
 
 RELU = Epilogue(bias=True, activation="relu")

@@ -10,13 +10,13 @@ import re
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, offload_for_cpu
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.kinds.depthwise_conv2d.records import DepthwiseProblem
 from relax_cutlass.kinds.depthwise_conv2d.select import choose_depthwise_kernel
 from relax_cutlass.kinds.epilogue import Epilogue
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu
 
 
 def test_depthwise_kind_is_registered_by_default_and_the_old_opt_in_still_works(monkeypatch):
@@ -116,9 +116,8 @@ def test_grouped_conv_is_the_conv2d_kinds_not_the_depthwise_ones():
 @pytest.mark.parametrize("r,stride,dilation,hw", [(3, 1, 1, 16), (5, 2, 1, 15), (7, 1, 1, 14), (3, 2, 2, 17)])
 def test_reference_is_tvms_depthwise_conv(r, stride, dilation, hw):
     """The kind's numpy reference against TVM's llvm build of the same conv2d (no epilogue)."""
-    from harness import build_cpu, run_vm
-
     from relax_cutlass.kinds.depthwise_conv2d.reference import depthwise_reference
+    from relax_cutlass.testing.harness import build_cpu, run_vm
 
     mod = depthwise_module(c=16, r=r, stride=stride, dilation=dilation, hw=hw, bias=False, activation="identity")
     x = _input(mod)

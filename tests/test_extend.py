@@ -7,11 +7,9 @@ import functools
 
 import numpy as np
 import pytest
-from harness import compare_on_cpu, random_inputs
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 import relax_cutlass
-from relax_cutlass import models
 from relax_cutlass.extend import (
     ActivationCheckError,
     check_activation,
@@ -24,8 +22,11 @@ from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.kinds.gemm.records import GemmProblem
 from relax_cutlass.kinds.gemm.select import choose_kernel
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing import models
+from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
+from relax_cutlass.testing.models import conv2d_epilogue_model, dense_epilogue_model, random_weights
 
 QUICK_GELU_CXX = "x / (1.0f + expf(-1.702f * x))"
 

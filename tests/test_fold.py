@@ -3,12 +3,14 @@
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, run_vm
 from tvm import relax
 
 from relax_cutlass.rewrites.fold import FoldWeightsInNumpy
+from relax_cutlass.testing.harness import build_cpu, run_vm
 
-torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip(
+    "relax_cutlass.testing.models.torch_models", reason="needs the 'models' extra (torch)"
+)
 
 
 def _constants(mod):
@@ -24,16 +26,16 @@ def test_numpy_folding_gives_tvms_constants_bit_for_bit(builder, monkeypatch):
     """A bound model through bind_float16 (batch-norm folding, NHWC filters, fp16 casts, weight
     transposes) with the numpy folder and without it: the same constants, bit for bit, the same
     outputs, and no weight op left for FoldConstant to compile."""
-    from relax_cutlass import models
+    from relax_cutlass import prepare
     from relax_cutlass.rewrites import fold
 
     if builder == "resnet":
         mod, weights = torch_models.resnet50_module(batch=1, image=32, blocks=(1, 1, 1, 1), width=8)
     else:
         mod, weights = torch_models.vit_module(batch=2)
-    with_numpy = models.bind_float16(mod, weights)
+    with_numpy = prepare.bind_float16(mod, weights)
     monkeypatch.setattr(fold, "_NumpyFolder", lambda: _Identity())
-    tvm_only = models.bind_float16(mod, weights)
+    tvm_only = prepare.bind_float16(mod, weights)
     ours, theirs = _constants(with_numpy), _constants(tvm_only)
     assert len(ours) == len(theirs) > 10
     for a, b in zip(ours, theirs, strict=True):

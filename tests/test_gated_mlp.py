@@ -7,7 +7,6 @@ with the reason."""
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, offload_for_cpu, op_names, random_inputs
 from tvm import relax
 
 import relax_cutlass
@@ -17,7 +16,9 @@ from relax_cutlass.kinds.gemm.emit_sm90 import epilogue_tree
 from relax_cutlass.kinds.gemm.patterns import all_gemm_specs
 from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem, TileConfig
 from relax_cutlass.kinds.gemm.select import choose_kernel
-from relax_cutlass.models import bind_weights, dense_epilogue_model, gated_mlp_model, random_weights
+from relax_cutlass.prepare import bind_weights
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, op_names, random_inputs
+from relax_cutlass.testing.models import dense_epilogue_model, gated_mlp_model, random_weights
 
 
 def _gated(activation="silu", m=24, hidden=64, intermediate=96, **kwargs) -> tvm.IRModule:
@@ -161,9 +162,8 @@ def test_a_transformers_llama_fuses_the_multiply_of_every_layer():
     llama_8b_2l): each layer's gate GEMM computes silu(acc) * up, on both kernel families."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     mod = relax_cutlass.from_torch(
@@ -178,9 +178,9 @@ def test_a_transformers_llama_fuses_the_multiply_of_every_layer():
 
 def test_the_profiler_reference_multiplies():
     """Stage 2 of the profiler checks a multiply epilogue's kernels against act(acc + bias) * operand."""
-    from relax_cutlass.kinds.reference import _with_epilogue
+    from relax_cutlass.kinds.reference import with_epilogue
 
     acc, bias, operand = np.array([[1.0, -2.0]]), np.array([0.5, 0.5]), np.array([[3.0, 4.0]])
     epilogue = {"bias": True, "activation": "relu", "residual": True, "residual_op": "multiply"}
-    np.testing.assert_allclose(_with_epilogue(acc, epilogue, bias, operand), [[4.5, 0.0]])
-    np.testing.assert_allclose(_with_epilogue(acc, {**epilogue, "residual_op": "add"}, bias, operand), [[4.5, 4.0]])
+    np.testing.assert_allclose(with_epilogue(acc, epilogue, bias, operand), [[4.5, 0.0]])
+    np.testing.assert_allclose(with_epilogue(acc, {**epilogue, "residual_op": "add"}, bias, operand), [[4.5, 4.0]])

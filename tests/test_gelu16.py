@@ -1,9 +1,6 @@
 """The 16-bit GELU (kernel_spec.GELU16_LOG2_TAIL, templates.GELU16_FUNCTOR): its accuracy over every
 finite fp16 input, the fit that produced it, the C++ that computes it, and which kernels use it."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,13 +10,11 @@ from relax_cutlass.kinds.epilogue import ACTIVATIONS, GELU16_LOG2_TAIL, Epilogue
 from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem
 from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
 from relax_cutlass.stages.emit import emit_kernel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import fit_gelu16  # noqa: E402
+from relax_cutlass.testing import gelu16
 
 
 def test_within_one_fp16_ulp_of_gelu_for_every_fp16_input():
-    report = fit_gelu16.fp16_error_report(GELU16_LOG2_TAIL)
+    report = gelu16.fp16_error_report(GELU16_LOG2_TAIL)
     assert report["inputs"] == 63488
     assert report["max_ulps"] == 1, report
     # Relative to max(|gelu|, fp16 min normal): a sixth of an fp16 ulp at worst.
@@ -29,13 +24,13 @@ def test_within_one_fp16_ulp_of_gelu_for_every_fp16_input():
 
 def test_far_inputs_and_zero():
     x = np.array([-1e30, -100.0, -20.0, -8.0, -0.0, 0.0, 8.0, 100.0, 1e30], dtype=np.float32)
-    got = fit_gelu16.gelu16_emulated(x, GELU16_LOG2_TAIL)
-    np.testing.assert_allclose(got, fit_gelu16.gelu_exact(x), rtol=1e-6, atol=1e-14)
-    assert np.isnan(fit_gelu16.gelu16_emulated(np.array([np.nan], np.float32), GELU16_LOG2_TAIL)).all()
+    got = gelu16.gelu16_emulated(x, GELU16_LOG2_TAIL)
+    np.testing.assert_allclose(got, gelu16.gelu_exact(x), rtol=1e-6, atol=1e-14)
+    assert np.isnan(gelu16.gelu16_emulated(np.array([np.nan], np.float32), GELU16_LOG2_TAIL)).all()
 
 
 def test_coefficients_are_the_fit_the_script_makes():
-    fitted = fit_gelu16.fit().astype(np.float32)
+    fitted = gelu16.fit().astype(np.float32)
     np.testing.assert_array_equal(fitted, np.array(GELU16_LOG2_TAIL, dtype=np.float32))
 
 
@@ -72,7 +67,7 @@ def test_cpp_functor_matches_the_emulation():
     the emulated values, elementwise and in the Array form the epilogues call."""
     from relax_cutlass.extend import evaluate_functor
 
-    x = fit_gelu16.finite_fp16()
+    x = gelu16.finite_fp16()
     got = evaluate_functor(ACTIVATIONS["gelu"].narrow, x, arch="sm_90a")
-    want = fit_gelu16.gelu16_emulated(x, GELU16_LOG2_TAIL).astype(np.float64)
+    want = gelu16.gelu16_emulated(x, GELU16_LOG2_TAIL).astype(np.float64)
     np.testing.assert_allclose(got, np.stack([want, want], axis=1), rtol=1e-6, atol=1e-30)

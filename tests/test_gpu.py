@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import gpu_available
+
+from relax_cutlass.testing.harness import gpu_available
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,10 +16,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
-
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import arch_name, local_gpu_arch  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 
 torch, tvm, relax = gpu_convs.torch, gpu_convs.tvm, gpu_convs.relax
 

@@ -17,10 +17,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
-
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 
 if local_gpu_arch() != 90:
     pytest.skip("SM90 kernels need a Hopper GPU", allow_module_level=True)
@@ -237,11 +236,8 @@ def test_sm90_attention_symbolic_sequence_length(causal):
 def test_sm90_attention_reads_heads_split_from_a_projection():
     """softmax(q k^T / sqrt(H)) v as torch.export writes a BERT layer: q, k, v are (B, S, N*H)
     projections whose heads the kernel reads through strides."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_attention import torch_export_attention
+    from relax_cutlass.testing.attention import torch_export_attention
 
     b, s, n, h = 2, 77, 8, 64
     mod = torch_export_attention(b=b, s=s, n=n, h=h)
@@ -282,15 +278,12 @@ def test_an_arange_built_causal_mask_runs_as_the_kernels_causal_mask(family, kin
     """A decoder's mask built from aranges (Hugging Face's form: where(j <= i + d, 0, finfo.min))
     in front of a decomposed attention, as torch.export writes it: evaluated at build time and run
     as the kernel's causal mask (SM90 by default; the SM80 kernel's run-time flag), no mask tensor."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_causal_masks import _Attention
+    from relax_cutlass.testing.models.torch_attention import CausalAttention
 
     b, n, h = 2, 8, 128
     q, k, v = torch.randn(b, n, s, h), torch.randn(b, n, t, h), torch.randn(b, n, t, h)
-    mod = relax_cutlass.from_torch(_Attention(kind, float(np.finfo("float32").min)), (q, k, v))
+    mod = relax_cutlass.from_torch(CausalAttention(kind, float(np.finfo("float32").min)), (q, k, v))
     vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
     causal = "TopLeft" if kind == "top_left" else "BottomRight"
     assert row["attention"]["causal"] == causal and "bias" not in row["attention"], row
@@ -318,16 +311,13 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
     """transformers' repeat_kv in front of the attention (8 query heads over 2 kv heads): the
     repeat is read through strides, never written: the SM90 kernel as (kv heads, group) per batch
     with a static stride 0, the SM80 kernel one launch per kv head."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_causal_masks import _Attention
+    from relax_cutlass.testing.models.torch_attention import CausalAttention
 
     n, group, s, h = 8, 4, 1000, 128
     q = torch.randn(batch, n, s, h)
     k, v = torch.randn(batch, n // group, s, h), torch.randn(batch, n // group, s, h)
-    mod = relax_cutlass.from_torch(_Attention(kind, group=group), (q, k, v))
+    mod = relax_cutlass.from_torch(CausalAttention(kind, group=group), (q, k, v))
     vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
     assert row["attention"]["kv_heads"] == n // group and row["family"] == ("sm90" if family == "auto" else "sm80")
     assert row["attention"].get("causal") == ("TopLeft" if kind == "top_left" else None), row
@@ -343,17 +333,14 @@ def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family
     """Falcon's multi-query attention (one kv head broadcast over 8 query heads by sdpa, causal or
     with a padding mask): one region, one launch per batch (SM90) or per call (SM80),
     against torch in float64."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_gqa import _MultiQuery
+    from relax_cutlass.testing.models.torch_attention import MultiQueryAttention
 
     n, s, h = 8, 1000, 128
     q, k, v = torch.randn(batch, n, s, h), torch.randn(batch, 1, s, h), torch.randn(batch, 1, s, h)
     keep = torch.ones(batch, s, dtype=torch.bool)
     keep[-1, s // 3 :] = False
-    module = _MultiQuery(form)
+    module = MultiQueryAttention(form)
     mod = relax_cutlass.from_torch(module, (q, k, v, keep))
     vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
     assert row["attention"]["kv_heads"] == 1 and row["attention"]["heads"] == n, row
@@ -375,14 +362,10 @@ def test_packed_projection_is_read_in_place(family, model):
     """q, k and v sliced out of one packed projection (torch's nn.MultiheadAttention in a ViT;
     GPT-2's split), read in place at their offsets by both kernel families: the whole model
     against torch in float64."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_models import vit
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_models import vit
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     if model == "vit":  # head dim 64: the SM90 kernel's
@@ -409,13 +392,9 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
     """A transformer exported with a symbolic sequence length (torch.export.Dim): its attention is
     one region on the SM80 kernel with the run-time mask read as an additive bias, right at lengths
     other than the example's."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     module = last_hidden_state(small_transformer(family, layers=1))
@@ -442,13 +421,9 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
     row, for a symbolic T, is the softmax of a row of zeros). Every row, padded ones included,
     against torch float64, at two lengths."""
     import copy
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     module = last_hidden_state(small_transformer("gpt2", "eager", layers=1))
@@ -489,12 +464,9 @@ def test_a_bias_off_16_byte_rows_is_padded_and_right(kwargs):
     """Key counts off a multiple of 8 with a mask/bias (the kernel's run function copies
     the bias into 16-byte rows, PadBiasRows; the glue used to refuse them): against TVM's llvm build
     of the same graph, fully masked first rows included."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from harness import build_cpu, run_vm
-    from test_attention import masked_inputs, sdpa_attention
+    from relax_cutlass.testing.attention import masked_inputs, sdpa_attention
+    from relax_cutlass.testing.harness import build_cpu, run_vm
 
     mod = sdpa_attention(**kwargs)
     vm, rows = _build(mod)

@@ -1,17 +1,13 @@
-"""The GPU suite's case tables on the CPU (tests/gpu_cases.py, bench/suite_cases.py): a gap or a
-clash there would make the GPU run check less than it says, or overwrite one case's library with
+"""The GPU suite's case tables on the CPU (relax_cutlass.testing's gpu_cases and suite_cases): a gap
+or a clash there would make the GPU run check less than it says, or overwrite one case's library with
 another's."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from gpu_cases import CONV_SYMBOLIC_RUNS, FAMILIES, SYMBOLIC_RUNS, correctness_cases
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import suite_cases  # noqa: E402
+from relax_cutlass.testing import suite_cases
+from relax_cutlass.testing.gpu_cases import CONV_SYMBOLIC_RUNS, FAMILIES, SYMBOLIC_RUNS, correctness_cases
 
 CASES = correctness_cases()
 BENCHMARKS = {"bench", "conv_bench", "sweep", "model", "resnet", "bert"}
@@ -53,7 +49,7 @@ def test_symbolic_cases_run_at_several_sizes_and_both_families():
 def test_the_module_wide_checks_find_their_cases():
     """The glue checks call a region's function with its weights as arguments: their cases must
     leave the weights unbound; the GELU check reads x @ I + 0 from an unbound 8x8 dense."""
-    gpu_checks = pytest.importorskip("gpu_checks")  # torch
+    gpu_checks = pytest.importorskip("relax_cutlass.testing.gpu_checks")  # torch
     by_name = {case.name: case for case in CASES}
     for name, section in ((gpu_checks.GLUE_CASE, "tests"), (gpu_checks.CONV_GLUE_CASE, "conv"),
                           (gpu_checks.GELU_CASE, "tests")):  # fmt: skip

@@ -11,10 +11,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
-
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 
 if local_gpu_arch() != 90:
     pytest.skip("SM90 kernels need a Hopper GPU", allow_module_level=True)

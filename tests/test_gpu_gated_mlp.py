@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import gpu_available
+
+from relax_cutlass.testing.harness import gpu_available
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +22,8 @@ relax = pytest.importorskip("tvm.relax")
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import arch_name, local_gpu_arch  # noqa: E402
-from relax_cutlass.models import gated_mlp_model, random_weights  # noqa: E402
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
+from relax_cutlass.testing.models import gated_mlp_model, random_weights  # noqa: E402
 
 SM = local_gpu_arch()
 ARCH = arch_name(SM)
@@ -66,12 +68,6 @@ def _run(mod, family, m, hidden, weights):
     return report, x, vm["main"](*args).numpy()
 
 
-def _relative_error(got, want):
-    got = got.astype("float64")
-    assert np.isfinite(got).all()
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 @pytest.mark.parametrize("family, prefix", FAMILIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"m{c[0]}_k{c[1]}_n{c[2]}_{c[3]}")
 def test_gated_mlp_multiply_epilogue_matches_torch_float64(family, prefix, case):
@@ -82,7 +78,7 @@ def test_gated_mlp_multiply_epilogue_matches_torch_float64(family, prefix, case)
     fused = [r for r in report.offloaded if r["epilogue"].endswith("residual_mul")]
     # 2-element rows (N = 1374) cannot be read by TMA: the SM80 kernel, on Hopper too
     assert len(fused) == 1 and fused[0]["kernel"].startswith(prefix if inter % 8 == 0 else "sm80_"), str(report)
-    assert _relative_error(got, _reference(x, weights, activation, bias, up_first, down)) < 5e-3
+    assert rel_error(got, _reference(x, weights, activation, bias, up_first, down)) < 5e-3
 
 
 @pytest.mark.parametrize("family, prefix", FAMILIES)
@@ -101,4 +97,4 @@ def test_gated_mlp_with_a_symbolic_m(family, prefix):
             tvm.runtime.tensor(weights[p.name], dev) for p in mod["main"].params if p.name != "x"
         ]
         got = vm["main"](*args).numpy()
-        assert _relative_error(got, _reference(x, weights, "silu", False, False, False)) < 5e-3
+        assert rel_error(got, _reference(x, weights, "silu", False, False, False)) < 5e-3

@@ -10,10 +10,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
-
 import relax_cutlass  # noqa: E402
 from relax_cutlass.kinds.conv2d.supergroups import super_group_size  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 
 # (N, H=W, C, K, groups, R, stride, dilation, bias, activation)
 CASES = [

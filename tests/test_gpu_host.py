@@ -26,7 +26,7 @@ relax = pytest.importorskip("tvm.relax")
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
-from relax_cutlass.models import dense_epilogue_model  # noqa: E402
+from relax_cutlass.testing.models import dense_epilogue_model  # noqa: E402
 
 
 def _dense_bias_build(tmp_path):

@@ -3,7 +3,7 @@ kind takes (ConvNeXt's fp16 LayerNorm, BERT's post-LN add + LN with the f32 norm
 output, GPT-2's pre-LN add + LN with the sum as a second output, Llama's decomposed RMSNorm,
 R.nn.rms_norm, bf16), odd and large normalized sizes (warp-per-row and CTA-per-row kernels) and a
 symbolic row count, against TVM's own CUDA build of the same module and a float64 numpy reference.
-A module's extra outputs are concatenated into its one result (tests/norm_graphs.py), so both
+A module's extra outputs are concatenated into its one result (relax_cutlass/testing/norm_graphs.py), so both
 outputs of a two-output region are checked."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
-from harness import random_inputs, rel_error  # noqa: E402
-from norm_graphs import norm_module  # noqa: E402
 from tvm import relax  # noqa: E402
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.kinds.norm.reference import norm_reference  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
+from relax_cutlass.testing.harness import random_inputs  # noqa: E402
+from relax_cutlass.testing.norm_graphs import norm_module  # noqa: E402
 
 CASES = [
     dict(form="layer_norm", rows=(4, 56, 56), n=96, dtype="float16", epsilon=1e-6),  # ConvNeXt stage 1

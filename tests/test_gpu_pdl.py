@@ -13,14 +13,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 import relax_cutlass  # noqa: E402
-from relax_cutlass.models.torch_transformers import last_hidden_state  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.models.torch_transformers import last_hidden_state  # noqa: E402
 
 
 def _model(family: str):

@@ -1,8 +1,8 @@
-"""The GPU suite's correctness cases (tests/gpu_cases.py), built in-process as a user on a GPU
+"""The GPU suite's correctness cases (relax_cutlass/testing/gpu_cases.py), built in-process as a user on a GPU
 machine builds them (the GPU host with the whole TVM): each kernel family's library against TVM's
 own CUDA build of the same model and a float64 torch reference, on two input seeds per shape and
 at several sizes of a symbolic dimension; the glue's argument errors, the 16-bit GELU on every
-finite fp16 value, and chains of SM90 kernels called back to back (tests/gpu_checks.py).
+finite fp16 value, and chains of SM90 kernels called back to back (relax_cutlass/testing/gpu_checks.py).
 
 Every selected case's kernels are compiled up front, nvcc on all cores (the session fixture), then
 each case builds from the object cache when its test first needs it. GPU_SUITE_TUNING_DB adds the
@@ -18,12 +18,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-import gpu_convs  # noqa: E402, F401  (skips this module without a GPU, torch or TVM's compiler)
 
 # isort: split
-import gpu_checks  # noqa: E402
-from gpu_build import build_case, local_arch, prewarm  # noqa: E402
-from gpu_cases import SuiteCase, correctness_cases  # noqa: E402
+from relax_cutlass.testing import gpu_convs  # noqa: E402, F401  (skips this module without a GPU, torch or TVM's compiler)
+
+# isort: split
+from relax_cutlass.testing import gpu_checks  # noqa: E402
+from relax_cutlass.testing.gpu_build import build_case, local_arch, prewarm  # noqa: E402
+from relax_cutlass.testing.gpu_cases import SuiteCase, correctness_cases  # noqa: E402
 
 TUNING_DB = os.environ.get("GPU_SUITE_TUNING_DB", "")
 CASES = correctness_cases(TUNING_DB)

@@ -9,15 +9,17 @@ import dataclasses
 
 import numpy as np
 import pytest
-from harness import compare_on_cpu, op_names, random_inputs
-from test_attention import check_regions_against_kernel_model
-from test_causal_masks import _Attention, _attention_rows
 
 import relax_cutlass
 from relax_cutlass.kinds.attention.records import AttentionProblem, attention_key
 from relax_cutlass.kinds.attention.reference import attention_reference, problem
+from relax_cutlass.testing.attention import attention_rows_after_offload, check_regions_against_kernel_model
+from relax_cutlass.testing.harness import compare_on_cpu, op_names, random_inputs
 
 torch = pytest.importorskip("torch")
+
+# isort: split
+from relax_cutlass.testing.models.torch_attention import CausalAttention, MultiQueryAttention  # noqa: E402
 
 
 @pytest.mark.parametrize("kind, batch, group", [("top_left", 1, 2), ("none", 2, 4), ("top_left", 2, 4)])
@@ -25,8 +27,8 @@ def test_grouped_keys_and_values_are_read_through_strides(kind, batch, group):
     heads, rows, h = 8, 24, 16
     q = torch.randn(batch, heads, rows, h)
     k, v = torch.randn(batch, heads // group, rows, h), torch.randn(batch, heads // group, rows, h)
-    mod = relax_cutlass.from_torch(_Attention(kind, group=group), (q, k, v))
-    (row,), partitioned, rewritten = _attention_rows(mod)
+    mod = relax_cutlass.from_torch(CausalAttention(kind, group=group), (q, k, v))
+    (row,), partitioned, rewritten = attention_rows_after_offload(mod)
     assert row["attention"]["heads"] == heads and row["attention"]["kv_heads"] == heads // group, row
     assert row["composite"] == "relax_cutlass.attention_softmax_gqa", row
     assert "relax.broadcast_to" not in op_names(rewritten)  # no repeat left for TVM to write
@@ -39,8 +41,8 @@ def test_a_repeat_of_all_heads_is_left_to_tvm_and_the_rest_fused():
     """torch's repeat (query head n reads kv head n % N_kv) is no grouped-query layout the kernels
     read: the repeat stays in TVM, the attention is still one region, and the result is right."""
     q, k, v = torch.randn(1, 8, 24, 16), torch.randn(1, 2, 24, 16), torch.randn(1, 2, 24, 16)
-    mod = relax_cutlass.from_torch(_Attention("top_left", group=4, tile=True), (q, k, v))
-    (row,), _, _ = _attention_rows(mod)
+    mod = relax_cutlass.from_torch(CausalAttention("top_left", group=4, tile=True), (q, k, v))
+    (row,), _, _ = attention_rows_after_offload(mod)
     assert "kv_heads" not in row["attention"] and row["composite"] == "relax_cutlass.attention_softmax", row
     compare_on_cpu(mod, random_inputs(mod))
 
@@ -77,27 +79,6 @@ def test_profiling_reference_repeats_the_kv_heads():
     assert want.shape == (2, len(index[1]), 8, 16)
 
 
-class _MultiQuery(torch.nn.Module):
-    """Multi-query attention as Falcon writes it: torch's scaled_dot_product_attention of (B, N, S, H)
-    queries with (B, 1, T, H) keys and values (sdpa broadcasts the one kv head over the query heads),
-    causal, with a boolean padding mask, or with the kv head broadcast by an explicit `expand`."""
-
-    def __init__(self, form: str):
-        super().__init__()
-        self.form = form
-
-    def forward(self, q, k, v, keep):
-        f = torch.nn.functional.scaled_dot_product_attention
-        if self.form == "causal":
-            out = f(q, k, v, is_causal=True)
-        elif self.form == "padding":
-            out = f(q, k, v, attn_mask=keep[:, None, None, :])
-        else:  # "expand": the repeat written out, then plain attention
-            k, v = (x.expand(-1, q.shape[1], -1, -1) for x in (k, v))
-            out = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1) @ v
-        return out.transpose(1, 2)
-
-
 @pytest.mark.parametrize("form, batch", [("causal", 1), ("causal", 2), ("padding", 2), ("expand", 3)])
 def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(form, batch):
     """Falcon's multi-query attention (one kv head broadcast to all query heads) stayed in TVM:
@@ -108,8 +89,8 @@ def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(form, 
     k, v = torch.randn(batch, 1, rows, h), torch.randn(batch, 1, rows, h)
     keep = torch.ones(batch, rows, dtype=torch.bool)
     keep[-1, rows // 2 :] = False
-    mod = relax_cutlass.from_torch(_MultiQuery(form), (q, k, v, keep))
-    (row,), partitioned, rewritten = _attention_rows(mod)
+    mod = relax_cutlass.from_torch(MultiQueryAttention(form), (q, k, v, keep))
+    (row,), partitioned, rewritten = attention_rows_after_offload(mod)
     assert row["attention"]["heads"] == heads and row["attention"]["kv_heads"] == 1, row
     assert "relax.broadcast_to" not in op_names(rewritten)  # the repeat is read, not written
     compare_on_cpu(mod, random_inputs(mod))

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 
 import tvm
-from graphs import CONV_GRAPH, GEMM_GRAPH, conv_graph, gemm_graph
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
 from hypothesis import HealthCheck, given, settings
 
 import relax_cutlass
-from relax_cutlass.models import bind_weights, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.regions import analyze
+from relax_cutlass.testing.graphs import CONV_GRAPH, GEMM_GRAPH, conv_graph, gemm_graph
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
+from relax_cutlass.testing.models import random_weights
 
 
 def _check_offload(mod: tvm.IRModule, **dims) -> None:

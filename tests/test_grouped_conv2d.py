@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
 
 import relax_cutlass
 from relax_cutlass.kinds.conv2d.groups import group_mode, grouped_conv_problems, iterator_for
@@ -16,7 +15,9 @@ from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv
 from relax_cutlass.kinds.conv2d.select import choose_conv2d_kernel, conv2d_tiles, grouped_tile_widths
 from relax_cutlass.kinds.conv2d.supergroups import block_diagonal, super_group_size
 from relax_cutlass.kinds.epilogue import Epilogue
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
+from relax_cutlass.testing.models import conv2d_epilogue_model, random_weights
 
 RELU = Epilogue(bias=True, activation="relu")
 
@@ -208,8 +209,10 @@ def test_resnext_from_torch_offloads_every_conv():
     torchvision's resnext50_32x4d: same parameter count) through torch.export: batch norm folded,
     NHWC, and all 4 grouped convs (4, 8, 16, 32 channels per group; strides 1, 2, 2, 2) offloaded with
     their bias + relu, as 64-channel super-groups, next to the 13 ungrouped convs and the classifier."""
-    torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
-    from relax_cutlass.models import bind_float16
+    torch_models = pytest.importorskip(
+        "relax_cutlass.testing.models.torch_models", reason="needs the 'models' extra (torch)"
+    )
+    from relax_cutlass.prepare import bind_float16
 
     full = torch_models.resnet50(groups=32, width_per_group=4)
     assert sum(p.numel() for p in full.parameters()) == 25_028_904

@@ -17,19 +17,20 @@ ABOVE = {
     "relax_cutlass.toolkit": (
         "relax_cutlass.kinds", "relax_cutlass.stages", "relax_cutlass.rewrites", "relax_cutlass.pipeline",
         "relax_cutlass.transform", "relax_cutlass.frontend", "relax_cutlass.extend", "relax_cutlass.tune",
-        "relax_cutlass.models",
+        "relax_cutlass.prepare", "relax_cutlass.testing",
     ),
     "relax_cutlass.kinds": (
         "relax_cutlass.stages", "relax_cutlass.rewrites", "relax_cutlass.pipeline", "relax_cutlass.transform",
-        "relax_cutlass.frontend", "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.models",
+        "relax_cutlass.frontend", "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.prepare",
+        "relax_cutlass.testing",
     ),
     "relax_cutlass.stages": (
         "relax_cutlass.pipeline", "relax_cutlass.transform", "relax_cutlass.frontend", "relax_cutlass.extend",
-        "relax_cutlass.tune", "relax_cutlass.models",
+        "relax_cutlass.tune", "relax_cutlass.prepare", "relax_cutlass.testing",
     ),
     "relax_cutlass.rewrites": (
         "relax_cutlass.stages", "relax_cutlass.pipeline", "relax_cutlass.transform", "relax_cutlass.frontend",
-        "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.models",
+        "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.prepare", "relax_cutlass.testing",
     ),
 }  # fmt: skip
 
@@ -100,3 +101,48 @@ def test_a_layer_imports_the_package_at_module_level(layer):
         if (module == layer or module.startswith(layer + ".")) and target.startswith("relax_cutlass")
     ]
     assert not local, "\n".join(local)
+
+
+def test_the_library_does_not_import_the_testing_package():
+    """relax_cutlass.testing (harness, model builders, GPU checks, the zoo) sits above the library:
+    only the main job (`python -m relax_cutlass`, which builds an example model) may use it."""
+    into_testing = [
+        f"{module}:{line} imports {target}"
+        for module, target, _, line in imports()
+        if not module.startswith("relax_cutlass.testing")
+        and module != "relax_cutlass.__main__"
+        and (target == "relax_cutlass.testing" or target.startswith("relax_cutlass.testing."))
+    ]
+    assert not into_testing, "\n".join(into_testing)
+
+
+ROOT = PACKAGE.parent
+CALLERS = ("tests", "bench", "scripts")
+
+
+def _caller_files() -> list[Path]:
+    return [path for folder in CALLERS for path in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_tests_bench_and_scripts_import_through_the_testing_package_not_sys_path():
+    """What tests, benchmarks and scripts share lives in relax_cutlass.testing, imported like any
+    package: no file edits sys.path to reach another folder's modules."""
+    edits = []
+    for path in _caller_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                edits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert _caller_files() and not edits, "\n".join(edits)
+
+
+def test_tests_bench_and_scripts_import_no_underscore_names():
+    private = []
+    for path in _caller_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name.startswith("_") and not (node.module or "").startswith("tvm")
+                ]
+    assert not private, "\n".join(private)

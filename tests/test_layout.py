@@ -4,12 +4,13 @@ negative axes; and a layout failure that must leave the function in NCHW, report
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, compare_on_cpu, random_inputs, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.models import bind_float16
+from relax_cutlass.prepare import bind_float16
 from relax_cutlass.rewrites.layout import LAYOUT_SKIPPED_ATTR, ConvertToNHWC, layout_skipped
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, compare_on_cpu, random_inputs, run_vm
 
 
 def _conv_layouts(mod: tvm.IRModule) -> list[str]:
@@ -84,7 +85,7 @@ def test_a_negative_squeeze_away_from_the_convs_converts():
 
 
 torch = pytest.importorskip("torch", reason="needs the 'models' extra (torch)")
-torch_models = pytest.importorskip("relax_cutlass.models.torch_models")
+torch_models = pytest.importorskip("relax_cutlass.testing.models.torch_models")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import dataclasses
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from string import Template
 
@@ -20,15 +19,14 @@ import pytest
 import tvm_ffi
 
 import relax_cutlass
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
+from relax_cutlass.testing.attention import torch_export_attention
+from relax_cutlass.testing.models import conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.toolkit.compile import compile_all, link_relocatable, toolchain
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_attention import torch_export_attention  # noqa: E402
 
 
 def regions_of(mod, arch="sm_80"):

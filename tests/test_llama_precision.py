@@ -13,11 +13,12 @@ import copy
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.models.torch_transformers import last_hidden_state
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, run_vm
+from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
 
 def _small_llama(torch, transformers):

@@ -11,15 +11,18 @@ the values.
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, op_names, random_inputs, rel_error, run_vm
 from tvm import relax
 from tvm.relax.op import add, astype, divide, maximum, mean, minimum, multiply, nn
 
 import relax_cutlass
-from relax_cutlass.models import bind_float16, tvm_baseline
+from relax_cutlass.prepare import bind_float16, tvm_baseline
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, op_names, random_inputs, run_vm
 from relax_cutlass.transform import MakeGemmBroadcastsExplicit
 
-torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
+torch_models = pytest.importorskip(
+    "relax_cutlass.testing.models.torch_models", reason="needs the 'models' extra (torch)"
+)
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm")
 # mobilenet_v3_large's 4th and 5th blocks: squeeze-excitation after a stride-2 depthwise conv, then

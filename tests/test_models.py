@@ -3,15 +3,17 @@
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, random_inputs
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.models import bind_float16
-from relax_cutlass.models.torch_transformers import last_hidden_state
+from relax_cutlass.prepare import bind_float16
+from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
+from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
-torch_models = pytest.importorskip("relax_cutlass.models.torch_models", reason="needs the 'models' extra (torch)")
-torch_transformers = pytest.importorskip("relax_cutlass.models.torch_transformers")
+torch_models = pytest.importorskip(
+    "relax_cutlass.testing.models.torch_models", reason="needs the 'models' extra (torch)"
+)
+torch_transformers = pytest.importorskip("relax_cutlass.testing.models.torch_transformers")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,8 @@ def test_llama_style_gated_mlp():
 
 def test_onnx_model_through_the_onnx_frontend():
     pytest.importorskip("onnx", reason="needs the 'models' extra (onnx)")
-    from relax_cutlass.models import onnx_conv_mlp, to_float16
+    from relax_cutlass.prepare import to_float16
+    from relax_cutlass.testing.models import onnx_conv_mlp
 
     mod, _ = onnx_conv_mlp()
     mod = to_float16(mod)
@@ -216,7 +219,7 @@ def test_from_torch_imports_a_half_precision_model_as_users_hold_it():
     assert [str(p.ty.dtype) for p in mod["main"].params] == ["float32"]
     got, _, rewritten = compare_on_cpu(mod, [x.numpy()])
     assert sorted(r["op"] for r in relax_cutlass.offload_report(rewritten).offloaded) == ["conv2d", "matmul"]
-    from harness import rel_error
+    from relax_cutlass.testing.errors import rel_error
 
     assert rel_error(got, expected) < 1e-2
 
@@ -261,7 +264,7 @@ def test_from_torch_counts_a_bool_cumsum_as_torch_does():
 
     x = torch.randn(2, 64)
     mod = relax_cutlass.from_torch(CountPositive(), (x,))
-    from harness import build_cpu, run_vm
+    from relax_cutlass.testing.harness import build_cpu, run_vm
 
     got = run_vm(build_cpu(mod), [x.numpy()])
     np.testing.assert_array_equal(got, CountPositive()(x).numpy())
@@ -302,7 +305,7 @@ def test_from_torch_never_materializes_a_broadcast_weight():
     144 s on the GPU host) and TVM's library of it crashed its loader. The weights now stay 2-D:
     the module's constants are no larger than the model's parameters."""
     torch = pytest.importorskip("torch")
-    from relax_cutlass.models.torch_models import vit
+    from relax_cutlass.testing.models.torch_models import vit
 
     model = vit(image=64, hidden=64, layers=2, heads=4, num_classes=10)
     parameter_bytes = sum(p.numel() for p in model.parameters()) * 4
@@ -320,9 +323,8 @@ def test_from_torch_never_materializes_a_broadcast_weight():
 
 
 def _bf16_models(torch):
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_models import mobilenet_v3
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_models import mobilenet_v3
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
@@ -341,7 +343,8 @@ def test_from_torch_in_bfloat16(name):
     bfloat16 allows, and its GEMMs and convs offload."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from harness import build_cpu, rel_error, run_vm
+    from relax_cutlass.testing.errors import rel_error
+    from relax_cutlass.testing.harness import build_cpu, run_vm
 
     model, example = _bf16_models(torch)[name]
     with torch.no_grad():
@@ -368,7 +371,14 @@ def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
     lengths other than the example's."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from harness import build_cpu, offload_pipeline_on_cpu, partition_for_cpu, rel_error, run_vm, small_transformer
+    from relax_cutlass.testing.errors import rel_error
+    from relax_cutlass.testing.harness import (
+        build_cpu,
+        offload_pipeline_on_cpu,
+        partition_for_cpu,
+        run_vm,
+        small_transformer,
+    )
 
     torch.manual_seed(0)
     model = last_hidden_state(small_transformer(family, layers=1))
@@ -385,7 +395,7 @@ def test_from_torch_with_a_symbolic_sequence_length_builds_and_offloads(family):
     # The mask, built from the symbolic length at run time, is read as an additive bias.
     attention = [r for r in relax_cutlass.offload_report(offloaded).offloaded if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["seq_q"] == "dynamic", attention
-    from test_attention import check_regions_against_kernel_model
+    from relax_cutlass.testing.attention import check_regions_against_kernel_model
 
     partitioned = partition_for_cpu(mod, "sm_90a")
     assert check_regions_against_kernel_model(partitioned, **{length.name: 29}) == 1
@@ -415,7 +425,8 @@ def test_falcon_multi_query_takes_its_kv_heads_with_negative_indices():
     FixTvmCudaForms wraps the constant indices as torch does."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
+    from relax_cutlass.testing.errors import rel_error
+    from relax_cutlass.testing.harness import build_cpu, offload_pipeline_on_cpu, run_vm
 
     torch.manual_seed(0)
     model = _multi_query_falcon(transformers, layers=2)
@@ -454,9 +465,8 @@ def test_negative_constant_take_indices_are_wrapped():
 def test_negative_take_indices_over_a_symbolic_axis_become_slices(index):
     """A symbolic axis (a sequence exported with a Dim) has no size to wrap a negative index by:
     each index becomes a strided_slice at n + index (a 0-d index drops the axis, as take does)."""
-    from harness import build_cpu
-
     from relax_cutlass.rewrites.canonicalize import wrap_negative_take_indices
+    from relax_cutlass.testing.harness import build_cpu
 
     s = tvm.tirx.Var("s", "int64")
     x = relax.Var("x", relax.TensorType((2, s, 4), "float32"))
@@ -479,7 +489,8 @@ def test_falcon_with_a_symbolic_sequence_length_is_right():
     is static, so the indices are wrapped."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from harness import build_cpu, offload_pipeline_on_cpu, rel_error, run_vm
+    from relax_cutlass.testing.errors import rel_error
+    from relax_cutlass.testing.harness import build_cpu, offload_pipeline_on_cpu, run_vm
 
     torch.manual_seed(0)
     model = _multi_query_falcon(transformers, layers=1)
@@ -507,7 +518,7 @@ def test_a_symbolic_sequence_length_keeps_every_fusion_of_the_static_export(fami
     projection, a batched matmul on its weight broadcast over the batch, in TVM."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from harness import small_transformer
+    from relax_cutlass.testing.harness import small_transformer
 
     torch.manual_seed(0)
     if family == "gpt_neox":
@@ -537,7 +548,7 @@ def test_a_dim_whose_guards_torch_cannot_prove_is_exported_as_dim_dynamic():
     retries with Dim.DYNAMIC and the same bounds, says so, and the length stays symbolic. Here a
     model that needs an even length stands in for it (torch 2.13 proves the Llama's guard)."""
     torch = pytest.importorskip("torch")
-    from harness import build_cpu, run_vm
+    from relax_cutlass.testing.harness import build_cpu, run_vm
 
     class Pairs(torch.nn.Module):
         def forward(self, x):

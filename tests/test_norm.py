@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import compare_on_cpu, offload_for_cpu, random_inputs
-from norm_graphs import norm_module
 
 import relax_cutlass
 from relax_cutlass.kinds.norm.records import NormKernel, NormProblem, row_layout
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu, random_inputs
+from relax_cutlass.testing.norm_graphs import norm_module
 
 
 def _norm_rows(mod):
@@ -129,9 +129,8 @@ def test_other_kinds_still_refuse_a_leaking_intermediate():
 def test_real_models_norm_regions():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from harness import small_transformer
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     ids = torch.randint(0, 512, (2, 16))
@@ -177,7 +176,7 @@ def test_convnext_blocks_layer_norms():
     downsampling LayerNorm2d (permute -> LN -> permute) and each block's LN after the depthwise conv
     (torchvision's blocks, `torch_models.convnext`; the classifier's LayerNorm2d on the pooled map)."""
     torch = pytest.importorskip("torch")
-    from relax_cutlass.models import torch_models
+    from relax_cutlass.testing.models import torch_models
 
     model = torch_models.convnext(num_classes=10, stages=((96, 192, 1), (192, None, 1)))
     x = torch.randn(2, 3, 32, 32)

@@ -10,10 +10,11 @@ import pytest
 import tvm
 
 import relax_cutlass
-from relax_cutlass.models import bind_weights, conv2d_epilogue_model, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.models import conv2d_epilogue_model, dense_epilogue_model, random_weights
 from relax_cutlass.toolkit.compile import compile_all
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
@@ -285,11 +286,8 @@ def test_fused_attention_exports(tmp_path, arch, kernel):
     """softmax(q k^T * scale) v, as torch.export writes it and with a symbolic batch, through
     nvcc (CUTLASS's fused attention kernel is a few seconds; examples/88's Hopper kernel on sm_90a
     about a minute) into an exported library."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_attention import torch_export_attention
+    from relax_cutlass.testing.attention import torch_export_attention
 
     mod = torch_export_attention(b=2, s=16, n=4, h=64, symbolic_batch=True)
     offloaded = relax_cutlass.offload_pipeline(arch)(mod)
@@ -306,11 +304,8 @@ def test_fused_attention_exports(tmp_path, arch, kernel):
 def test_fused_attention_with_a_mask_exports(tmp_path):
     """transformers' sdpa attention (padding mask, safe softmax): the kernel built with CUTLASS's
     attention bias and the fix-up of fully masked rows, through nvcc into an exported library."""
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_attention import sdpa_attention
+    from relax_cutlass.testing.attention import sdpa_attention
 
     mod = sdpa_attention(b=2, s=16, n=4, h=64)
     offloaded = relax_cutlass.offload_pipeline("sm_80")(mod)

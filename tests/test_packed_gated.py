@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, compare_on_cpu, op_names, random_inputs, rel_error, run_vm
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.rewrites.gated import split_packed_gated_projections
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, compare_on_cpu, op_names, random_inputs, run_vm
 
 
 def _packed_mlp(m=24, hidden=64, inter=96, *, form="split", bias=False, act="silu", head_split=False):
@@ -72,9 +73,8 @@ def test_phi3_gated_mlp_fuses_and_matches_torch():
     dropped)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from harness import offload_pipeline_on_cpu
-
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.harness import offload_pipeline_on_cpu
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     config = transformers.Phi3Config(

@@ -14,33 +14,33 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from harness import (
-    build_cpu,
-    offload_pipeline_on_cpu,
-    op_names,
-    partition_for_cpu,
-    rel_error,
-    run_vm,
-    small_transformer,
-)
-from test_attention import _regions, check_regions_against_kernel_model
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.kinds.attention.packed import packed_projection_slices
 from relax_cutlass.stages.emit import emit_glue
+from relax_cutlass.testing.attention import attention_regions, check_regions_against_kernel_model
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import (
+    build_cpu,
+    offload_pipeline_on_cpu,
+    op_names,
+    partition_for_cpu,
+    run_vm,
+    small_transformer,
+)
 
 torch = pytest.importorskip("torch")
 
 
 def _vit():
-    from relax_cutlass.models.torch_models import vit
+    from relax_cutlass.testing.models.torch_models import vit
 
     return vit(image=32, patch=16, hidden=128, layers=2, heads=2), (torch.randn(2, 3, 32, 32),)
 
 
 def _gpt2():
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     return last_hidden_state(small_transformer("gpt2", "eager", layers=2)), (torch.randint(0, 128, (2, 16)),)
 
@@ -51,7 +51,7 @@ def test_packed_projection_is_read_in_place(model):
     module, example = model()
     mod = relax_cutlass.from_torch(module, example)
     partitioned = partition_for_cpu(mod, "sm_90a")
-    regions = _regions(partitioned)
+    regions = attention_regions(partitioned)
     assert regions
     for region in regions:
         problem = region.kernel.problem
@@ -150,4 +150,4 @@ def test_packed_glue_compiles():
     torch.manual_seed(0)
     module, example = _gpt2()
     partitioned = partition_for_cpu(relax_cutlass.from_torch(module, example), "sm_90a")
-    compile_all([emit_glue(_regions(partitioned), "packed")], 90)
+    compile_all([emit_glue(attention_regions(partitioned), "packed")], 90)

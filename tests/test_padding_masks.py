@@ -13,10 +13,11 @@ import warnings
 
 import numpy as np
 import pytest
-from harness import build_cpu, offload_for_cpu, rel_error, run_vm, serve_regions_on_cpu, small_transformer
 
 import relax_cutlass
-from relax_cutlass.models.torch_transformers import last_hidden_state
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, offload_for_cpu, run_vm, serve_regions_on_cpu, small_transformer
+from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -10,9 +10,10 @@ from tvm.relax.op import astype, divide, erf, multiply, nn
 
 import relax_cutlass
 from relax_cutlass.kinds.gemm.patterns import all_gemm_specs
-from relax_cutlass.models import bind_weights, dense, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 from relax_cutlass.stages.patterns import spec_by_name
+from relax_cutlass.testing.models import dense, dense_epilogue_model, random_weights
 
 
 def graph(params: dict[str, tuple[list[int], str]], body) -> tvm.IRModule:
@@ -109,7 +110,7 @@ def test_wrong_gelu_constant_is_not_fused_as_gelu():
 
 def test_wrong_tanh_gelu_constant_is_not_fused_as_gelu_tanh():
     """0.05 x^3 instead of GPT-2's 0.044715 x^3 is some other function: the GEMM keeps its bias only."""
-    from relax_cutlass.models import gelu_tanh_decomposed
+    from relax_cutlass.testing.models import gelu_tanh_decomposed
 
     mod = _model_with(lambda bb, y: gelu_tanh_decomposed(bb, y, cubic=0.05))
     assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
@@ -185,6 +186,6 @@ def test_intermediate_used_outside_is_not_swallowed():
     mod = graph({"x": X, "w": W, "b": B}, body)
     assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
     x_np = np.random.default_rng(0).uniform(-1, 1, (64, 16)).astype("float16")
-    from harness import compare_on_cpu, random_inputs
+    from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
 
     compare_on_cpu(mod, [x_np] + random_inputs(mod)[1:])

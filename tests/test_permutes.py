@@ -6,16 +6,18 @@ import os
 import numpy as np
 import pytest
 import tvm
-from harness import build_cpu, compare_on_cpu, rel_error, run_vm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 from tvm.script import relax as R
 
 import relax_cutlass
-from relax_cutlass.models import bind_float16, bind_weights, torch_models
+from relax_cutlass.prepare import bind_float16, bind_weights
 from relax_cutlass.rewrites.layout import ConvertToNHWC, layout_skipped
 from relax_cutlass.rewrites.permutes import sink_layout_permutes
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, compare_on_cpu, run_vm
+from relax_cutlass.testing.models import torch_models
 
 
 def _permutes(func: relax.Function) -> list[tuple[int, ...]]:

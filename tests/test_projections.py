@@ -12,20 +12,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from harness import (
-    build_cpu,
-    offload_for_cpu,
-    offload_pipeline_on_cpu,
-    op_names,
-    rel_error,
-    run_vm,
-    small_transformer,
-)
-from test_attention import check_regions_against_kernel_model
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.rewrites.projections import fuse_parallel_projections
+from relax_cutlass.testing.attention import check_regions_against_kernel_model
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import (
+    build_cpu,
+    offload_for_cpu,
+    offload_pipeline_on_cpu,
+    op_names,
+    run_vm,
+    small_transformer,
+)
 from relax_cutlass.transform import FuseParallelProjections
 
 
@@ -163,7 +163,7 @@ def test_only_the_projections_that_feed_heads_fuse():
 def _offloaded_transformer(family: str, layers: int = 2):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
     model = last_hidden_state(small_transformer(family, layers=layers))
@@ -213,7 +213,7 @@ def test_llama_attention_reads_its_value_in_place():
     assert attention["attention"]["packed"] == {"value": [2, 192, 256]}, attention["attention"]
     # the kernel's read of v (an offset and the projection's row stride) gives the region's values
     torch = pytest.importorskip("torch")
-    from relax_cutlass.models.torch_transformers import last_hidden_state
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     model = last_hidden_state(small_transformer("llama", layers=1))
     partitioned, _ = offload_for_cpu(relax_cutlass.from_torch(model, (torch.randint(0, 512, (2, 16)),)))
@@ -228,16 +228,13 @@ def test_rotary_families_read_their_value_in_place(family, packed):
     """GPT-NeoX (its per-head q|k|v split on the last of (B, S, N, 3H)), Phi and Qwen2 as
     scripts/hf_sweep.py builds them: v read in place, and the kernel's reads of it give the
     region's values."""
-    import sys
-    from pathlib import Path
 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
-    from hf_sweep import VOCAB, _model
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
 
     torch.manual_seed(0)
-    mod = relax_cutlass.from_torch(_model(family, torch, transformers), (torch.randint(3, VOCAB, (1, 16)),))
+    mod = relax_cutlass.from_torch(tiny_model(family, torch, transformers), (torch.randint(3, TINY_VOCAB, (1, 16)),))
     partitioned, rewritten = offload_for_cpu(mod)
     rows = [r for r in relax_cutlass.offload_report(rewritten).offloaded if r["op"] == "attention"]
     assert sum(r["calls"] for r in rows) == 2, rows  # both layers

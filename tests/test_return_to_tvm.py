@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 import tvm
-from harness import (
-    build_cpu,
-    offload_pipeline_on_cpu,
-    partition_for_cpu,
-    random_inputs,
-    rel_error,
-    run_vm,
-    serve_regions_on_cpu,
-)
 from tvm.script import relax as R
 
 import relax_cutlass
 from relax_cutlass.kinds import kind_of
 from relax_cutlass.kinds.gemm.records import GemmProblem
 from relax_cutlass.stages import codegen
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import (
+    build_cpu,
+    offload_pipeline_on_cpu,
+    partition_for_cpu,
+    random_inputs,
+    run_vm,
+    serve_regions_on_cpu,
+)
 from relax_cutlass.toolkit.compile import CompileError
 
 

@@ -5,11 +5,11 @@ weights would lose precision or the GEMM's result is read elsewhere."""
 import numpy as np
 import pytest
 import tvm
-from harness import compare_on_cpu, op_names
 from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.kinds.gemm.scales import fold_output_scales
+from relax_cutlass.testing.harness import compare_on_cpu, op_names
 
 RNG = np.random.default_rng(0)
 W = (RNG.uniform(-1, 1, (32, 16)) / 6).astype("float16")

@@ -1,13 +1,14 @@
 """The rewritten module computes what the original computes (CPU; kernels served by composites)."""
 
 import pytest
-from harness import compare_on_cpu, random_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import relax_cutlass
 from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
-from relax_cutlass.models import bert_encoder_layer, bind_weights, dense_epilogue_model, random_weights
+from relax_cutlass.prepare import bind_weights
+from relax_cutlass.testing.harness import compare_on_cpu, random_inputs
+from relax_cutlass.testing.models import bert_encoder_layer, dense_epilogue_model, random_weights
 
 
 @pytest.mark.parametrize("activation", ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed", "gelu_tanh_decomposed"])

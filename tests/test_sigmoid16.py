@@ -3,8 +3,6 @@ silu, sigmoid and tanh-GELU as rcp(1 + 2^(-z log2 e)). Their accuracy over every
 (and a bfloat16 sweep), the C++ that computes them, and which kernels use them."""
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,7 @@ from relax_cutlass.kinds.epilogue import ACTIVATIONS, SIGMOID16_FORMS, Epilogue
 from relax_cutlass.kinds.gemm.records import GemmKernel, GemmProblem
 from relax_cutlass.kinds.gemm.select import candidate_tiles_sm90, choose_kernel
 from relax_cutlass.stages.emit import emit_kernel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import fit_gelu16  # noqa: E402
+from relax_cutlass.testing import gelu16
 
 LOG2E = np.float32(1.44269504)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -53,12 +49,12 @@ def _emulated(base: str, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("base", sorted(SIGMOID16_FORMS))
 def test_within_one_fp16_ulp_for_every_fp16_input(base):
-    x = fit_gelu16.finite_fp16()
+    x = gelu16.finite_fp16()
     exact = EXACT[base](x.astype(np.float64))
     got = _emulated(base, x)
-    ulps = fit_gelu16.fp16_ulps(got.astype(np.float16), exact.astype(np.float16))
+    ulps = gelu16.fp16_ulps(got.astype(np.float16), exact.astype(np.float16))
     assert ulps.max() <= 1, (base, x[np.argmax(ulps)])
-    relative = np.abs(got - exact) / np.maximum(np.abs(exact), fit_gelu16.FP16_MIN_NORMAL)
+    relative = np.abs(got - exact) / np.maximum(np.abs(exact), gelu16.FP16_MIN_NORMAL)
     assert relative.max() < 2e-6, (base, x[np.argmax(relative)])
 
 
@@ -106,7 +102,7 @@ def test_cpp_functors_match_the_emulation():
     compiled for sm_90a) gives the emulated values, elementwise and in the Array form."""
     from relax_cutlass.extend import evaluate_functor
 
-    x = fit_gelu16.finite_fp16()[::5]
+    x = gelu16.finite_fp16()[::5]
     for base in sorted(SIGMOID16_FORMS):
         got = evaluate_functor(ACTIVATIONS[base].narrow, x, arch="sm_90a")
         want = _emulated(base, x).astype(np.float64)

@@ -12,8 +12,8 @@ from relax_cutlass.kinds.gemm.profile import gemm_candidates
 from relax_cutlass.kinds.gemm.records import GemmProblem
 from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.kinds.gemm.sm100 import HEURISTIC_TILES, candidate_tiles_sm100, cta_tile, heuristic_pool
-from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.models import dense_epilogue_model
 
 GEMM = GemmProblem(1024, 4096, 1024, True)
 

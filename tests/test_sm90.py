@@ -18,11 +18,11 @@ from relax_cutlass.kinds.gemm.select import (
     sm90_large_tile,
     under_fills,
 )
-from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
 from relax_cutlass.stages.profile import DEFAULT_MAX_CANDIDATES
+from relax_cutlass.testing.models import dense_epilogue_model
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 

@@ -14,9 +14,9 @@ from relax_cutlass.kinds.epilogue import Epilogue, epilogue_key
 from relax_cutlass.kinds.gemm.profile import candidate_label, gemm_candidates
 from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
 from relax_cutlass.kinds.gemm.select import choose_kernel
-from relax_cutlass.models import dense_epilogue_model
 from relax_cutlass.stages import codegen
 from relax_cutlass.stages.profile import kernel_label, plan_epilogue_jobs, plan_jobs, retime_reason, stage2_reason
+from relax_cutlass.testing.models import dense_epilogue_model
 from relax_cutlass.toolkit.tuning import (
     M_BUCKETS,
     TuningDatabase,
@@ -532,7 +532,7 @@ def test_attention_profiling_reference_at_sampled_rows(s, t, causal):
     long sequence took the CPU minutes per problem): at those rows it is the full softmax(q k^T) v,
     under TVM's TopLeft / BottomRight causal masks, and the runner compares just them."""
     from relax_cutlass.kinds.attention.reference import attention_reference, checked_rows
-    from relax_cutlass.toolkit.profile_runner import _rel_error
+    from relax_cutlass.toolkit.profile_runner import reference_error
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.uniform(-1, 1, (2, n, 3, 16)).astype("float16") for n in (s, t, t))
@@ -546,7 +546,7 @@ def test_attention_profiling_reference_at_sampled_rows(s, t, causal):
     assert rows[0] == 0 and rows[-1] == s - 1 and len(rows) == len(set(rows)) and (s <= 37 or len(rows) < s)
     sampled = attention_reference(q, k, v, 0.25, causal, rows)
     np.testing.assert_allclose(sampled, full[:, rows], rtol=1e-5, atol=1e-6)
-    assert _rel_error(full, ((slice(None), rows), sampled)) < 1e-6
+    assert reference_error(full, ((slice(None), rows), sampled)) < 1e-6
     wrong = full.copy()
     wrong[:, rows[-1]] += 1.0
-    assert _rel_error(wrong, ((slice(None), rows), sampled)) > 1e-2
+    assert reference_error(wrong, ((slice(None), rows), sampled)) > 1e-2

@@ -1,24 +1,22 @@
-"""The zoo's checks themselves (bench/zoo.py), on the CPU: a check that cannot fail is a defect."""
+"""The zoo's checks themselves (relax_cutlass.testing.zoo and .errors), on the CPU: a check that
+cannot fail is a defect."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import zoo  # noqa: E402
+from relax_cutlass.testing import zoo
+from relax_cutlass.testing.errors import rel_error
 
 
 def test_an_all_zero_reference_is_not_a_pass():
     """torchvision's vit_b_16 zero-initializes its head: every build matched its all-zero output
     exactly (error 0.0 in a GPU run), which checked nothing."""
-    assert np.isnan(zoo._rel_error(np.zeros(4), np.zeros(4)))
-    assert np.isnan(zoo._rel_error(np.ones(3), np.ones(4)))
-    assert zoo._rel_error(np.array([1.0, np.nan]), np.ones(2)) == float("inf")
-    assert zoo._rel_error(np.array([1.0, 1.1]), np.ones(2)) == pytest.approx(0.1 / np.sqrt(2))
+    assert np.isnan(rel_error(np.zeros(4), np.zeros(4)))
+    assert np.isnan(rel_error(np.ones(3), np.ones(4)))
+    assert rel_error(np.array([1.0, np.nan]), np.ones(2)) == float("inf")
+    assert rel_error(np.array([1.0, 1.1]), np.ones(2)) == pytest.approx(0.1 / np.sqrt(2))
 
 
 def test_zero_initialized_linear_layers_get_random_weights():
@@ -27,7 +25,7 @@ def test_zero_initialized_linear_layers_get_random_weights():
     torch.nn.init.zeros_(model[2].weight)
     torch.nn.init.zeros_(model[2].bias)
     kept = model[0].weight.detach().clone()
-    zoo._randomize_zero_layers(model, torch)
+    zoo.randomize_zero_layers(model, torch)
     assert model[2].weight.detach().abs().sum() > 0
     assert torch.equal(model[0].weight.detach(), kept)
 

@@ -38,7 +38,7 @@ class Activation:
         return self.narrow if self.narrow is not None and DTYPE_BITS[element_out] == 16 else self
 
 
-# log2(1 - Phi(t)) ~ sum(c[i] * t**i) for t >= 0: weighted minimax fit by scripts/fit_gelu16.py.
+# log2(1 - Phi(t)) ~ sum(c[i] * t**i) for t >= 0: weighted minimax fit by relax_cutlass/testing/gelu16.py.
 GELU16_LOG2_TAIL = (-1.00012076, -1.14917588, -0.464120954, -0.0482372046, 0.00582726812, -0.000320508756)
 _GELU16 = Activation(
     "gelu16",

@@ -44,7 +44,7 @@ struct $functor {
 # GELU (erf form) for kernels that write 16-bit outputs: CUTLASS's GELU calls erff, about 20
 # instructions per element, which costs an H100 SM90 kernel up to 36% (issue 6). Here
 #     gelu(x) = x * Phi(x) = relu(x) - |x| * Q(|x|),  Q(t) = 1 - Phi(t) = 2^P(t),
-# with P a degree-5 polynomial fitted to log2(1 - Phi(t)) (scripts/fit_gelu16.py): 5 FMAs, one
+# with P a degree-5 polynomial fitted to log2(1 - Phi(t)) (relax_cutlass/testing/gelu16.py): 5 FMAs, one
 # ex2.approx, a max and an FMA, like CUTLASS's tanh GELU. Q is accurate *relatively*, so the negative
 # tail keeps its precision too: within 1 fp16 ulp of the correctly rounded value for every finite
 # fp16 input (tests/test_gelu16.py); x = +inf gives NaN. Not used for float32 outputs.

@@ -29,7 +29,7 @@ ACTIVATION_REFERENCE = {
 RESIDUAL_OP_REFERENCE = {"add": np.add, "multiply": np.multiply}
 
 
-def _with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: np.ndarray) -> np.ndarray:
+def with_epilogue(acc: np.ndarray, epilogue: dict, bias: np.ndarray, residual: np.ndarray) -> np.ndarray:
     """D = post(act(acc + bias) (+ or *) residual), as kinds.epilogue.Epilogue defines it (float32)."""
     y = acc + bias.astype("float32") if epilogue.get("bias") else acc
     y = ACTIVATION_REFERENCE[epilogue.get("activation", "identity")](y)
@@ -57,7 +57,7 @@ def epilogue_problem(job: dict, rng, tvm, dev, inputs: tuple, acc, out_shape: tu
     epilogue = job.get("epilogue", {})
     bias = rng.uniform(-1, 1, size=out_shape[-1] if epilogue.get("bias") else 1).astype(dtype)
     residual = rng.uniform(-1, 1, size=out_shape if epilogue.get("residual") else 1).astype(dtype)
-    want = _with_epilogue(acc, epilogue, bias, residual)
+    want = with_epilogue(acc, epilogue, bias, residual)
     tensors = [tvm.runtime.tensor(v, dev) for v in (*inputs, bias, residual)]
 
     def call(fn, out, split_k, iterations):

@@ -23,7 +23,7 @@ def is_scalar_constant(expr: relax.Expr) -> bool:
 
 
 @mutator
-class _ConstantsToParams(PyExprMutator):
+class ConstantsToParams(PyExprMutator):
     """Replace tensor constants with fresh Vars, remembering which Var stands for which constant."""
 
     def __init__(self, mod=None, name=lambda index, const: f"const_{index}"):
@@ -44,7 +44,7 @@ class _ConstantsToParams(PyExprMutator):
 
 def _lift_function(func: relax.Function) -> tuple[relax.Function, list[relax.Expr]]:
     """func(params) -> func'(params + lifted), and the constants the caller must now pass."""
-    lifter = _ConstantsToParams()
+    lifter = ConstantsToParams()
     body = lifter.visit_expr(func.body)
     if not lifter.lifted:
         return func, []

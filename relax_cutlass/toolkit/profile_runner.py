@@ -25,7 +25,7 @@ from .tuning import TuningDatabase, TuningKey, TuningRecord
 REL_TOLERANCE = 1e-2  # fp16 output rounding + fp16 accumulation stay well below
 
 
-def _rel_error(got: np.ndarray, want) -> float:
+def reference_error(got: np.ndarray, want) -> float:
     """Relative L2 error of `got` against `want`: the whole reference, or (index, values), a
     reference computed at part of the output (`got[index]`; the attention kind's long sequences)."""
     if isinstance(want, tuple):
@@ -71,7 +71,7 @@ def run_profiler(directory: Path, db_path: Path, repeat: int = 7, log=print) -> 
             out = tvm.runtime.tensor(np.full(out_shape, np.nan, job["out_dtype"]), dev)
             try:
                 first_ms = call(fn, out, cand["split_k"], 1)
-                err = _rel_error(out.numpy(), want)
+                err = reference_error(out.numpy(), want)
                 if err > REL_TOLERANCE:
                     timings[label], errors[label] = None, f"relative error {err:.2e} > {REL_TOLERANCE}"
                     continue

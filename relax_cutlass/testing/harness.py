@@ -16,6 +16,8 @@ from tvm import relax
 import relax_cutlass
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
+from .errors import rel_error
+
 # LLVM at -O1: the CPU builds are references on small inputs, and most of a test's time was LLVM's
 # -O3 optimization of TVM's unscheduled loops (a one-layer ViT: 57 s -> 19 s on 2 cores). The
 # rewritten and the original module are built alike, and no level changes IEEE float semantics.
@@ -39,7 +41,7 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
     symbols = []
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
-        composite = _static_view_shapes(composite_of(func).without_attr("Composite"))
+        composite = static_view_shapes(composite_of(func).without_attr("Composite"))
         vm = build_cpu(tvm.IRModule({"main": composite}))
 
         outputs = len(composite.ret_ty.fields) if isinstance(composite.ret_ty, relax.TupleType) else 1
@@ -66,7 +68,7 @@ class _ViewShapesFromTypes(relax.PyExprMutator):
         return call
 
 
-def _static_view_shapes(composite: relax.Function) -> relax.Function:
+def static_view_shapes(composite: relax.Function) -> relax.Function:
     """A reshape or broadcast_to with a symbolic target shape takes it as an R.Shape parameter once
     fused, and TVM cannot legalize one to a parameter: spell the shape out from the result's type (in
     the symbolic vars the tensor parameters define). The kernels ignore those parameters anyway."""
@@ -121,12 +123,6 @@ def op_names(mod: tvm.IRModule) -> list[str]:
 
     relax.analysis.post_order_visit(mod["main"].body, visit)
     return names
-
-
-def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
-    got, expected = got.astype("float64"), expected.astype("float64")
-    assert np.isfinite(got).all(), "non-finite values in the offloaded result"
-    return float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 def random_inputs(mod: tvm.IRModule, seed: int = 0, **dims: int) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
 """Random Relax graphs for the property tests (tests/test_graphs.py, CPU) and their fixed GPU sample
-(tests/gpu_cases.py, checked by tests/test_gpu_suite.py): chains and diamonds of dense / matmul / conv2d layers
-with random epilogues, aligned and unaligned widths, static or symbolic batch."""
+(gpu_cases.py, checked by tests/test_gpu_suite.py): chains and diamonds of dense / matmul / conv2d
+layers with random epilogues, aligned and unaligned widths, static or symbolic batch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 from relax_cutlass.kinds.epilogue_patterns import FUSED_ACTIVATIONS
-from relax_cutlass.models import ACTIVATION_BUILDERS
+
+from .models import ACTIVATION_BUILDERS
 
 # quick_gelu is not built in: unregistered, it must stay in TVM untouched.
 ACTIVATIONS = ["identity", *FUSED_ACTIVATIONS, "gelu_decomposed", "quick_gelu"]

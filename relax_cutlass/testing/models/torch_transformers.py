@@ -162,3 +162,109 @@ def last_hidden_state(model):
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     return LastHiddenState().eval()
+
+
+# Tiny random-init models of many transformers families (scripts/hf_sweep.py and the tests).
+TINY_LAYERS = 2
+TINY_VOCAB = 512
+
+
+def tiny_families(transformers) -> dict:
+    """family -> (config class, model class, config kwargs); hidden 128, 4 heads, 2 layers."""
+    t = transformers
+    decoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": TINY_LAYERS,
+               "vocab_size": TINY_VOCAB}  # fmt: skip
+    gqa = {**decoder, "num_key_value_heads": 2}
+    encoder = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_hidden_layers": TINY_LAYERS,
+               "vocab_size": TINY_VOCAB}  # fmt: skip
+    return {
+        "llama": (t.LlamaConfig, t.LlamaModel, gqa),
+        "mistral": (t.MistralConfig, t.MistralModel, {**gqa, "sliding_window": 16}),
+        "qwen2": (t.Qwen2Config, t.Qwen2Model, gqa),
+        "qwen3": (getattr(t, "Qwen3Config", None), getattr(t, "Qwen3Model", None), {**gqa, "head_dim": 32}),
+        "gemma": (t.GemmaConfig, t.GemmaModel, {**gqa, "head_dim": 32}),
+        "gemma2": (t.Gemma2Config, t.Gemma2Model, {**gqa, "head_dim": 32, "sliding_window": 16}),
+        "phi": (t.PhiConfig, t.PhiModel, decoder),
+        "phi3": (t.Phi3Config, t.Phi3Model, {**gqa, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
+        "stablelm": (t.StableLmConfig, t.StableLmModel, gqa),
+        "falcon_new": (
+            t.FalconConfig,
+            t.FalconModel,
+            {
+                "hidden_size": 128,
+                "num_attention_heads": 4,
+                "num_kv_heads": 2,
+                "num_hidden_layers": TINY_LAYERS,
+                "vocab_size": TINY_VOCAB,
+                "new_decoder_architecture": True,
+            },
+        ),  # fmt: skip
+        "gpt2": (
+            t.GPT2Config,
+            t.GPT2Model,
+            {"n_embd": 128, "n_layer": TINY_LAYERS, "n_head": 4, "vocab_size": TINY_VOCAB},
+        ),
+        "gpt_neox": (t.GPTNeoXConfig, t.GPTNeoXModel, decoder),
+        "gptj": (
+            t.GPTJConfig,
+            t.GPTJModel,
+            {"n_embd": 128, "n_layer": TINY_LAYERS, "n_head": 4, "vocab_size": TINY_VOCAB, "rotary_dim": 16},
+        ),  # fmt: skip
+        "codegen": (
+            t.CodeGenConfig,
+            t.CodeGenModel,
+            {"n_embd": 128, "n_layer": TINY_LAYERS, "n_head": 4, "vocab_size": TINY_VOCAB, "rotary_dim": 16},
+        ),  # fmt: skip
+        "opt": (
+            t.OPTConfig,
+            t.OPTModel,
+            {
+                "hidden_size": 128,
+                "ffn_dim": 256,
+                "num_attention_heads": 4,
+                "num_hidden_layers": TINY_LAYERS,
+                "vocab_size": TINY_VOCAB,
+                "word_embed_proj_dim": 128,
+            },
+        ),  # fmt: skip
+        "bloom": (
+            t.BloomConfig,
+            t.BloomModel,
+            {"hidden_size": 128, "n_head": 4, "n_layer": TINY_LAYERS, "vocab_size": TINY_VOCAB},
+        ),  # fmt: skip
+        "bert": (t.BertConfig, t.BertModel, encoder),
+        "roberta": (t.RobertaConfig, t.RobertaModel, {**encoder, "pad_token_id": 1}),
+        "distilbert": (
+            t.DistilBertConfig,
+            t.DistilBertModel,
+            {"dim": 128, "hidden_dim": 256, "n_heads": 4, "n_layers": TINY_LAYERS, "vocab_size": TINY_VOCAB},
+        ),  # fmt: skip
+        "albert": (t.AlbertConfig, t.AlbertModel, {**encoder, "embedding_size": 64}),
+        "electra": (t.ElectraConfig, t.ElectraModel, {**encoder, "embedding_size": 128}),
+        "t5_encoder": (
+            t.T5Config,
+            t.T5EncoderModel,
+            {
+                "d_model": 128,
+                "d_ff": 256,
+                "num_heads": 4,
+                "d_kv": 32,
+                "num_layers": TINY_LAYERS,
+                "vocab_size": TINY_VOCAB,
+            },
+        ),  # fmt: skip
+        "clip_text": (t.CLIPTextConfig, t.CLIPTextModel, {**encoder, "max_position_embeddings": 77}),
+    }
+
+
+def tiny_model(family: str, torch, transformers):
+    """A random-init `family` model of `tiny_families` in eval mode, returning its last hidden state
+    (the pooler dropped): what the sweep and the attention tests import."""
+    config_class, model_class, kwargs = tiny_families(transformers)[family]
+    if config_class is None:
+        raise RuntimeError("not in this transformers")
+    kwargs = dict(kwargs)
+    model = model_class(config_class(**kwargs)).eval()
+    if family in ("bert", "roberta", "electra", "albert") and hasattr(model, "pooler"):
+        model.pooler = None
+    return last_hidden_state(model)

@@ -1,15 +1,14 @@
 """The GPU suite's benchmark cases (bench/gpu_suite.py): dense + epilogue against cuBLAS, the SM90
 tile sweep, ResNet-50's 3x3 stages against cuDNN, the fused attention of BERT-large, one BERT-large
-layer, whole ResNet-50 and BERT-large. Building them needs TVM's compiler (bench/gpu_build.py)."""
+layer, whole ResNet-50 and BERT-large. Building them needs TVM's compiler (relax_cutlass/testing/gpu_build.py)."""
 
 from __future__ import annotations
 
 import functools
 import math
 
-from gpu_build import SuiteCase, bert_flops, shippable_bert_large, shippable_resnet50, stage_model
-
-from relax_cutlass.models import bert_encoder_layer, dense_epilogue_model
+from .gpu_build import SuiteCase, bert_flops, shippable_bert_large, shippable_resnet50, stage_model
+from .models import bert_encoder_layer, dense_epilogue_model
 
 BENCH_M = (1024, 4096, 8192)
 BENCH_KN = ((1024, 4096), (4096, 1024))

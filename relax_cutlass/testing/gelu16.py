@@ -1,6 +1,6 @@
 """Fit the polynomial of relax_cutlass's 16-bit GELU (kernel_spec.GELU16_LOG2_TAIL) and report its error.
 
-    .venv/bin/python scripts/fit_gelu16.py
+    .venv/bin/python -m relax_cutlass.testing.gelu16
 
 The kernels compute gelu(x) = x * Phi(x) as relu(x) - |x| * 2^P(|x|), where 2^P(t) ~ 1 - Phi(t)
 (templates.GELU16_FUNCTOR). P is fitted to log2(1 - Phi(t)) on [0, 6] by Lawson's iteratively
@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 FP16_MIN_NORMAL = 6.103515625e-05
 

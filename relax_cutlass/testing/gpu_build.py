@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
-from gpu_common import random_array
 from tvm import relax
 
 import relax_cutlass
 import relax_cutlass.arch
-from relax_cutlass.models import bind_float16, conv2d_epilogue_model
-from relax_cutlass.stages.constants import _ConstantsToParams
+from relax_cutlass.prepare import bind_float16
+from relax_cutlass.stages.constants import ConstantsToParams
+
+from .gpu_common import random_array
+from .models import conv2d_epilogue_model
 
 
 def target(arch: str) -> tvm.target.Target:
@@ -71,7 +73,7 @@ def shippable(mod: tvm.IRModule, weights: dict) -> tvm.IRModule:
 
     A real model's float16 weights (50 MB for ResNet-50, 670 MB for BERT-large) cannot be carried
     to the GPU host, so both builds (relax_cutlass and TVM's) take the folded weights as parameters
-    and the GPU side regenerates them by name (bench/gpu_common.random_array); the graph, and what
+    and the GPU side regenerates them by name (relax_cutlass/testing/gpu_common.random_array); the graph, and what
     relax_cutlass offloads and fuses, is the bound model's.
     """
     func = bind_float16(mod, weights)["main"]
@@ -80,7 +82,7 @@ def shippable(mod: tvm.IRModule, weights: dict) -> tvm.IRModule:
         shape = [int(d) for d in const.ty.shape.values]
         return f"p{index}_{'b' if sum(d > 1 for d in shape) == 1 else 'w'}"  # a vector, or a weight
 
-    lifter = _ConstantsToParams(name=name)
+    lifter = ConstantsToParams(name=name)
     body = lifter.visit_expr(func.body)
     params = [*func.params, *(var for var, _ in lifter.lifted)]
     return tvm.IRModule({"main": relax.Function(params, body, func.ret_ty, func.is_pure, func.attrs)})
@@ -88,14 +90,14 @@ def shippable(mod: tvm.IRModule, weights: dict) -> tvm.IRModule:
 
 def shippable_resnet50(batch: int) -> tvm.IRModule:
     """ResNet-50 from PyTorch (torch.export + from_exported_program), batch norm folded, NHWC."""
-    from relax_cutlass.models.torch_models import resnet50_module
+    from .models.torch_models import resnet50_module
 
     return shippable(*resnet50_module(batch=batch, image=224))
 
 
 def shippable_bert_large(batch: int, seq: int, layers: int) -> tvm.IRModule:
     """The Hugging Face transformers BERT-large encoder (random init) through torch.export."""
-    from relax_cutlass.models.torch_transformers import bert_module
+    from .models.torch_transformers import bert_module
 
     return shippable(*bert_module(batch=batch, seq=seq, layers=layers))
 

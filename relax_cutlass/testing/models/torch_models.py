@@ -18,7 +18,7 @@ def import_torch():
         import torch
     except ImportError as err:  # pragma: no cover - exercised only without the extra
         raise ImportError(
-            "relax_cutlass.models.torch_models needs PyTorch: pip install 'relax_cutlass[models]'"
+            "relax_cutlass.testing.models.torch_models needs PyTorch: pip install 'relax_cutlass[models]'"
         ) from err
     return torch
 
@@ -109,7 +109,7 @@ def import_exported(model, example_inputs: tuple) -> tuple[tvm.IRModule, dict]:
     """torch.export + from_exported_program -> (float32 IRModule with weights as parameters, {name: array}).
 
     Models are exported in float32 (TVM 0.27's batch_norm converter rejects a float16 export) and
-    lowered to float16 on the Relax side with `models.bind_float16`, the usual TVM flow. Floating
+    lowered to float16 on the Relax side with `relax_cutlass.prepare.bind_float16`, the usual TVM flow. Floating
     example inputs are cast to float32; integer and bool ones (token ids, attention masks) keep
     their dtype, since a model indexes or compares with them.
     """

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import gpu_available
+
+from .harness import gpu_available
 
 if not gpu_available():
     pytest.skip("no NVIDIA GPU visible", allow_module_level=True)
@@ -18,6 +19,8 @@ tvm = pytest.importorskip("tvm")
 relax = pytest.importorskip("tvm.relax")
 
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
+
+from .errors import rel_error  # noqa: E402
 
 
 def _hardswish(x):
@@ -98,16 +101,11 @@ def module_and_references(cases, seed: int = 0, runtime_filters: bool = False):
     return bb.get(), inputs + (filters if runtime_filters else []), expected
 
 
-def relative_error(got, want: np.ndarray) -> float:
-    got = (got.numpy() if hasattr(got, "numpy") else np.asarray(got)).astype("float64")
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def assert_outputs_match(offloaded: tvm.IRModule, cases, inputs, expected, tolerance: float = 5e-3) -> None:
     """Build `offloaded` for this GPU, run it, and compare each case's output with torch's."""
     vm = relax.VirtualMachine(tvm.compile(offloaded, cuda_target()), tvm.cuda(0))
     outs = vm["main"](*[tvm.runtime.tensor(x, tvm.cuda(0)) for x in inputs])
-    errors = {case: relative_error(got, want) for case, got, want in zip(cases, outs, expected, strict=True)}
+    errors = {case: rel_error(got, want) for case, got, want in zip(cases, outs, expected, strict=True)}
     bad = {case: f"{err:.2e}" for case, err in errors.items() if not err < tolerance}  # NaN fails too
     assert not bad, f"relative errors over {tolerance}: {bad}"
 
@@ -137,5 +135,5 @@ def assert_symbolic_batch_runs(offloaded: tvm.IRModule, sample, batches=(3, 32))
     vm = relax.VirtualMachine(tvm.compile(offloaded, cuda_target()), tvm.cuda(0))
     for batch in batches:
         data, want = sample(batch)
-        err = relative_error(vm["main"](tvm.runtime.tensor(data, tvm.cuda(0))), want)
+        err = rel_error(vm["main"](tvm.runtime.tensor(data, tvm.cuda(0))), want)
         assert err < 5e-3, f"batch {batch}: relative error {err:.2e}"

@@ -10,7 +10,6 @@ host.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +18,8 @@ import torch.nn.functional as F
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "scripts"))  # fit_gelu16
-
-from gpu_common import random_array, rel_error, shape_of  # noqa: E402
+from .errors import rel_error
+from .gpu_common import random_array, shape_of
 
 DEV = tvm.cuda(0)
 TOL_VS_TVM = 1e-2
@@ -230,7 +226,7 @@ def check_gelu_every_fp16(manifest: dict, build: Path) -> list[dict]:
     """The 16-bit GELU on the GPU through each kernel family's library: x @ I + 0 with every finite
     fp16 value in x must be within 1 fp16 ulp of the correctly rounded gelu (the bound
     tests/test_gelu16.py proves for the CPU emulation of the same arithmetic)."""
-    from fit_gelu16 import finite_fp16, fp16_ulps, gelu_exact
+    from .gelu16 import finite_fp16, fp16_ulps, gelu_exact
 
     case = next((c for c in manifest.get("tests", []) if c["name"] == GELU_CASE), None)
     if case is None:

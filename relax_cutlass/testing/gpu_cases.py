@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import tvm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-from gpu_build import SuiteCase  # noqa: E402
-
-from relax_cutlass.models import conv2d_epilogue_model, dense_epilogue_model  # noqa: E402
+from .gpu_build import SuiteCase
+from .models import conv2d_epilogue_model, dense_epilogue_model
 
 
 def register_quick_gelu() -> None:
@@ -146,10 +141,10 @@ def conv_case_model(kwargs: dict) -> tuple[tvm.IRModule, bool]:
 
 
 def graph_cases() -> list[tuple[str, tvm.IRModule, bool, list[dict]]]:
-    """A fixed sample of the property tests' random graphs (tests/graphs.py), for the GPU: from a
+    """A fixed sample of the property tests' random graphs (relax_cutlass/testing/graphs.py), for the GPU: from a
     derandomized draw, the examples that together cover the most offloadable layer kinds, epilogues,
     residual diamonds, batch kinds and weight bindings. -> (name, module, bind weights, runs)."""
-    from graphs import CONV_GRAPH, GEMM_GRAPH, conv_features, conv_graph, diverse_sample, gemm_features, gemm_graph
+    from .graphs import CONV_GRAPH, GEMM_GRAPH, conv_features, conv_graph, diverse_sample, gemm_features, gemm_graph
 
     cases = []
     for i, ex in enumerate(diverse_sample(GEMM_GRAPH, gemm_features, 10)):
@@ -168,7 +163,7 @@ def attention_cases() -> list[tuple[str, tvm.IRModule, list[dict], dict]]:
     every tile and alignment class of head dim, symbolic batch, bf16, R.nn.attention, a divided
     scale without casts. -> (name, module, runs, spec for the float64 reference; "bench": also a
     benchmark case of bench/gpu_suite.py)."""
-    from test_attention import op_attention, torch_export_attention
+    from .attention import op_attention, torch_export_attention
 
     def export(name, runs=({},), bench=False, **kw):
         b, s, n, h = (kw.get(key, d) for key, d in (("b", 2), ("s", 128), ("n", 8), ("h", 64)))
@@ -204,10 +199,11 @@ def frontend_cases() -> list[tuple[str, Callable[[], tvm.IRModule]]]:
     """The real models of the CPU tests that have no benchmark of their own, at realistic sizes:
     a LLaMA-7B-sized gated MLP through torch.export, and the ONNX model through the ONNX frontend.
     -> (name, module factory): exporting the MLP takes a while, so only a build of it does."""
-    from gpu_build import shippable
+    from relax_cutlass.prepare import to_float16
 
-    from relax_cutlass.models import onnx_conv_mlp, to_float16
-    from relax_cutlass.models.torch_transformers import llama_mlp_module
+    from .gpu_build import shippable
+    from .models import onnx_conv_mlp
+    from .models.torch_transformers import llama_mlp_module
 
     return [
         (

@@ -40,14 +40,6 @@ def random_array(name: str, shape, dtype: str, seed: int = 0) -> np.ndarray:
     return value.astype(dtype)
 
 
-def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
-    got = got.astype("float64")
-    expected = expected.astype("float64")
-    if not np.isfinite(got).all():
-        return float("inf")
-    return float(np.linalg.norm(got - expected) / max(np.linalg.norm(expected), 1e-30))
-
-
 def shape_of(spec: list, dims: dict[str, int]) -> list[int]:
     return [d if isinstance(d, int) else dims[d] for d in spec]
 
