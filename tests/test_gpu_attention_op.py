@@ -19,6 +19,7 @@ pytestmark = pytest.mark.gpu
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import arch_name, local_gpu_arch  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
 torch, tvm, relax = gpu_convs.torch, gpu_convs.tvm, gpu_convs.relax
 
@@ -68,7 +69,7 @@ def _build_and_check(mod, arch: str, scale, causal, bias_shape=None, seed=0) -> 
         arrays[3] = bias.astype("float16")
     got = vm["main"](*[tvm.runtime.tensor(a, tvm.cuda(0)) for a in arrays]).numpy().astype("float64")
     want = _reference(*arrays[:3], scale, causal, arrays[3] if bias_shape is not None else None)
-    err = gpu_convs.relative_error(got, want)
+    err = rel_error(got, want)
     assert err < 2e-3, (row["kernel"], err)
     return row
 

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.gpu
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
 if local_gpu_arch() != 90:
     pytest.skip("SM90 kernels need a Hopper GPU", allow_module_level=True)
@@ -79,7 +80,7 @@ def _check(vm, name, inputs, causal, dtype, scale=None):
     dev = tvm.cuda(0)
     got = vm[name](*[tvm.runtime.tensor(x, dev) for x in inputs]).numpy().astype("float64")
     want = sdpa_float64(*inputs, causal, scale)
-    err = gpu_convs.relative_error(got, want)
+    err = rel_error(got, want)
     assert err < (1e-2 if dtype == "bfloat16" else 2e-3), (name, causal, err)
     return err
 
@@ -251,7 +252,7 @@ def test_sm90_attention_reads_heads_split_from_a_projection():
     q, k = x.reshape(b, s, n, h), y.reshape(b, s, n, h)
     v = (y * np.float16(0.5)).reshape(b, s, n, h)
     want = sdpa_float64(q, k, v, None).reshape(b, s, n * h)
-    assert gpu_convs.relative_error(got, want) < 5e-3
+    assert rel_error(got, want) < 5e-3
 
 
 def test_sm80_fallbacks_on_hopper_run_and_say_why():
@@ -302,7 +303,7 @@ def _check_float32_model(vm, example, causal):
     group = bnsh[0].shape[1] // bnsh[1].shape[1]
     q, k, v = bnsh[0], *(np.repeat(x, group, axis=1) for x in bnsh[1:])
     want = sdpa_float64(*[x.transpose(0, 2, 1, 3) for x in (q, k, v)], causal)  # (B, S, N, H) as the model's
-    assert gpu_convs.relative_error(got, want) < 2e-3
+    assert rel_error(got, want) < 2e-3
 
 
 @pytest.mark.parametrize("family", ["auto", "sm80"])
@@ -351,7 +352,7 @@ def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family
     got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
     with torch.no_grad():
         want = module(*[torch.from_numpy(x).double() if x.dtype != bool else torch.from_numpy(x) for x in inputs])
-    assert gpu_convs.relative_error(got, want.numpy()) < 2e-3
+    assert rel_error(got, want.numpy()) < 2e-3
     launches = _attention_launches(vm, "main", inputs)
     assert launches == (batch if row["family"] == "sm90" else 1), (row["family"], launches)
 
@@ -384,7 +385,7 @@ def test_packed_projection_is_read_in_place(family, model):
     with torch.no_grad():
         want = module.double()(*[x.double() if x.is_floating_point() else x for x in example])
     want = (want[0] if isinstance(want, tuple) else want).numpy()
-    assert gpu_convs.relative_error(got, want) < 1e-2
+    assert rel_error(got, want) < 1e-2
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
@@ -412,7 +413,7 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
         with torch.no_grad():
             want = module.double()(ids)
         want = (want[0] if isinstance(want, tuple) else want).numpy()
-        assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2
+        assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 
 def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
@@ -449,7 +450,7 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
         with torch.no_grad():
             want = copy.deepcopy(module).double()(ids, mask)
         want = (want[0] if isinstance(want, tuple) else want).numpy()
-        assert got.shape == want.shape and gpu_convs.relative_error(got, want) < 1e-2, n
+        assert got.shape == want.shape and rel_error(got, want) < 1e-2, n
 
 
 @pytest.mark.parametrize(
@@ -477,4 +478,4 @@ def test_a_bias_off_16_byte_rows_is_padded_and_right(kwargs):
     out = vm["main"](*[tvm.runtime.tensor(a, tvm.cuda(0)) for a in inputs])
     got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
     assert got.shape == want.shape and np.isfinite(got).all()
-    assert gpu_convs.relative_error(got, want) < 1e-2
+    assert rel_error(got, want) < 1e-2

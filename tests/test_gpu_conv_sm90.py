@@ -14,6 +14,7 @@ pytestmark = pytest.mark.gpu
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
 if local_gpu_arch() != 90:
     pytest.skip("SM90 kernels need a Hopper GPU", allow_module_level=True)
@@ -91,7 +92,7 @@ def test_sm90_residual_block_and_asymmetric_padding():
     y, z = vm["main"](tvm.runtime.tensor(data, tvm.cuda(0)), tvm.runtime.tensor(resid, tvm.cuda(0)))
     assert z.shape == want_z.shape
     for got, want in ((y, want_y), (z, want_z)):
-        assert gpu_convs.relative_error(got, want) < 5e-3
+        assert rel_error(got, want) < 5e-3
 
 
 def test_sm90_conv_symbolic_batch():

@@ -20,6 +20,7 @@ from tvm import relax  # noqa: E402
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.errors import rel_error  # noqa: E402
 from relax_cutlass.testing.models.torch_transformers import last_hidden_state  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def test_pdl_chain_back_to_back_and_in_a_cuda_graph(family):
     with torch.no_grad():
         double = module.double()
         want = [first(double(x)).numpy() for x in ids]
-    errors = [gpu_convs.relative_error(g, w) for g, w in zip(got, want, strict=True)]
+    errors = [rel_error(g, w) for g, w in zip(got, want, strict=True)]
     assert max(errors) < 1e-2, errors
     for a, g in zip(args, got, strict=True):  # the graph build (PDL off while captured): same values
         np.testing.assert_array_equal(first(graph["main"](a)).numpy().astype("float64"), g)

@@ -285,10 +285,13 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
 
 
 def _masked_bias(rng, shape, dtype) -> np.ndarray:
-    """A random additive bias with -inf entries (masked keys) and its first row fully masked."""
+    """A random additive bias with -inf entries (masked keys) and its first row fully masked, unless
+    that one row is broadcast to every query (a (1, ..., 1, T) bias): masked, it would leave every
+    output NaN and nothing to compare."""
     bias = rng.uniform(-1, 1, size=shape).astype(dtype)
     bias[rng.random(shape) < 0.3] = -np.inf
-    bias[(0,) * (len(shape) - 1)] = -np.inf
+    if math.prod(shape[:-1]) > 1:
+        bias[(0,) * (len(shape) - 1)] = -np.inf
     return bias
 
 

@@ -3,7 +3,7 @@ each kernel family's library of a case against TVM's own CUDA build of the same 
 float64 torch reference, on two input seeds per shape; the glue's argument errors; the 16-bit GELU
 on every finite fp16 value; chains of SM90 kernels called back to back.
 
-A case is its manifest entry (gpu_build.build_pair, gpu_cases.build_case) and the folder holding
+A case is its manifest entry (gpu_build.build_pair, gpu_build.build_case) and the folder holding
 its libraries, which tests/test_gpu_suite.py and bench/gpu_suite.py build in-process on the GPU
 host.
 """
