@@ -51,3 +51,13 @@ def test_zoo_profile_option_names_the_models_it_tunes():
     assert zoo.profile_for("resnet50", "never") == "never"
     assert zoo.profile_for("resnet50", "auto:resnet50+convnext_tiny") == "auto"
     assert zoo.profile_for("vit_b_16", "auto:resnet50+convnext_tiny") == "never"
+
+
+def test_an_all_zero_reference_matches_only_an_exact_zero():
+    """A generated graph may compute y - y: its all-zero result is right, and only an all-zero one."""
+    from relax_cutlass.testing.errors import within
+
+    assert within(np.zeros(4), np.zeros(4), 1e-6)
+    assert not within(np.full(4, 1e-30), np.zeros(4), 1e-6)
+    assert not within(np.ones(3), np.ones(4), 1e-6)
+    assert within(np.array([1.0, 1.0 + 1e-9]), np.ones(2), 1e-6)

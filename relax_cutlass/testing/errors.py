@@ -22,3 +22,13 @@ def rel_error(got, expected) -> float:
     if not np.isfinite(got).all():
         return float("inf")
     return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def within(got, expected, tolerance: float) -> bool:
+    """`got` matches `expected` to `tolerance` relative error. Where the reference is all zeros
+    (a generated graph may compute y - y), only an exactly zero result matches: relative error has
+    nothing to measure there."""
+    got, expected = as_numpy(got), as_numpy(expected)
+    if got.shape == expected.shape and not np.any(expected):
+        return not np.any(got)
+    return rel_error(got, expected) <= tolerance

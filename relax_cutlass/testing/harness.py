@@ -16,7 +16,7 @@ from tvm import relax
 import relax_cutlass
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
-from .errors import rel_error
+from .errors import rel_error, within
 
 # LLVM at -O1: the CPU builds are references on small inputs, and most of a test's time was LLVM's
 # -O3 optimization of TVM's unscheduled loops (a one-layer ViT: 57 s -> 19 s on 2 cores). The
@@ -108,8 +108,7 @@ def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), inputs)
     assert got.shape == expected.shape and got.dtype == expected.dtype
-    err = rel_error(got, expected)
-    assert err <= rtol, f"relative error {err:.3e} > {rtol}"
+    assert within(got, expected, rtol), f"relative error {rel_error(got, expected):.3e} > {rtol}"
     return expected, got, rewritten
 
 
