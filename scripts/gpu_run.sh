@@ -22,7 +22,7 @@
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
 # profile= for the zoo (ZOO_TORCH_COMPILE=0: no torch.compile columns): never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
 # build or run), SUITE_SECTIONS (bench/gpu_suite.py --only sections; default its own), SUITE_TUNING_DB
-# (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest arguments, shell-quoted),
+# (tuned builds too; also GPU_SUITE_TUNING_DB for the tests), MAIN_JOB=0, GPU_TESTS (pytest arguments, shell-quoted), SLOW_TESTS=0 (not the -m slow compile tests),
 # PROBE (arguments of scripts/precision_probe.py, run beside the build), SASS_TABLE=0 (no
 # scripts/sass_table.py beside the build). Kernel objects are cached in build/kernel-cache
 # (RELAX_CUTLASS_CACHE_DIR) across stages and calls on one machine.
@@ -141,6 +141,14 @@ run_check() {
   python3 -m pytest -q -m gpu "${tests[@]}" -p no:cacheprovider --durations=15 > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")
   grep -E "FAILED|Error" "$out/gpu-pytest.log" | head -20
+  # the Hopper and Blackwell compile tests CI deselects (pytest -m slow: nvcc only, on this host's cores)
+  if [[ ${SLOW_TESTS:-1} == 1 ]]; then
+    local workers=()
+    python3 -c "import xdist" 2>/dev/null && workers=(-n 8)
+    python3 -m pytest -q -m slow "${workers[@]}" -p no:cacheprovider > "$out/slow-pytest.log" 2>&1
+    summary+=("slow pytest: $(tail -1 "$out/slow-pytest.log")")
+    grep -E "FAILED|Error" "$out/slow-pytest.log" | head -10
+  fi
   summary+=("check stage: $((SECONDS - t0)) s")
 }
 

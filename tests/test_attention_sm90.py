@@ -294,6 +294,7 @@ def test_tuning_record_picks_the_schedule(tmp_path):
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "head_dim, causal, kv_group, tile, schedule",
     [

@@ -140,7 +140,9 @@ def test_a_multiply_by_an_operand_of_another_dtype_is_refused_with_the_reason():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("family, arch, opcode", [("sm80", 80, "HMMA"), ("sm90", 90, "HGMMA")])
+@pytest.mark.parametrize(
+    "family, arch, opcode", [("sm80", 80, "HMMA"), pytest.param("sm90", 90, "HGMMA", marks=pytest.mark.slow)]
+)
 def test_multiply_kernels_compile(family, arch, opcode):
     """The SM80 residual block with cutlass::multiplies and the SM90 EVT with a multiply node
     (bias + silu, then * the other product) through nvcc (no GPU: the SASS holds the family's

@@ -265,7 +265,7 @@ def test_glue_checks_shapes_and_passes_both_outputs():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("arch", [80, pytest.param(90, marks=pytest.mark.slow)])
 def test_norm_kernels_compile(arch):
     """A warp-per-row and a CTA-per-row kernel, fp16/bf16/fp32, with the residual and both extra
     outputs, for sm_80 and sm_90a, with a module's glue (built and loaded as a static library)."""

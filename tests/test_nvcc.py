@@ -29,11 +29,11 @@ MMA_OPCODES = ("HMMA", "HGMMA", "UTCHMMA")
     [
         ("sm80", 80, "HMMA"),
         ("sm90", 90, "HGMMA"),
-        ("sm100", 100, "UTCHMMA"),
-        ("sm100", 103, "UTCHMMA"),
-        ("sm100", 110, "UTCHMMA"),
-        ("sm80", 100, "HMMA"),
-        ("sm80", 120, "HMMA"),
+        pytest.param("sm100", 100, "UTCHMMA", marks=pytest.mark.slow),
+        pytest.param("sm100", 103, "UTCHMMA", marks=pytest.mark.slow),
+        pytest.param("sm100", 110, "UTCHMMA", marks=pytest.mark.slow),
+        pytest.param("sm80", 100, "HMMA", marks=pytest.mark.slow),
+        pytest.param("sm80", 120, "HMMA", marks=pytest.mark.slow),
     ],
 )
 def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
@@ -56,6 +56,7 @@ def test_kernel_sass_holds_its_family_mma_instructions(family, arch, opcode):
     assert all(n == 0 for op, n in counts.items() if op != opcode)
 
 
+@pytest.mark.slow
 def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
     """The SM100 forms beyond the plain GEMM: a 2-SM MMA with the bias + gelu EVT (row broadcast
     tiled by the CTA's half of the MMA tile) and a 1-SM stream-K kernel with a residual add + relu
@@ -81,6 +82,7 @@ def test_sm100_epilogues_and_schedules_compile_to_tcgen05():
         assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
 
 
+@pytest.mark.slow
 def test_sm90_small_tiles_compile_to_wgmma():
     """The SM90 CTA tiles below 128x128 (select.SM90_SMALL_TILES, cutlass_library's level 1112): a
     64x128 ping-pong kernel with the bias EVT (its row broadcast tiled 64x128) and a 128x64
@@ -104,6 +106,7 @@ def test_sm90_small_tiles_compile_to_wgmma():
         assert sass == ["sm_90a"] and counts["HGMMA"] > 0 and counts["HMMA"] == counts["UTCHMMA"] == 0
 
 
+@pytest.mark.slow
 def test_sm100_conv_compiles_to_tcgen05():
     """A CUTLASS 3.x SM100 conv (TMA im2col + tcgen05, a 2-SM MMA) with the bias + residual + relu
     EVT, as offload_pipeline picks it for sm_100a, compiled and checked by the guard (UTCHMMA)."""
@@ -121,6 +124,7 @@ def test_sm100_conv_compiles_to_tcgen05():
     assert counts["UTCHMMA"] > 0 and counts["HMMA"] == counts["HGMMA"] == 0
 
 
+@pytest.mark.slow
 def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
     """The other direction of issue 21's bug: a tcgen05 kernel compiled for Hopper is a stub too."""
     import dataclasses
@@ -139,6 +143,7 @@ def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
         compile_all([emit_kernel(kernel)], 90)
 
 
+@pytest.mark.slow
 def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):
     """The bug of issue 21, planted: an SM90 wgmma kernel compiled for sm_100a (as offload_pipeline
     used to) compiles without complaint into a stub; the guard refuses it, and again from the cache."""
@@ -191,7 +196,7 @@ def test_object_cache_makes_rebuilds_free():
     assert cached and time.time() - t0 < 1.0
 
 
-@pytest.mark.parametrize("family,prefix", [("auto", "sm90_"), ("sm80", "sm80_")])
+@pytest.mark.parametrize("family,prefix", [pytest.param("auto", "sm90_", marks=pytest.mark.slow), ("sm80", "sm80_")])
 def test_residual_block_kernel_exports_for_sm90a(tmp_path, family, prefix):
     """A residual-block epilogue as a CUTLASS 3.x EVT kernel (about a minute) and as a 2.x kernel."""
     mod = dense_epilogue_model(512, 256, 128, activation="silu", residual=True, residual_relu=True)
@@ -205,7 +210,7 @@ def test_residual_block_kernel_exports_for_sm90a(tmp_path, family, prefix):
     assert "GemmUniversalBase" not in symbols and "GemmWithFusedEpilogue" not in symbols
 
 
-@pytest.mark.parametrize("arch,family", [("sm_80", "sm80"), ("sm_90a", "sm90")])
+@pytest.mark.parametrize("arch,family", [("sm_80", "sm80"), pytest.param("sm_90a", "sm90", marks=pytest.mark.slow)])
 def test_conv2d_residual_block_exports(tmp_path, arch, family):
     """An NCHW conv + bias + residual + relu block (the ResNet bottleneck's last conv) offloaded as
     one implicit-GEMM kernel with a fused residual (sm_90a: a CUTLASS 3.x TMA im2col + wgmma kernel
