@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .version import __version__
 
-__all__ = ["from_torch", "offload_pipeline", "offload_report", "transform", "__version__"]
+__all__ = ["from_onnx", "from_torch", "offload_pipeline", "offload_report", "transform", "__version__"]
 
 
 def __getattr__(name: str):
@@ -24,6 +24,10 @@ def __getattr__(name: str):
         from .frontend import from_torch
 
         return from_torch
+    if name == "from_onnx":
+        from .onnx_frontend import from_onnx
+
+        return from_onnx
     if name == "offload_report":
         from .stages.report import offload_report
 
