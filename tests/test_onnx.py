@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from tvm import relax
 
 import relax_cutlass
 from relax_cutlass.onnx_frontend import fold_constant_of_shape
+from relax_cutlass.testing.attention import check_regions_against_kernel_model
 from relax_cutlass.testing.errors import rel_error
 from relax_cutlass.testing.harness import build_cpu, offload_for_cpu, run_vm, serve_regions_on_cpu
 
@@ -58,9 +60,10 @@ def _bert_export(tmp_path, layers: int = 2):
 
 def test_bert_with_an_attention_mask_imports_offloads_and_matches_torch(tmp_path):
     """transformers' BERT given an attention_mask: its export holds ConstantOfShape nodes of an empty
-    shape, which TVM's ONNX frontend alone cannot import (fold_constant_of_shape). Every projection
-    and FFN GEMM and every layer norm is offloaded; the attention stays in TVM, with its reason, until
-    its exported form (a safe softmax: where(isnan(p), 0, p)) is fused (the test below)."""
+    shape, which TVM's ONNX frontend alone cannot import (fold_constant_of_shape), and its attention
+    ends in the safe softmax as torch.onnx writes it, where(isnan(p), 0, p). Every GEMM, layer norm
+    and attention is offloaded, the padding mask read by the kernel as its bias; the kernel's own
+    model of each region, fully masked rows included, matches the region."""
     from tvm.relax.frontend.onnx import from_onnx
 
     path, (ids, mask), want = _bert_export(tmp_path)
@@ -72,17 +75,30 @@ def test_bert_with_an_attention_mask_imports_offloads_and_matches_torch(tmp_path
     assert gemms == 2 * 4, str(report)  # per layer: q|k|v packed into one GEMM, output, two FFN
     assert sum(r["calls"] for r in report.offloaded if r["op"] == "matmul" and r["mnk"][1] == 192) == 2
     assert sum(r["calls"] for r in report.offloaded if r["op"] == "norm") == 2 * 2 + 1, str(report)
-    left = report.left_in_tvm
-    assert len(left) == 4 and all("matmul of an attention" in r["reasons"][0] for r in left), str(report)
+    attention = [r for r in report.offloaded if r["op"] == "attention"]
+    assert sum(r["calls"] for r in attention) == 2 and not report.left_in_tvm, str(report)
+    assert all(r["attention"]["masked_rows"] == "zero" for r in attention), attention
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == len(attention)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 49: torch.onnx's attention (safe softmax) is not fused yet")
-def test_bert_attention_from_onnx_is_fused(tmp_path):
-    path, (ids, mask), want = _bert_export(tmp_path, layers=1)
-    report = relax_cutlass.offload_report(
-        relax_cutlass.offload_pipeline("sm_90a", compile=False)(relax_cutlass.from_onnx(path))
-    )
-    assert any(r["op"] == "attention" for r in report.offloaded), str(report)
+def test_a_nan_tail_that_fills_with_something_else_than_zero_stays_in_tvm():
+    """where(isnan(p), 1, p) is no safe softmax the kernel computes: it stays in TVM, saying why."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((2, 2, 16, 32), "float16")) for n in "qkv")
+    bias = relax.Var("bias", relax.TensorType((2, 1, 16, 16), "float16"))
+    with bb.function("main", [q, k, v, bias]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            scores = bb.emit(relax.op.add(bb.emit(relax.op.matmul(q, kt)), bias))
+            p = bb.emit(relax.op.nn.softmax(scores, axis=-1))
+            p = bb.emit(relax.op.where(relax.op.isnan(p), relax.const(1.0, "float16"), p))
+            out = bb.emit_output(bb.emit(relax.op.matmul(p, v)))
+        bb.emit_func_output(out)
+    _, rewritten = offload_for_cpu(bb.get())
+    report = relax_cutlass.offload_report(rewritten)
+    assert not [r for r in report.offloaded if r["op"] == "attention"], str(report)
+    assert "filled with something else than 0" in str(report), str(report)  # the refused pattern's row
 
 
 def test_a_small_cnn_imports_nhwc_and_offloads_every_conv(tmp_path):

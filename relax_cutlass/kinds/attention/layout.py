@@ -411,6 +411,11 @@ def _bias_reads(tracer: Tracer, bias: relax.Expr, layout: Layout, add: relax.Cal
 
 def _masked_rows(ann: dict, sizes: dict) -> str:
     """What a row whose every score is -inf gives, from the safe-softmax tail (if any)."""
+    if "tail_nan" in ann:  # where(isnan(p), fill, p)
+        fill = ann["tail_nan_fill"].value.numpy().reshape(-1)
+        if fill.size != 1 or fill[0] != 0:
+            raise NotAttention("a fully masked row (NaN probabilities) is filled with something else than 0")
+        return "zero"
     if "tail" not in ann:
         return "nan"
     neg_inf = ann["tail_inf"].value.numpy().reshape(-1)

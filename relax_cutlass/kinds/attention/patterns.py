@@ -165,6 +165,14 @@ def _safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPa
     return tail
 
 
+def _nan_softmax_tail(softmax: DFPattern, ann: dict) -> DFPattern:
+    """The safe softmax as torch.onnx exports it: where(isnan(p), fill, p), p = softmax(x). With
+    finite scores and -inf masks p is NaN exactly on the rows whose every score is -inf."""
+    ann["tail_nan_fill"] = fill = is_const()
+    ann["tail_nan"] = tail = is_op("relax.where")(is_op("relax.isnan")(softmax), fill, softmax)
+    return tail
+
+
 def _causal_mask(ann: dict) -> DFPattern:
     """triu(fill broadcast to (S, T), k), optionally cast and given leading unit / broadcast dims:
     the causal mask `constant_causal_masks` writes. Matched inside the region, so no mask tensor
@@ -203,7 +211,7 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     logits = add | scaled
     logits = is_op("relax.astype")(logits) | logits
     ann["softmax"] = softmax = is_op("relax.nn.softmax")(logits)
-    probs = _safe_softmax_tail(logits, softmax, ann) | softmax
+    probs = _safe_softmax_tail(logits, softmax, ann) | _nan_softmax_tail(softmax, ann) | softmax
     probs = is_op("relax.astype")(probs) | probs  # the cast before the views (cast_attention_operands)
     probs = _views(probs, _SCORE_VIEWS[1:])
     probs = is_op("relax.astype")(probs) | probs
