@@ -126,4 +126,12 @@ def from_onnx(
         ) from err
     mod = FixTvmCudaForms()(mod)
     require_shapes(mod, "from_onnx")
-    return to_float16(mod, dtype, convert_layout=convert_layout, accumulate_in_float32=True)
+    try:
+        return to_float16(mod, dtype, convert_layout=convert_layout, accumulate_in_float32=True)
+    except Exception as err:
+        first = (str(err).strip().splitlines() or ["no message"])[0][:300]
+        raise RuntimeError(
+            f"from_onnx: lowering the imported module to {dtype} failed ({type(err).__name__}: {first}); "
+            "the float32 import succeeded: tvm.relax.frontend.onnx.from_onnx(model, keep_params_in_input=False) "
+            "gives it, which TVM can build as it is"
+        ) from err

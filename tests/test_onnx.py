@@ -184,3 +184,23 @@ def test_a_named_batch_dimension_stays_symbolic_and_shapes_can_fix_it(tmp_path):
     _offloaded_matches(mod, [x3.numpy()], want, 2e-2)
     fixed = relax_cutlass.from_onnx(path, shapes={"x": [3, 8, 10, 10]})
     assert [int(d) for d in fixed["main"].params[0].ty.shape.values] == [3, 8, 10, 10]
+
+
+def test_gpt2_whose_16_bit_lowering_fails_in_tvm_gets_an_error_naming_the_stage(tmp_path):
+    """TVM 0.27's ToMixedPrecision fails on torch.onnx's GPT-2 (a scalar int64 argument): the error
+    names the lowering, and says the float32 import itself worked."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=100)).eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = gpt2
+
+        def forward(self, ids):
+            return self.gpt2(input_ids=ids).last_hidden_state
+
+    path = _export(LastHidden(), (torch.randint(0, 100, (1, 16)),), tmp_path / "gpt2.onnx", ["ids"])
+    with pytest.raises(RuntimeError, match="lowering the imported module to float16 failed .*import succeeded"):
+        relax_cutlass.from_onnx(path)
