@@ -12,6 +12,7 @@ from os import PathLike
 
 import numpy as np
 import tvm
+from tvm import relax
 
 from .frontend import SUPPORTED_DTYPES, require_shapes
 from .prepare import to_float16
@@ -126,6 +127,9 @@ def from_onnx(
         ) from err
     mod = FixTvmCudaForms()(mod)
     require_shapes(mod, "from_onnx")
+    # Input-free subgraphs (GPT-2's causal mask: tril of a constant, its diagonal offset a PrimValue
+    # that TVM 0.27's ToMixedPrecision cannot type) folded before the 16-bit lowering.
+    mod = relax.transform.FoldConstant()(mod)
     try:
         return to_float16(mod, dtype, convert_layout=convert_layout, accumulate_in_float32=True)
     except Exception as err:

@@ -186,12 +186,13 @@ def test_a_named_batch_dimension_stays_symbolic_and_shapes_can_fix_it(tmp_path):
     assert [int(d) for d in fixed["main"].params[0].ty.shape.values] == [3, 8, 10, 10]
 
 
-def test_gpt2_whose_16_bit_lowering_fails_in_tvm_gets_an_error_naming_the_stage(tmp_path):
-    """TVM 0.27's ToMixedPrecision fails on torch.onnx's GPT-2 (a scalar int64 argument): the error
-    names the lowering, and says the float32 import itself worked."""
+def test_gpt2_imports_offloads_and_matches_torch(tmp_path):
+    """torch.onnx's GPT-2 builds its causal mask as tril of a constant with a PrimValue diagonal
+    offset, which TVM 0.27's ToMixedPrecision cannot type ("Expected TensorType, but got T.int64"):
+    from_onnx folds such input-free subgraphs first. Every GEMM and both attentions are offloaded."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=100)).eval()
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=100)).eval()
 
     class LastHidden(torch.nn.Module):
         def __init__(self):
@@ -201,6 +202,31 @@ def test_gpt2_whose_16_bit_lowering_fails_in_tvm_gets_an_error_naming_the_stage(
         def forward(self, ids):
             return self.gpt2(input_ids=ids).last_hidden_state
 
-    path = _export(LastHidden(), (torch.randint(0, 100, (1, 16)),), tmp_path / "gpt2.onnx", ["ids"])
+    ids = torch.randint(0, 100, (1, 16))
+    with torch.no_grad():
+        want = LastHidden()(ids).double().numpy()
+    mod = relax_cutlass.from_onnx(_export(LastHidden(), (ids,), tmp_path / "gpt2.onnx", ["ids"]))
+    report = _offloaded_matches(mod, [ids.numpy()], want, 2e-2)
+    attention = [r for r in report.offloaded if r["op"] == "attention"]
+    assert sum(r["calls"] for r in attention) == 2 and not report.left_in_tvm, str(report)
+    partitioned, _ = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == len(attention)
+
+
+def test_a_failing_16_bit_lowering_gets_an_error_naming_the_stage(monkeypatch):
+    from relax_cutlass import onnx_frontend
+
+    def broken(*args, **kwargs):
+        raise tvm.error.InternalError("Check failed: (tensor) is false: Expected TensorType, but got T.int64")
+
+    monkeypatch.setattr(onnx_frontend, "to_float16", broken)
+    helper = onnx.helper
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(RuntimeError, match="lowering the imported module to float16 failed .*import succeeded"):
-        relax_cutlass.from_onnx(path)
+        relax_cutlass.from_onnx(model)
