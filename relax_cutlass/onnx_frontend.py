@@ -12,11 +12,11 @@ from os import PathLike
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from .frontend import SUPPORTED_DTYPES, require_shapes
-from .prepare import to_float16
-from .rewrites.canonicalize import FixTvmCudaForms
+from .prepare import fold_weights, to_float16
+from .rewrites.canonicalize import FixTvmCudaForms, UnbroadcastWeights
+from .rewrites.shapes import BoundSymbolicShapes
 
 __all__ = ["fold_constant_of_shape", "from_onnx"]
 
@@ -29,11 +29,12 @@ def _onnx():
     return onnx
 
 
-def _constant_values(graph, onnx) -> dict[str, np.ndarray]:
-    """Tensor name -> value, for initializers and Constant nodes' outputs."""
-    values = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
+def _constant_values(graph, names: set[str], onnx) -> dict[str, np.ndarray]:
+    """Tensor name -> value for those of `names` that are initializers or Constant node outputs
+    (only those are read: a model's initializers are its weights)."""
+    values = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer if init.name in names}
     for node in graph.node:
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and node.output[0] in names:
             for attr in node.attribute:
                 if attr.name == "value":
                     values[node.output[0]] = onnx.numpy_helper.to_array(attr.t)
@@ -42,18 +43,21 @@ def _constant_values(graph, onnx) -> dict[str, np.ndarray]:
 
 def fold_constant_of_shape(model):
     """Every ConstantOfShape whose shape input is a constant becomes a Constant node holding the
-    filled tensor (a copy of `model` is returned; the input is left as it is).
+    filled tensor (in a copy of `model`, made only when there is one; the input is left as it is).
 
     TVM 0.27's converter broadcasts the one-element fill value to the shape, which fails for an
     empty shape, the scalar result ("broadcast_to expects the input shape to have the number of ndim
     at least as the input tensor's"): torch.onnx's export of transformers' attention-mask code holds
     such nodes, so a BERT given an attention_mask did not import."""
     onnx = _onnx()
-    model = type(model).FromString(model.SerializeToString())
-    graph = model.graph
-    constants = _constant_values(graph, onnx)
+    shapes = {n.input[0] for n in model.graph.node if n.op_type == "ConstantOfShape" and n.input}
+    constants = _constant_values(model.graph, shapes, onnx)
+    if not constants:
+        return model
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)  # no serialization: no 2 GB protobuf limit
     nodes = []
-    for node in graph.node:
+    for node in folded.graph.node:
         shape = constants.get(node.input[0]) if node.op_type == "ConstantOfShape" and node.input else None
         if shape is None:
             nodes.append(node)
@@ -68,9 +72,9 @@ def fold_constant_of_shape(model):
                 "Constant", [], [node.output[0]], name=node.name, value=onnx.numpy_helper.from_array(value)
             )
         )
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+    del folded.graph.node[:]
+    folded.graph.node.extend(nodes)
+    return folded
 
 
 def _unconvertible(model) -> list[str]:
@@ -128,8 +132,9 @@ def from_onnx(
     mod = FixTvmCudaForms()(mod)
     require_shapes(mod, "from_onnx")
     # Input-free subgraphs (GPT-2's causal mask: tril of a constant, its diagonal offset a PrimValue
-    # that TVM 0.27's ToMixedPrecision cannot type) folded before the 16-bit lowering.
-    mod = relax.transform.FoldConstant()(mod)
+    # that TVM 0.27's ToMixedPrecision cannot type) folded before the 16-bit lowering; as in
+    # to_float16, shapes made exact and broadcast weights undone before anything is folded.
+    mod = fold_weights(UnbroadcastWeights()(BoundSymbolicShapes()(mod)))
     try:
         return to_float16(mod, dtype, convert_layout=convert_layout, accumulate_in_float32=True)
     except Exception as err:

@@ -61,6 +61,12 @@ def to_float16(
     mod = AnglesInFloat32()(mod)
     if dtype != "float16":
         mod = RetypeFloat16(dtype)(mod)
+    return fold_weights(mod)
+
+
+def fold_weights(mod: tvm.IRModule) -> tvm.IRModule:
+    """FoldConstant with the weight ops folded in numpy first (FoldWeightsInNumpy): bit for bit
+    TVM's constants, without compiling an llvm kernel per weight op."""
     return relax.transform.FoldConstant()(FoldWeightsInNumpy()(mod))
 
 
