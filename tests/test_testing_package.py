@@ -5,6 +5,7 @@ the GPU host: every `module.name` read off a testing module must be defined by t
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +25,8 @@ def _module_path(dotted: str) -> Path | None:
     return None
 
 
-def _top_level_names(path: Path) -> set[str]:
+@cache
+def _top_level_names(path: Path) -> frozenset[str]:
     names = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -36,7 +38,7 @@ def _top_level_names(path: Path) -> set[str]:
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     if path.name == "__init__.py":  # a package's submodules are its attributes too
         names |= {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
-    return names
+    return frozenset(names)
 
 
 def _testing_aliases(tree: ast.AST, package: str) -> dict[str, Path]:
