@@ -130,9 +130,7 @@ class PartitionForCutlass:
         log = FusionLog()
         mod = relax.transform.FuseOpsByPattern(fusion_patterns(log), bind_constants=True, annotate_codegen=True)(mod)
         previous = json_attr(mod, NOT_FUSED_ATTR, [])
-        return mod.with_attr(ARCH_ATTR, self.arch).with_attr(
-            NOT_FUSED_ATTR, json.dumps(previous + log.rows())
-        )
+        return mod.with_attr(ARCH_ATTR, self.arch).with_attr(NOT_FUSED_ATTR, json.dumps(previous + log.rows()))
 
 
 def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass]:

@@ -105,7 +105,6 @@ def _disassembler_env() -> dict[str, str]:
 def _find(tool: str, wheel: str) -> str:
     candidates = []
     try:
-
         tc = toolchain()
         nvcc = Path(tc.nvcc)
         candidates += [Path(os.path.realpath(nvcc)).parent / tool, nvcc.parent / tool, tc.cuda_home / "bin" / tool]

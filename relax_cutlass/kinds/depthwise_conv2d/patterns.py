@@ -84,7 +84,7 @@ def depthwise_problems(conv: relax.Call, layout_skipped: str | None = None) -> l
         if tile.one_tile_per_cta(problem) and tiles > MAX_GRID_Z:
             problems.append(
                 f"batch {n} gives {tiles} output tiles per channel group, more than the "
-                f"{MAX_GRID_Z} threadblocks this filter's kernel (one tile each) can launch; split the batch"
+                f"{MAX_GRID_Z} threadblocks CUTLASS's direct convolution (one tile each) can launch; split the batch"
             )
     return problems
 

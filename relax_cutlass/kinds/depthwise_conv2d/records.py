@@ -71,20 +71,19 @@ class DirectConvTile:
         """Output tiles of one channel group at batch n."""
         return n * -(-problem.p // self.tile_p) * -(-problem.q // self.tile_q)
 
-    def one_tile_per_cta(self, problem: DepthwiseProblem) -> bool:
-        """Whether each threadblock must compute a single output tile. CUTLASS's direct-convolution
-        mainloop stages its epilogue's accumulator tile (tile_p x tile_q x groups accumulators) in
-        the shared memory of the activation stage it has just read, the stages spaced by the
-        activation tile's size. Where the accumulator tile is larger (a 3x3 stride-1 filter on an
-        8x8 tile: 12.8 KB of fp16 activations, 16 KB of float32 sums), it overwrites the start of
-        the next stage, already loaded with the CTA's next tile: a CTA that computes a second tile
-        reads it corrupted (MobileNetV3 at batch 32 on the H200: inf). CUTLASS sizes each
-        activation stage at least as large as computed here, so False is safe."""
-        rows = (self.tile_p - 1) * problem.stride[0] + (problem.r - 1) * problem.dilation[0] + 1
-        cols = (self.tile_q - 1) * problem.stride[1] + (problem.s - 1) * problem.dilation[1] + 1
-        activation = rows * cols * self.groups_per_cta * _BYTES[problem.element]
-        accumulators = self.tile_p * self.tile_q * self.groups_per_cta * _BYTES[problem.element_accumulator]
-        return accumulators > activation
+    def one_tile_per_cta(self, _problem: DepthwiseProblem) -> bool:
+        """Always: each threadblock of CUTLASS's direct convolution computes a single output tile
+        (the glue launches every tile of the batch). Its mainloop (CUTLASS 4.2,
+        depthwise_fprop_direct_conv_multistage.h) stages tile i's float32 sums for the epilogue in
+        the shared-memory activation stage i % stages, and the epilogue ends without a barrier;
+        tile i+1 then starts its cp.async prefetch into that same stage, so a fast warp overwrites
+        sums a slower warp has not read yet. A CTA that computes several tiles writes a few wrong
+        outputs: a 5x5 stride-1 conv at batch 32 (C = 120) on the H200, 7.2e-3 relative error
+        against float64. Where the sums outgrow an activation stage (3x3 stride 1 on 8x8 tiles:
+        12.8 KB of fp16 activations, 16 KB of sums) the epilogue also overruns the next stage,
+        already loaded with the CTA's next tile (MobileNetV3 at batch 32: inf). With one tile per
+        CTA neither can happen."""
+        return True
 
 
 @dataclass(frozen=True)

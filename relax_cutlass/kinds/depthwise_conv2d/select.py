@@ -1,11 +1,9 @@
 """Depthwise kernel choice: relax_cutlass's own blocked direct kernel (direct_templates.py) where it
 applies (dilation 1, stride 1 or 2), else CUTLASS's direct convolution; each family's output tile
-by problem, and for CUTLASS's, fixed or run-time stride and how many CTAs share each channel
-group's output tiles."""
+by problem, and for CUTLASS's, fixed or run-time stride (and one output tile per CTA)."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import replace
 
@@ -29,9 +27,6 @@ NARROW_TILE = DirectConvTile(tile_p=8, tile_q=8, groups_per_cta=32, warps=4, sta
 LARGE_FILTER_TILE = DirectConvTile(tile_p=4, tile_q=4, groups_per_cta=64, warps=4, stages=4)
 # Outputs (P * Q) below this run 3x3 / 5x5 filters on 32-channel tiles (more CTAs per image).
 SMALL_OUTPUT = 14 * 14
-# Threadblocks per SM the grid aims for: the kernel is bound by memory, and more resident CTAs hide
-# its latency.
-CTAS_PER_SM = 4
 
 
 DIRECT_NOTE = (
@@ -58,8 +53,8 @@ def choose_depthwise_kernel(
     """-> (kernel, split_k): the blocked direct kernel where it covers the problem, else CUTLASS's
     (the reason in its note); a pinned `tile` picks the family by its spelling (BlockedTile's
     "direct_p8q16g32[t4x4]" or DirectConvTile's "p4q4g64w4s4": for sweeps). For CUTLASS's, fixed
-    stride where compiled in, and enough CTAs per channel group (split_k, a grid dimension: no
-    reduction) to fill the GPU; the direct kernel's grid holds every tile (split_k 1)."""
+    stride where compiled in, and a CTA per output tile of each channel group (split_k, a grid
+    dimension: no reduction); the direct kernel's grid holds every tile (split_k 1)."""
     resolve_family(family, arch)  # a wrong option still fails as for the other kinds
     uncovered = direct_problems(problem)
     if tile.startswith("direct_") or (not tile and not uncovered):
@@ -153,16 +148,10 @@ def parse_tile(tile: str) -> DirectConvTile:
     return DirectConvTile(p, q, groups, warps, stages)
 
 
-def split_for(problem: DepthwiseProblem, tile: DirectConvTile, arch: int) -> int:
-    """CTAs per channel group: enough for CTAS_PER_SM on every SM, never more than there are output
-    tiles (a symbolic batch counts as 1), at most MAX_GRID_Z; every tile where the kernel must
-    compute one tile per CTA (the glue then counts them at run time)."""
-    tiles = tile.tiles(problem, problem.n or 1)
-    if tile.one_tile_per_cta(problem):
-        return min(tiles, MAX_GRID_Z)
-    groups = math.ceil(problem.c / tile.groups_per_cta)
-    wanted = math.ceil(CTAS_PER_SM * SM_COUNT.get(arch, 108) / groups)
-    return max(1, min(tiles, wanted, MAX_GRID_Z))
+def split_for(problem: DepthwiseProblem, tile: DirectConvTile, _arch: int) -> int:
+    """CTAs per channel group: one per output tile (DirectConvTile.one_tile_per_cta), at most
+    MAX_GRID_Z (a symbolic batch counts as 1: the glue counts the tiles at run time)."""
+    return min(tile.tiles(problem, problem.n or 1), MAX_GRID_Z)
 
 
 def tile_for(problem: DepthwiseProblem) -> DirectConvTile:
