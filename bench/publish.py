@@ -460,10 +460,12 @@ def _zoo_section() -> list[str]:
 
 
 def _memcheck_section() -> list[str]:
-    out = []
-    for path in _latest(list(RESULTS.glob("*-memcheck-zoo-*.json")))[-1:]:
+    """The latest memcheck run per GPU."""
+    latest_per_gpu = {gpu_of(p): p for p in _latest(list(RESULTS.glob("*-memcheck-zoo-*.json")))}
+    out = ["## Memory checks", ""] if latest_per_gpu else []
+    for gpu, path in sorted(latest_per_gpu.items()):
         data = json.loads(path.read_text())
-        out += ["## Memory checks", "", f"{data['what']} ({GPU_NAMES.get(gpu_of(path), '')}, {data['date']}).", ""]
+        out += [f"### {GPU_NAMES.get(gpu, gpu)}, {data['date']}", "", data["what"][:1].upper() + data["what"][1:], ""]
         out += ["| model | memcheck errors | output finite |", "|---|---|---|"]
         out += [f"| {r['model']} | {r.get('errors')} | {r.get('output_finite')} |" for r in data["memcheck"]]
         out += ["", f"Raw results: `{path.relative_to(ROOT)}`.", ""]
