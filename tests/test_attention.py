@@ -409,6 +409,44 @@ def test_operand_casts_move_bit_identically(scales, in_float16, dtype):
     assert np.isfinite(results[0].astype("float32")).any()  # the comparison saw numbers, not only inf/NaN
 
 
+@pytest.mark.parametrize(
+    "source, merged, axes, out, want",
+    [
+        # torch.onnx dynamo's k^T: (B, N, T, H) -> (B*N, T, H) -> (B*N, H, T) -> (B, N, H, T)
+        ((2, 4, 16, 8), (8, 16, 8), (0, 2, 1), (2, 4, 8, 16), "R.permute_dims(x, axes=[0, 1, 3, 2])"),
+        # its grouped-query keys: (B, N_kv, G, T, H) -> (B*N_kv*G, T, H) -> ... -> (B, N_kv*G, H, T)
+        ((1, 2, 3, 16, 8), (6, 16, 8), (0, 2, 1), (1, 6, 8, 16), "R.reshape(x, R.shape([1, 6, 16, 8]))"),
+        # the batch dim moves: no batch-merged transpose, left alone
+        ((2, 4, 16, 8), (8, 16, 8), (1, 0, 2), (16, 2, 4, 8), None),
+        # split back into other sizes than the merged dims' product: left alone
+        ((2, 4, 16, 8), (8, 16, 8), (0, 2, 1), (2, 4, 16, 8), None),
+    ],
+)
+def test_batch_merged_transposes_become_one_permute(source, merged, axes, out, want):
+    """reshape -> permute_dims keeping dim 0 -> reshape, a transpose written on the batch-merged
+    view, is one permute_dims of the tensor (after repeat_kv's reshape where the batch splits
+    back into other dims); values unchanged."""
+    from relax_cutlass.kinds.attention.operands import merged_batch_transposes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(source, "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            view = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, merged)), axes))
+            y = bb.emit_output(relax.op.reshape(view, out))
+        bb.emit_func_output(y)
+    func = bb.get()["main"]
+    rewritten = relax.analysis.remove_all_unused(merged_batch_transposes(func))
+    text = rewritten.script()
+    if want is None:
+        assert text.count("R.reshape") == 2, text
+        return
+    assert want in text and text.count("R.permute_dims") == 1, text
+    x_np = np.random.default_rng(0).standard_normal(source).astype("float16")
+    got, expected = (run_vm(build_cpu(tvm.IRModule({"main": f})), [x_np]) for f in (rewritten, func))
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_attention_with_scale_one_builds(arch):

@@ -37,6 +37,8 @@ FORMS = [
     # Llama: add(r, gemm_out_f32) -> decomposed RMSNorm -> astype; the sum continues
     dict(form="rms_decomposed", residual="add", cast="float16", leak=("sum",), epsilon=1e-6),
     dict(form="rms_decomposed", cast="float16"),
+    # torch.onnx's Llama: 1 / sqrt for rsqrt (ONNX has no Rsqrt)
+    dict(form="rms_reciprocal", residual="add", cast="float16", leak=("sum",), epsilon=1e-6),
     dict(form="rms_norm", residual="cast_both", cast="float16", leak=("sum", "norm")),
     dict(form="rms_norm", dtype="float16"),
     # bf16, weights as parameters, odd sizes, both extra outputs
@@ -54,6 +56,14 @@ def test_norm_forms_are_offloaded_and_compute_the_original(case):
     assert set(row["output_roles"]) == expected
     assert row["residual"] == (case.get("residual", "none") != "none")
     assert row["norm"] == ("layer_norm" if case["form"] == "layer_norm" else "rms_norm")
+
+
+def test_a_reciprocal_of_another_numerator_is_no_rmsnorm():
+    """2 / sqrt(mean(x * x) + eps) is not RMSNorm's 1 / sqrt: it stays in TVM, saying why."""
+    _, rewritten = offload_for_cpu(norm_module("rms_reciprocal", cast="float16", numerator=2.0))
+    assert not _norm_rows(rewritten)
+    report = str(relax_cutlass.offload_report(rewritten))
+    assert "divides something else than 1 by the root mean square" in report, report
 
 
 def test_symbolic_rows():

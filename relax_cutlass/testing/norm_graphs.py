@@ -21,13 +21,15 @@ def norm_module(
     axis: int = -1,
     weights: str = "const",
     seed: int = 0,
+    numerator: float = 1.0,
 ) -> tvm.IRModule:
     """main(x[, r]) -> the forms of the norm kind:
 
     residual "none": norm(x); "add": norm(x + r), x and r of `stream`; "cast": norm(astype(x,
     stream) + r) with x of `dtype` (BERT/GPT-2's fp32 residual stream after a 16-bit GEMM);
     "cast_both": norm(astype(x) + astype(r)). form: "layer_norm", "rms_norm" (R.nn.rms_norm),
-    "rms_decomposed" (Llama's x * rsqrt(mean(x * x) + eps) * w). cast: the norm's output is cast to
+    "rms_decomposed" (Llama's x * rsqrt(mean(x * x) + eps) * w), "rms_reciprocal" (the same with
+    `numerator` / sqrt for rsqrt, as ONNX writes it). cast: the norm's output is cast to
     it. leak: "sum" and/or "norm" are used outside the region too (both outputs are returned).
     weights: "const" (bound constants) or "param" (main's parameters). `rows` may hold a str: a
     symbolic dim."""
@@ -68,7 +70,10 @@ def norm_module(
                 sq = bb.emit(relax.op.multiply(h, h))
                 mean = bb.emit(relax.op.mean(sq, axis=[axis], keepdims=True))
                 eps = bb.emit(relax.op.add(mean, relax.const(epsilon, norm_dtype)))
-                rstd = bb.emit(relax.op.rsqrt(eps))
+                if form == "rms_reciprocal":
+                    rstd = bb.emit(relax.op.divide(relax.const(numerator, norm_dtype), bb.emit(relax.op.sqrt(eps))))
+                else:
+                    rstd = bb.emit(relax.op.rsqrt(eps))
                 y = bb.emit(relax.op.multiply(gamma, bb.emit(relax.op.multiply(h, rstd))))
             out = bb.emit(relax.op.astype(y, cast)) if cast else y
             results = [out]

@@ -1,4 +1,4 @@
-"""Causal masks the model computes from no input, recognized at build time.
+"""Causal masks the model computes from no input (or holds as a constant), recognized at build time.
 
 Hugging Face's decoders hand their attention a float mask built from `arange`s (cumsum,
 index_tensor, comparisons, then where(keep, 0, -inf) or finfo.min); FoldConstant leaves it, so the
@@ -7,7 +7,9 @@ on every inference. `constant_causal_masks` evaluates such a mask once on the CP
 is causal, replaces it with the canonical form `triu(-inf broadcast to (S, T), k)` that the attention
 pattern takes as a causal mask: the region then runs the kernels' own causal masking (SM90
 included), with no mask tensor at all. The decision is made on the values, so a mask that is
-causal only in form (a padding mask folded in, a sliding window) is left as it was.
+causal only in form (a padding mask folded in, a sliding window) is left as it was. An imported
+ONNX graph holds such a mask as a constant (from_onnx folds the subgraph that builds it): the same
+decision on its values.
 
 A mask that is zero everywhere (Hugging Face's BERT without an attention_mask builds one from
 `arange(S) >= 0`) masks nothing: the add goes, and the region runs with no mask at all (so on the
@@ -77,7 +79,8 @@ def _plan(func: relax.Function) -> dict:
             x, add = add.args[0], var2val.get(add.args[0])
         if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
             continue
-        is_free = [arg in free for arg in add.args]
+        # an input-free binding, or a constant (an imported graph's mask, folded already)
+        is_free = [arg in free or isinstance(arg, tvm.ir.GenericConst) for arg in add.args]
         if is_free.count(True) != 1:
             continue
         index = is_free.index(True)
@@ -85,7 +88,8 @@ def _plan(func: relax.Function) -> dict:
         if _is_canonical(mask, var2val):
             continue
         if mask not in known:
-            known[mask] = evaluate_input_free(func, mask, free)
+            constant = isinstance(mask, tvm.ir.GenericConst)
+            known[mask] = mask.value.numpy() if constant else evaluate_input_free(func, mask, free)
         values = known[mask]
         rows, keys = static_shape(add)[-2:]
         dtype = str(add.ty.dtype)

@@ -12,7 +12,12 @@ from .causal import constant_causal_masks
 from .diagnose import explain_left_in_tvm
 from .emit import attention_glue_function, emit_attention_kernel
 from .masks import cast_attention_masks, scalar_where_fills
-from .operands import cast_attention_operands, merge_repeated_casts, sequence_first_attention_outputs
+from .operands import (
+    cast_attention_operands,
+    merge_repeated_casts,
+    merged_batch_transposes,
+    sequence_first_attention_outputs,
+)
 from .packed import packed_projection_slices
 from .patterns import ATTENTION_OPS, ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
 from .problems import attention_flops, attention_problems, read_problem
@@ -84,7 +89,7 @@ KIND = RegionKind(
     explain_left_in_tvm=explain_left_in_tvm,
     # Casts and views that frontends and mixed precision put around attention, brought to the
     # forms the patterns match (around the shared canonicalizations, in this order).
-    prepare=(merge_repeated_casts, cast_attention_operands, packed_projection_slices),
+    prepare=(merged_batch_transposes, merge_repeated_casts, cast_attention_operands, packed_projection_slices),
     # Masks computed from no input that are causal made canonical, last: each attention's mask is
     # its own binding, which a later rewrite_call would merge into one (CSE).
     finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks, constant_causal_masks),

@@ -150,6 +150,21 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
     return adds, tails
 
 
+def _nan_tails(var2val, tails: dict) -> dict:
+    """{where var: softmax var} for torch.onnx's safe softmax where(isnan(p), c, p) of a softmax
+    that `cast_attention_masks` gives its own tail: with a finite mask no row is NaN, so that where
+    never fired, and the tail written in its place (1/T on a fully masked row) already gives what
+    the row gave."""
+    found = {}
+    for var, value in var2val.items():
+        if not is_op_call(value, "relax.where") or not is_op_call(var2val.get(value.args[0]), "relax.isnan"):
+            continue
+        probs = value.args[2]
+        if probs in tails and var2val[value.args[0]].args[0].same_as(probs):
+            found[var] = probs
+    return found
+
+
 class BlockScopedMutator(relax.PyExprMutator):
     """A mutator whose memo of earlier bindings (`reset_block_state`) holds within one binding block:
     a var bound in another block is not in scope there."""
@@ -168,9 +183,9 @@ class BlockScopedMutator(relax.PyExprMutator):
 
 @relax.expr_functor.mutator
 class _CastMasks(BlockScopedMutator):
-    def __init__(self, adds: dict, tails: dict):
+    def __init__(self, adds: dict, tails: dict, nan_tails: dict):
         super().__init__()
-        self.adds, self.tails = adds, tails
+        self.adds, self.tails, self.nan_tails = adds, tails, nan_tails
         self.reset_block_state()
 
     def reset_block_state(self) -> None:
@@ -195,6 +210,9 @@ class _CastMasks(BlockScopedMutator):
             args[index] = self.builder_.emit(relax.op.astype(low, "float32"))
             args[1 - index] = self.visit_expr(args[1 - index])
             self.set_var_remap(var, self.builder_.emit(relax.op.add(*args)))
+            return
+        if var in self.nan_tails:
+            self.set_var_remap(var, self.visit_expr(self.nan_tails[var]))
             return
         if var in self.tails:
             x = self.visit_expr(binding.value.args[0])
@@ -226,13 +244,14 @@ def cast_attention_masks(func: relax.Function) -> relax.Function:
       key is masked gets the uniform softmax of equal values. m becomes -inf, and torch's
       safe-softmax tail, with the value 1/T (not 0), keeps what such a row gives: the mean of
       the values. With a symbolic key count T the tail's 1/T is the softmax of a row of zeros
-      (the attention pattern reads either as the kernel's "mean" rows).
+      (the attention pattern reads either as the kernel's "mean" rows). torch.onnx's own safe
+      softmax after it, where(isnan(p), 0, p), never fired with the finite mask and goes.
 
     Other float32 masks are left alone (the attention region then stays in TVM, saying why)."""
     adds, tails = _plan_masks(func)
     if not adds:
         return func
-    rewritten = _CastMasks(adds, tails).visit_expr(func)
+    rewritten = _CastMasks(adds, tails, _nan_tails(get_var2val(func), tails)).visit_expr(func)
     return relax.analysis.remove_all_unused(rewritten)
 
 

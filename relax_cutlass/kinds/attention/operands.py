@@ -1,5 +1,6 @@
-"""Casts and output views around attention rewritten to the forms its patterns match: repeated casts
-merged, operand casts moved past the views and scales, sequence-first outputs split."""
+"""Casts and views around attention rewritten to the forms its patterns match: repeated casts
+merged, operand casts moved past the views and scales, batch-merged transposes made one permute,
+sequence-first outputs split."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import math
 import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..ir import rewrite_planned_bindings, use_counts
 from .masks import BlockScopedMutator, is_matmul_result
 from .patterns import ATTENTION_DTYPES
-from .trace import expr_dims, is_op_call
+from .trace import expr_dims, is_op_call, known_dims
 
 # expand_dims: the first step of transformers' repeat_kv (grouped-query keys and values)
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims")
@@ -235,11 +237,12 @@ def _split_output(mutator, binding, heads_first) -> relax.Expr:
 
 
 def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
-    """permute_dims chains taking a batched matmul's (B, N, S, V) result (through a reshape) to
-    (S, B, N, V) -> one permute to (B, S, N, V), then one to (S, B, N, V). nn.MultiheadAttention
-    is sequence-first: torch.export moves its heads back with three permutes that end in SBNV,
-    which the attention kernel (it writes BSNV) cannot write; split this way the region ends at
-    the BSNV tensor and the last transpose stays in TVM. Permutes move values only: exact."""
+    """permute_dims chains taking a batched matmul's (B, N, S, V) result (through a reshape or a
+    cast) to (S, B, N, V) -> one permute to (B, S, N, V), then one to (S, B, N, V).
+    nn.MultiheadAttention is sequence-first: torch.export moves its heads back with three permutes
+    that end in SBNV (torch.onnx with one), which the attention kernel (it writes BSNV) cannot
+    write; split this way the region ends at the BSNV tensor and the last transpose stays in TVM.
+    Permutes move values only: exact."""
     var2val = get_var2val(func)
     uses = use_counts(func)
     consumed = set()  # permutes whose result another permute takes
@@ -258,9 +261,49 @@ def sequence_first_attention_outputs(func: relax.Function) -> relax.Function:
             axes = [step[a] for a in axes]
             x = call.args[0]
         reshape = var2val.get(x)
-        from_matmul = is_op_call(reshape, "relax.reshape") and is_matmul_result(reshape.args[0], var2val, 1)
+        from_matmul = (is_op_call(reshape, "relax.reshape") and is_matmul_result(reshape.args[0], var2val, 1)) or (
+            len(expr_dims(x)) == 4 and is_matmul_result(x, var2val, 2)  # torch.onnx: the 4-D matmul's cast
+        )
         if axes == [2, 0, 1, 3] and from_matmul:
             plan[var] = x
     if not plan:
         return func
     return rewrite_planned_bindings(func, plan, _split_output)
+
+
+def merged_batch_transposes(func: relax.Function) -> relax.Function:
+    """reshape(permute_dims(reshape(x, (M, *rest)), (0, *p)), (*lead, *rest permuted by p)), x's
+    leading dims and `lead` each of M elements -> permute_dims(reshape(x, (*lead, *rest)), p
+    shifted): a transpose written on a batch-merged view, its batch merged and split back (the
+    reshape goes where `lead` is x's own leading dims). torch.onnx's dynamo export writes k^T of an
+    attention so: (B, N, T, H) to (B*N, T, H), transposed, back to (B, N, H, T); grouped-query keys
+    repeated as (B, N_kv, G, T, H) to (B*N_kv*G, T, H), transposed, to (B, N_kv*G, H, T). Rewritten,
+    the keys reach the matmul through the views the attention pattern follows (repeat_kv's reshape,
+    then one transpose). Values are unchanged."""
+    x = wildcard()
+    inner = is_op("relax.reshape")(x, wildcard())
+    transpose = is_op("relax.permute_dims")(inner)
+    pattern = is_op("relax.reshape")(transpose, wildcard())
+    analyzer = tvm.sym.Analyzer()
+
+    def same(a: list, b: list) -> bool:
+        return len(a) == len(b) and all(analyzer.can_prove_equal(p, q) for p, q in zip(a, b, strict=True))
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        source, middle, out = known_dims(m[x]), known_dims(m[inner]), known_dims(orig)
+        axes = m[transpose].attrs.axes
+        if source is None or middle is None or out is None or axes is None or int(axes[0]) != 0:
+            return orig
+        merged = len(source) - len(middle) + 1  # x's leading dims merged into one
+        lead = len(out) - len(middle) + 1  # the dims the merged one splits back into
+        rest = [int(a) for a in axes[1:]]
+        if merged < 2 or lead < 1 or not same(source[merged:], middle[1:]):
+            return orig
+        if not same([math.prod(source[:merged])], [middle[0]]) or not same([math.prod(out[:lead])], [middle[0]]):
+            return orig
+        if not same(out[lead:], [middle[a] for a in rest]):
+            return orig
+        view = m[x] if same(out[:lead], source[:merged]) else relax.op.reshape(m[x], [*out[:lead], *middle[1:]])
+        return relax.op.permute_dims(view, list(range(lead)) + [a + lead - 1 for a in rest])
+
+    return rewrite_call(pattern, rewriter, func)

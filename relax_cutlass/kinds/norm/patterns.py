@@ -1,13 +1,14 @@
 """The patterns of the norm kind: [residual add, its operands optionally cast to float32] ->
 LayerNorm (R.nn.layer_norm) or RMSNorm (R.nn.rms_norm, or its decomposition x * rsqrt(mean(x * x)
-+ eps) * weight) over the last axis -> [cast]; their legality rules and how a matched region reads
-back into a NormProblem."""
++ eps) * weight, rsqrt also as 1 / sqrt) over the last axis -> [cast]; their legality rules and
+how a matched region reads back into a NormProblem."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
@@ -84,14 +85,23 @@ def pattern(spec: NormSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     elif spec.norm == "rms_norm":
         norm = is_op("relax.nn.rms_norm")(h, gamma)
     else:  # multiply and add match either operand order
-        eps = wildcard()
+        eps, one = wildcard(), wildcard()
         mean = is_op("relax.mean")(is_op("relax.multiply")(h, h))
-        rstd = is_op("relax.rsqrt")(is_op("relax.add")(mean, eps))
+        variance = is_op("relax.add")(mean, eps)
+        # rsqrt, or 1 / sqrt as ONNX writes it (it has no Rsqrt op): torch.onnx's Llama RMSNorm
+        rstd = is_op("relax.rsqrt")(variance) | is_op("relax.divide")(one, is_op("relax.sqrt")(variance))
         norm = is_op("relax.multiply")(gamma, is_op("relax.multiply")(h, rstd))
-        ann |= {"epsilon": eps, "mean": mean}
+        ann |= {"epsilon": eps, "mean": mean, "one": one}
     ann |= {"root": norm, "norm": norm}
     out = is_op("relax.astype")(norm) if spec.cast else norm
     return out, ann
+
+
+def as_float32(value: float) -> float:
+    """`value` as the kernel reads it, a float32 (`constexpr float kEpsilon`), in its shortest
+    decimal: an epsilon written as the double 1e-6 (torch.export's attribute) and one widened from
+    float32 (9.99999997e-07, an ONNX attribute or a float32 constant) are one kernel."""
+    return float(str(np.float32(value)))
 
 
 def _last_axis(axes, ndim: int) -> bool:
@@ -110,6 +120,8 @@ def _norm_attrs(spec: NormSpec, ann: dict) -> tuple[float | None, bool, bool, li
         eps = scalar_constant(ann["epsilon"])
         if eps is None:
             problems.append("the RMSNorm's epsilon must be a scalar constant (a kernel literal)")
+        if "one" in ann and scalar_constant(ann["one"]) != 1.0:
+            problems.append("the RMSNorm divides something else than 1 by the root mean square")
         return eps, False, True, problems
     axes = list(root.attrs.axes)
     problems = (
@@ -171,7 +183,7 @@ def read_problem(spec: NormSpec, ann: dict, out: relax.Expr, _var2val, _accumula
         rows=rows,
         n=static_int(shape[-1]),
         norm="layer_norm" if spec.norm == "layer_norm" else "rms_norm",
-        epsilon=float(eps),
+        epsilon=as_float32(eps),
         data_dtype=dtype_of(ann["data"]),
         residual_dtype=dtype_of(ann["residual"]) if "residual" in ann else None,
         sum_dtype=dtype_of(sum_),
