@@ -87,6 +87,18 @@ def _unconvertible(model) -> list[str]:
     return [f"{node.name or '(unnamed)'} ({node.op_type})" for node in model.graph.node if node.op_type not in known]
 
 
+def _failing_node(err: BaseException) -> str | None:
+    """'name (op type)' of the ONNX node TVM's frontend was converting when `err` was raised: the
+    innermost frame of its node loop holds it (`node`), the only place the frontend keeps it."""
+    found, tb = None, err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_construct_nodes":
+            node = tb.tb_frame.f_locals.get("node")
+            found = node if hasattr(node, "op_type") else found
+        tb = tb.tb_next
+    return None if found is None else f"{found.name or '(unnamed)'} ({found.op_type})"
+
+
 def from_onnx(
     model,
     shapes: dict[str, list] | None = None,
@@ -125,9 +137,13 @@ def from_onnx(
         mod = tvm_from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except Exception as err:
         first = (str(err).strip().splitlines() or ["no message"])[0][:300]
+        node = _failing_node(err)
+        where = f"on node {node}" if node else "to import the model"
         raise RuntimeError(
-            f"from_onnx: TVM's ONNX frontend failed to import the model ({type(err).__name__}: {first}); "
-            "the node it failed on is printed above as 'Error converting operator ...'"
+            f"from_onnx: TVM's ONNX frontend failed {where} ({type(err).__name__}: {first}); export the "
+            "model so that this node takes another form (another opset, or replace the module that emits it), "
+            "or import it with tvm.relax.frontend.onnx.from_onnx and a converter of your own, then lower it "
+            "with relax_cutlass.prepare.to_float16"
         ) from err
     mod = FixTvmCudaForms()(mod)
     require_shapes(mod, "from_onnx")

@@ -1,5 +1,6 @@
-"""relax_cutlass.from_onnx on models exported with torch.onnx (TorchScript exporter, opset 17):
-imported, lowered as from_torch lowers, offloaded, and checked against torch on the CPU."""
+"""relax_cutlass.from_onnx on models exported with both of torch.onnx's exporters (TorchScript, opset
+17; dynamo, opset 18): imported, lowered as from_torch lowers, offloaded with the regions
+from_torch's import of the same model gets, and checked against onnxruntime on the CPU."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ onnx = pytest.importorskip("onnx", reason="needs the 'models' extra (onnx)")
 torch = pytest.importorskip("torch", reason="needs the 'models' extra (torch)")
 
 
-def _export(model, args, path, names) -> str:
-    torch.onnx.export(model, args, str(path), opset_version=17, dynamo=False, input_names=names)
+def _export(model, args, path, names, exporter: str = "torchscript") -> str:
+    dynamo = exporter == "dynamo"
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript")
+    torch.onnx.export(model, args, str(path), opset_version=18 if dynamo else 17, dynamo=dynamo, input_names=names)
     return str(path)
 
 
@@ -32,54 +36,132 @@ def _offloaded_matches(mod, inputs: list[np.ndarray], want: np.ndarray, toleranc
     return relax_cutlass.offload_report(rewritten)
 
 
-def _bert_export(tmp_path, layers: int = 2):
-    """transformers' BERT (random init) given an attention_mask with one padded row, exported; ->
-    (path, inputs, torch's float64-compared output)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=128, vocab_size=100
-    )
-    bert = transformers.BertModel(config, add_pooling_layer=False).eval()
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids, mask):
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    ids = torch.randint(0, 100, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.int64)
-    mask[1, 10:] = 0
+def _nonzero_biases(model):
+    """transformers and nn.MultiheadAttention initialize biases to zero, and torch.onnx's dynamo
+    export drops an add of zeros (a GEMM then has no bias epilogue where from_torch's has one):
+    biases as a trained model's."""
     with torch.no_grad():
-        want = LastHidden()(ids, mask).double().numpy()
-    return _export(LastHidden(), (ids, mask), tmp_path / "bert.onnx", ["ids", "mask"]), [ids, mask], want
+        for name, param in model.named_parameters():
+            if name.endswith("bias") and not param.any():
+                param.normal_(0.0, 0.02)
+    return model
 
 
-def test_bert_with_an_attention_mask_imports_offloads_and_matches_torch(tmp_path):
-    """transformers' BERT given an attention_mask: its export holds ConstantOfShape nodes of an empty
-    shape, which TVM's ONNX frontend alone cannot import (fold_constant_of_shape), and its attention
-    ends in the safe softmax as torch.onnx writes it, where(isnan(p), 0, p). Every GEMM, layer norm
-    and attention is offloaded, the padding mask read by the kernel as its bias; the kernel's own
-    model of each region, fully masked rows included, matches the region."""
+def _transformer(family: str, batch: int = 1, padded: bool = False):
+    """A tiny random-init transformers model (`tiny_model`): (model, inputs, input names); `padded`:
+    given an attention_mask whose second row ends in padding."""
+    transformers = pytest.importorskip("transformers")
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
+
+    torch.manual_seed(0)
+    model = _nonzero_biases(tiny_model(family, torch, transformers))
+    ids = torch.randint(0, TINY_VOCAB, (batch, 16))
+    if not padded:
+        return model, (ids,), ["ids"]
+    mask = torch.ones(batch, 16, dtype=torch.int64)
+    mask[1, 10:] = 0
+    return model, (ids, mask), ["ids", "mask"]
+
+
+def _vision(name: str):
+    from relax_cutlass.testing.models import torch_models
+
+    torch.manual_seed(0)
+    model = {
+        "vit": lambda: torch_models.vit(image=32, patch=8, hidden=64, layers=2, heads=4),
+        "resnet": lambda: torch_models.resnet50(num_classes=10, width=16, blocks=(1, 1, 1, 1)),
+        "convnext": lambda: torch_models.convnext(num_classes=10, stages=((16, 32, 1), (32, None, 1))),
+    }[name]()
+    return _nonzero_biases(model), (torch.randn(2, 3, 32, 32),), ["x"]
+
+
+MODELS = {
+    "bert_padded": lambda: _transformer("bert", batch=2, padded=True),
+    "gpt2": lambda: _transformer("gpt2"),
+    "llama_gqa": lambda: _transformer("llama"),
+    "vit": lambda: _vision("vit"),
+    "resnet": lambda: _vision("resnet"),
+    "convnext": lambda: _vision("convnext"),
+}
+# torch.onnx's TorchScript exporter refuses grouped-query sdpa ("conversion of
+# scaled_dot_product_attention not implemented if enable_gqa is True"): Llama exports with dynamo only
+CASES = [(m, e) for m in MODELS for e in ("torchscript", "dynamo") if (m, e) != ("llama_gqa", "torchscript")]
+# Not yet: the dynamo export of nn.MultiheadAttention transposes k with two permutes before
+# splitting its batch back ((S, B*N, H) -> (B*N, S, H) -> (B*N, H, S) -> (B, N, H, S)), a chain the
+# attention pattern does not follow: k reaches the region transposed ("the key's head dim is not its
+# innermost axis") and the attention stays in TVM, reported. Strict: the case fails once it fuses.
+CASES[CASES.index(("vit", "dynamo"))] = pytest.param(
+    "vit", "dynamo", marks=pytest.mark.xfail(strict=True, reason="dynamo's MultiheadAttention k^T chain")
+)
+# Not yet: the TorchScript export of GPT-2 fuses both attentions, but q, k and v reach them as
+# copies of the packed projection's parts (its report rows lack from_torch's "packed" reads).
+CASES[CASES.index(("gpt2", "torchscript"))] = pytest.param(
+    "gpt2", "torchscript", marks=pytest.mark.xfail(strict=True, reason="q|k|v not read in place")
+)
+
+
+def _signature(report) -> list[tuple]:
+    """What the offload report says of each region, without the names of functions; an attention's
+    scale to 3 digits (torch.onnx scales q and k by sqrt(scale) each, which the 16-bit lowering
+    rounds to float16: 0.17674 for 1/sqrt(32))."""
+
+    def attention(row) -> str:
+        fields = dict(row.get("attention", {}))
+        if "scale" in fields:
+            fields["scale"] = f"{fields['scale']:.3g}"
+        # what a row whose every key is masked gives follows each graph's own mask: torch.export's
+        # -inf and safe softmax give 0, the dynamo export's finfo.min the mean (no row of these
+        # inputs is fully masked)
+        fields.pop("masked_rows", None)
+        return str(sorted(fields.items()))
+
+    return sorted(
+        (r["op"], r["epilogue"], tuple(r["mnk"]), r["kernel"], r["calls"], attention(r)) for r in report.offloaded
+    ) + sorted(r["op"] for r in report.left_in_tvm)
+
+
+@pytest.mark.parametrize("name, exporter", CASES)
+def test_exported_models_offload_as_from_torch_and_match_onnxruntime(tmp_path, name, exporter):
+    """Each model, exported as users export it, imports; the offloaded module (externs served by
+    their composites) matches onnxruntime's run of the same file; the offload report holds the
+    regions, kernels and attention forms of from_torch's import of the same model, with nothing
+    left in TVM; and the kernel's own model of each attention region matches the region."""
+    ort = pytest.importorskip("onnxruntime")
+    model, args, names = MODELS[name]()
+    path = _export(model, args, tmp_path / f"{name}.onnx", names, exporter)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inputs = [a.numpy() for a in args]
+    (want, *_) = session.run(None, {i.name: x for i, x in zip(session.get_inputs(), inputs, strict=True)})
+    mod = relax_cutlass.from_onnx(path)
+    partitioned, rewritten = offload_for_cpu(mod)
+    serve_regions_on_cpu(partitioned)
+    assert rel_error(run_vm(build_cpu(rewritten), inputs), want) < 1e-2
+    report = relax_cutlass.offload_report(rewritten)
+    _, from_torch = offload_for_cpu(relax_cutlass.from_torch(model, args))
+    assert _signature(report) == _signature(relax_cutlass.offload_report(from_torch)), str(report)
+    assert not report.left_in_tvm, str(report)
+    attention = [r for r in report.offloaded if r["op"] == "attention"]
+    assert check_regions_against_kernel_model(partitioned) == len(attention)
+
+
+def test_bert_with_an_attention_mask_needs_its_constant_of_shape_folded(tmp_path):
+    """transformers' BERT given an attention_mask: its TorchScript export holds ConstantOfShape nodes
+    of an empty shape, which TVM's ONNX frontend alone cannot import (fold_constant_of_shape). Every
+    GEMM (q|k|v packed into one), layer norm and attention is offloaded, the padding mask read by
+    the kernel as its bias, and a fully masked row gives 0 as torch.onnx's safe softmax does."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    path, (ids, mask), want = _bert_export(tmp_path)
+    model, args, names = _transformer("bert", batch=2, padded=True)
+    path = _export(model, args, tmp_path / "bert.onnx", names)
     with pytest.raises(Exception, match="broadcast_to"):  # what TVM's import alone does
         from_onnx(onnx.load(path), keep_params_in_input=False)
-    mod = relax_cutlass.from_onnx(path)
-    report = _offloaded_matches(mod, [ids.numpy(), mask.numpy()], want, 2e-2)
-    gemms = sum(r["calls"] for r in report.offloaded if r["op"] == "matmul")
-    assert gemms == 2 * 4, str(report)  # per layer: q|k|v packed into one GEMM, output, two FFN
-    assert sum(r["calls"] for r in report.offloaded if r["op"] == "matmul" and r["mnk"][1] == 192) == 2
-    assert sum(r["calls"] for r in report.offloaded if r["op"] == "norm") == 2 * 2 + 1, str(report)
+    _, rewritten = offload_for_cpu(relax_cutlass.from_onnx(path))
+    report = relax_cutlass.offload_report(rewritten)
+    assert sum(r["calls"] for r in report.offloaded if r["op"] == "matmul") == 2 * 4, str(report)
+    assert sum(r["calls"] for r in report.offloaded if r["op"] == "matmul" and r["mnk"][1] == 384) == 2
     attention = [r for r in report.offloaded if r["op"] == "attention"]
     assert sum(r["calls"] for r in attention) == 2 and not report.left_in_tvm, str(report)
     assert all(r["attention"]["masked_rows"] == "zero" for r in attention), attention
-    partitioned, _ = offload_for_cpu(mod)
-    assert check_regions_against_kernel_model(partitioned) == len(attention)
 
 
 def test_a_nan_tail_that_fills_with_something_else_than_zero_stays_in_tvm():
@@ -99,27 +181,6 @@ def test_a_nan_tail_that_fills_with_something_else_than_zero_stays_in_tvm():
     report = relax_cutlass.offload_report(rewritten)
     assert not [r for r in report.offloaded if r["op"] == "attention"], str(report)
     assert "filled with something else than 0" in str(report), str(report)  # the refused pattern's row
-
-
-def test_a_small_cnn_imports_nhwc_and_offloads_every_conv(tmp_path):
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(8, 16, 3, padding=1),
-        torch.nn.BatchNorm2d(16),
-        torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 16, 3, padding=1, bias=False),
-        torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(),
-        torch.nn.Linear(16, 32),
-    ).eval()
-    x = torch.randn(2, 8, 12, 12)
-    with torch.no_grad():
-        want = net(x).double().numpy()
-    mod = relax_cutlass.from_onnx(_export(net, (x,), tmp_path / "cnn.onnx", ["x"]))
-    report = _offloaded_matches(mod, [x.numpy()], want, 2e-2)
-    assert sum(r["calls"] for r in report.offloaded if r["op"] == "conv2d") == 2, str(report)
-    assert not [r for r in report.left_in_tvm if r["op"] == "conv2d"], str(report)
 
 
 def test_constant_of_shape_of_an_empty_shape_becomes_a_scalar_constant():
@@ -159,6 +220,23 @@ def test_an_op_tvm_cannot_import_is_named_with_what_to_do():
         relax_cutlass.from_onnx(model)
 
 
+def test_a_node_tvm_fails_to_convert_is_named_with_what_to_do():
+    """A converter that exists but fails (a Reshape to a shape of another size): the error names the
+    node and its op type, not only TVM's message."""
+    helper = onnx.helper
+    shape = onnx.numpy_helper.from_array(np.array([7], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="bad_reshape")],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [7])],
+        initializer=[shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(RuntimeError, match=r"failed on node bad_reshape \(Reshape\) \(ValueError: Reshape expects"):
+        relax_cutlass.from_onnx(model)
+
+
 def test_bad_models_and_dtypes_get_clear_errors(tmp_path):
     with pytest.raises(TypeError, match="expected an onnx.ModelProto or a path to a .onnx file, got int"):
         relax_cutlass.from_onnx(42)
@@ -184,33 +262,6 @@ def test_a_named_batch_dimension_stays_symbolic_and_shapes_can_fix_it(tmp_path):
     _offloaded_matches(mod, [x3.numpy()], want, 2e-2)
     fixed = relax_cutlass.from_onnx(path, shapes={"x": [3, 8, 10, 10]})
     assert [int(d) for d in fixed["main"].params[0].ty.shape.values] == [3, 8, 10, 10]
-
-
-def test_gpt2_imports_offloads_and_matches_torch(tmp_path):
-    """torch.onnx's GPT-2 builds its causal mask as tril of a constant with a PrimValue diagonal
-    offset, which TVM 0.27's ToMixedPrecision cannot type ("Expected TensorType, but got T.int64"):
-    from_onnx folds such input-free subgraphs first. Every GEMM and both attentions are offloaded."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=100)).eval()
-
-    class LastHidden(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gpt2 = gpt2
-
-        def forward(self, ids):
-            return self.gpt2(input_ids=ids).last_hidden_state
-
-    ids = torch.randint(0, 100, (1, 16))
-    with torch.no_grad():
-        want = LastHidden()(ids).double().numpy()
-    mod = relax_cutlass.from_onnx(_export(LastHidden(), (ids,), tmp_path / "gpt2.onnx", ["ids"]))
-    report = _offloaded_matches(mod, [ids.numpy()], want, 2e-2)
-    attention = [r for r in report.offloaded if r["op"] == "attention"]
-    assert sum(r["calls"] for r in attention) == 2 and not report.left_in_tvm, str(report)
-    partitioned, _ = offload_for_cpu(mod)
-    assert check_regions_against_kernel_model(partitioned) == len(attention)
 
 
 def test_a_failing_16_bit_lowering_gets_an_error_naming_the_stage(monkeypatch):
