@@ -447,6 +447,43 @@ def test_batch_merged_transposes_become_one_permute(source, merged, axes, out, w
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize(
+    "source, axes, out, want",
+    [
+        # dynamo's nn.MultiheadAttention k^T: (S, B*N, H) -> (B*N, H, S) -> split B*N
+        ((17, 8, 16), [(1, 0, 2), (0, 2, 1)], (2, 4, 16, 17), "R.reshape(x, R.shape([17, 2, 4, 16]))"),
+        ((6, 4, 5), [(2, 0, 1)], (5, 2, 3, 4), "R.permute_dims(lv, axes=[3, 0, 1, 2])"),
+        # a merge, not a split: left alone
+        ((6, 4, 5), [(2, 0, 1)], (5, 24), None),
+    ],
+)
+def test_splits_after_transposes_move_before_them(source, axes, out, want):
+    """permute_dims chains compose into one, and a reshape that only splits the permuted dims moves
+    before the permute (splitting x's dims instead): values unchanged."""
+    from relax_cutlass.kinds.attention.operands import splits_before_transposes
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(source, "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            view = x
+            for step in axes:
+                view = bb.emit(relax.op.permute_dims(view, step))
+            y = bb.emit_output(relax.op.reshape(view, out))
+        bb.emit_func_output(y)
+    func = bb.get()["main"]
+    rewritten = relax.analysis.remove_all_unused(splits_before_transposes(func))
+    text = rewritten.script()
+    if want is None:
+        assert text.index("R.permute_dims") < text.index("R.reshape"), text
+    else:
+        assert want in text and text.count("R.permute_dims") == 1, text
+        assert text.index("R.reshape") < text.index("R.permute_dims"), text
+    x_np = np.random.default_rng(0).standard_normal(source).astype("float16")
+    got, expected = (run_vm(build_cpu(tvm.IRModule({"main": f})), [x_np]) for f in (rewritten, func))
+    np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_attention_with_scale_one_builds(arch):

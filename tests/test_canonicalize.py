@@ -281,3 +281,16 @@ def test_an_empty_concat_operand_is_dropped_so_tvm_builds_the_module():
 
     partial = _partial_rotary_module(rotary=16)
     assert FixTvmCudaForms()(partial)["main"].body.blocks[0].bindings[-1].value.op.name == "relax.concat"
+
+
+def test_a_concat_of_one_tensor_is_that_tensor():
+    """torch.onnx's TorchScript GPT-2 concatenates each key and value with its empty past, folded to
+    concat((k,)): a copy TVM runs, between the projection and the attention's views."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 16, 32], "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.permute_dims(bb.emit(relax.op.concat([x], axis=-2)), [0, 2, 1, 3]))
+        bb.emit_func_output(out)
+    fixed = FixTvmCudaForms()(bb.get())
+    assert _ops(fixed) == ["relax.permute_dims"], _ops(fixed)

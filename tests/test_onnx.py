@@ -93,21 +93,6 @@ CASES = [
     for e in ("torchscript", "dynamo")
     if (m, e) != ("llama_gqa", "torchscript")
 ]
-# Not yet: the dynamo export of nn.MultiheadAttention transposes k with two permutes before
-# splitting its batch back ((S, B*N, H) -> (B*N, S, H) -> (B*N, H, S) -> (B, N, H, S)), a chain the
-# attention pattern does not follow: k reaches the region transposed ("the key's head dim is not its
-# innermost axis") and the attention stays in TVM, reported. Strict: the case fails once it fuses.
-CASES[CASES.index(("vit", "dynamo"))] = pytest.param(
-    "vit", "dynamo", marks=pytest.mark.xfail(strict=True, reason="dynamo's MultiheadAttention k^T chain")
-)
-# Not yet: the TorchScript export of GPT-2 fuses both attentions, but q, k and v reach them as
-# copies of the packed projection's parts (its report rows lack from_torch's "packed" reads).
-GPT2_TORCHSCRIPT = [i for i, c in enumerate(CASES) if getattr(c, "values", c) == ("gpt2", "torchscript")][0]
-CASES[GPT2_TORCHSCRIPT] = pytest.param(
-    "gpt2",
-    "torchscript",
-    marks=[pytest.mark.slow, pytest.mark.xfail(strict=True, reason="q|k|v not read in place")],
-)
 
 
 def _signature(report) -> list[tuple]:

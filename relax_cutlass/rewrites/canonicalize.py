@@ -359,7 +359,9 @@ def positive_slice_axes(func: relax.Function) -> relax.Function:
 
 def drop_empty_concat_operands(func: relax.Function) -> relax.Function:
     """concat((x, empty), axis) -> x: operands with a static extent 0 on the concat axis dropped
-    (the concat kept where more than one remains), and the empty tensors' producers with them.
+    (the concat kept where more than one remains), and the empty tensors' producers with them; a
+    concat of one operand is that operand (torch.onnx's TorchScript GPT-2 concatenates each key and
+    value with its empty past once folded: a copy TVM ran, and a view the attention could not see).
 
     Partial rotary embeddings write concat((rotated, x[..., rotary_dim:]), -1), and where the
     rotary dim is the whole head dim (Phi-3) the pass-through slice is empty: TVM 0.27's CUDA build
@@ -377,7 +379,7 @@ def drop_empty_concat_operands(func: relax.Function) -> relax.Function:
             return bool(dims) and static_int(dims[int(orig.attrs.axis)]) == 0
 
         kept = [x for x in operands.fields if not empty(x)]
-        if len(kept) == len(operands.fields) or not kept:
+        if not kept or (len(kept) == len(operands.fields) and len(kept) > 1):
             return orig
         return kept[0] if len(kept) == 1 else relax.op.concat(kept, int(orig.attrs.axis))
 

@@ -17,6 +17,7 @@ from .operands import (
     merge_repeated_casts,
     merged_batch_transposes,
     sequence_first_attention_outputs,
+    splits_before_transposes,
 )
 from .packed import packed_projection_slices
 from .patterns import ATTENTION_OPS, ATTENTION_SPECS, AttentionPatternSpec, attention_pattern
@@ -89,7 +90,13 @@ KIND = RegionKind(
     explain_left_in_tvm=explain_left_in_tvm,
     # Casts and views that frontends and mixed precision put around attention, brought to the
     # forms the patterns match (around the shared canonicalizations, in this order).
-    prepare=(merged_batch_transposes, merge_repeated_casts, cast_attention_operands, packed_projection_slices),
+    prepare=(
+        merged_batch_transposes,
+        splits_before_transposes,
+        merge_repeated_casts,
+        cast_attention_operands,
+        packed_projection_slices,
+    ),
     # Masks computed from no input that are causal made canonical, last: each attention's mask is
     # its own binding, which a later rewrite_call would merge into one (CSE).
     finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks, constant_causal_masks),

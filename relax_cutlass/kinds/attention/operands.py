@@ -14,7 +14,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from ..ir import rewrite_planned_bindings, use_counts
 from .masks import BlockScopedMutator, is_matmul_result
 from .patterns import ATTENTION_DTYPES
-from .trace import expr_dims, is_op_call, known_dims
+from .trace import expr_dims, is_op_call, known_dims, static_dim
 
 # expand_dims: the first step of transformers' repeat_kv (grouped-query keys and values)
 _OPERAND_CAST_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.broadcast_to", "relax.expand_dims")
@@ -307,3 +307,60 @@ def merged_batch_transposes(func: relax.Function) -> relax.Function:
         return relax.op.permute_dims(view, list(range(lead)) + [a + lead - 1 for a in rest])
 
     return rewrite_call(pattern, rewriter, func)
+
+
+def _split_factors(dims: list, new: list) -> list[list[int]] | None:
+    """For each of `dims`, the consecutive sizes of `new` it splits into, where a reshape from
+    `dims` to `new` only splits dims (all static); None for any other reshape."""
+    if any(static_dim(v) is None for v in [*dims, *new]):
+        return None
+    groups, j = [], 0
+    for d in (static_dim(v) for v in dims):
+        if j == len(new):
+            return None
+        group = [static_dim(new[j])]
+        j += 1
+        while math.prod(group) < d and j < len(new):
+            group.append(static_dim(new[j]))
+            j += 1
+        if math.prod(group) != d:
+            return None
+        groups.append(group)
+    return groups if j == len(new) else None
+
+
+def splits_before_transposes(func: relax.Function) -> relax.Function:
+    """reshape(permute_dims(x, p), sizes), the reshape only splitting dims -> permute_dims of x
+    reshaped with those splits (two permutes before the reshape are composed into one).
+    torch.onnx's dynamo export of nn.MultiheadAttention transposes k as (S, B*N, H) ->
+    (B*N, S, H) -> (B*N, H, S) and then splits B*N: written so, the split reaches x's reshape
+    (one view of the packed projection) and the transpose comes after it, as the attention pattern
+    follows k. Values are unchanged; a permute not followed by such a split is left alone."""
+    x, sizes = wildcard(), wildcard()
+    once = is_op("relax.permute_dims")(x)
+    twice = is_op("relax.permute_dims")(once)
+
+    def move_split(orig: relax.Expr, m: dict, permutes: list) -> relax.Expr:
+        source, permuted, out = known_dims(m[x]), known_dims(orig.args[0]), known_dims(orig)
+        if source is None or permuted is None or out is None or len(out) == len(permuted):
+            return orig
+        if any(p.attrs.axes is None for p in permutes):
+            return orig
+        axes = list(range(len(source)))
+        for p in permutes:  # innermost first
+            axes = [axes[int(a)] for a in p.attrs.axes]
+        groups = _split_factors(permuted, out)
+        if groups is None:
+            return orig
+        by_source = {axes[i]: group for i, group in enumerate(groups)}  # x's dims, as the sizes they split into
+        starts, sizes_in_x = {}, []
+        for k in range(len(source)):
+            starts[k] = len(sizes_in_x)
+            sizes_in_x += by_source[k]
+        order = [starts[axes[i]] + j for i, group in enumerate(groups) for j in range(len(group))]
+        return relax.op.permute_dims(relax.op.reshape(m[x], sizes_in_x), order)
+
+    func = rewrite_call(
+        is_op("relax.reshape")(twice, sizes), lambda orig, m: move_split(orig, m, [m[once], m[twice]]), func
+    )
+    return rewrite_call(is_op("relax.reshape")(once, sizes), lambda orig, m: move_split(orig, m, [m[once]]), func)
