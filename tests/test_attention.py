@@ -409,6 +409,26 @@ def test_operand_casts_move_bit_identically(scales, in_float16, dtype):
     assert np.isfinite(results[0].astype("float32")).any()  # the comparison saw numbers, not only inf/NaN
 
 
+def _rewritten_view_chain(rewrite, source, views, out) -> tuple:
+    """main(x) = reshape(views(x), out) and `rewrite` of it: (function, rewritten, its script), the
+    two checked to give the same values bit for bit."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(source, "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            view = x
+            for make in views:
+                view = bb.emit(make(view))
+            y = bb.emit_output(relax.op.reshape(view, out))
+        bb.emit_func_output(y)
+    func = bb.get()["main"]
+    rewritten = relax.analysis.remove_all_unused(rewrite(func))
+    x_np = np.random.default_rng(0).standard_normal(source).astype("float16")
+    got, expected = (run_vm(build_cpu(tvm.IRModule({"main": f})), [x_np]) for f in (rewritten, func))
+    np.testing.assert_array_equal(got, expected)
+    return func, rewritten, rewritten.script()
+
+
 @pytest.mark.parametrize(
     "source, merged, axes, out, want",
     [
@@ -428,23 +448,12 @@ def test_batch_merged_transposes_become_one_permute(source, merged, axes, out, w
     back into other dims); values unchanged."""
     from relax_cutlass.kinds.attention.operands import merged_batch_transposes
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(source, "float16"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            view = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, merged)), axes))
-            y = bb.emit_output(relax.op.reshape(view, out))
-        bb.emit_func_output(y)
-    func = bb.get()["main"]
-    rewritten = relax.analysis.remove_all_unused(merged_batch_transposes(func))
-    text = rewritten.script()
+    views = [lambda v: relax.op.reshape(v, merged), lambda v: relax.op.permute_dims(v, axes)]
+    func, rewritten, text = _rewritten_view_chain(merged_batch_transposes, source, views, out)
     if want is None:
         assert text.count("R.reshape") == 2, text
         return
     assert want in text and text.count("R.permute_dims") == 1, text
-    x_np = np.random.default_rng(0).standard_normal(source).astype("float16")
-    got, expected = (run_vm(build_cpu(tvm.IRModule({"main": f})), [x_np]) for f in (rewritten, func))
-    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize(
@@ -462,26 +471,13 @@ def test_splits_after_transposes_move_before_them(source, axes, out, want):
     before the permute (splitting x's dims instead): values unchanged."""
     from relax_cutlass.kinds.attention.operands import splits_before_transposes
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(source, "float16"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            view = x
-            for step in axes:
-                view = bb.emit(relax.op.permute_dims(view, step))
-            y = bb.emit_output(relax.op.reshape(view, out))
-        bb.emit_func_output(y)
-    func = bb.get()["main"]
-    rewritten = relax.analysis.remove_all_unused(splits_before_transposes(func))
-    text = rewritten.script()
+    views = [lambda v, step=step: relax.op.permute_dims(v, step) for step in axes]
+    _, _, text = _rewritten_view_chain(splits_before_transposes, source, views, out)
     if want is None:
         assert text.index("R.permute_dims") < text.index("R.reshape"), text
     else:
         assert want in text and text.count("R.permute_dims") == 1, text
         assert text.index("R.reshape") < text.index("R.permute_dims"), text
-    x_np = np.random.default_rng(0).standard_normal(source).astype("float16")
-    got, expected = (run_vm(build_cpu(tvm.IRModule({"main": f})), [x_np]) for f in (rewritten, func))
-    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.nvcc
