@@ -8,7 +8,8 @@ Two phases, every model in its own child process in each, so a crash (or a proce
 library) is a row of the table, not the end of the run:
 
 1. build (N models at a time, `--jobs`): torchvision / transformers construction with random init
-   (no download), `relax_cutlass.from_torch` (fp32 export -> bound fp16 module), the offload
+   (no download), `relax_cutlass.from_torch` (fp32 export -> bound fp16 module; `<model>_onnx` entries:
+   a torch.onnx export, then `relax_cutlass.from_onnx`), the offload
    report's summary, the offloaded build and TVM's default build of the same module (each also
    with TVM's CUDA-graph build), each exported as a library under DIR/NAME/; with --torch-compile,
    torch.compile in its default and "reduce-overhead" modes is run once to fill Inductor's caches.
@@ -70,7 +71,7 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
     record["weights_checksum"] = _weights_checksum(model)
 
     t0 = time.time()
-    mod = relax_cutlass.from_torch(model, example)
+    mod = entry.import_module(model, example, out)
     steps["import_s"] = round(time.time() - t0, 1)
     # The imported graph as this host's torch exports it (weights omitted), to reproduce on another
     # machine what this one's torch/torchvision/transformers versions produce

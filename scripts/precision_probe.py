@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import time
 
@@ -28,7 +29,7 @@ from tvm import relax
 import relax_cutlass
 from relax_cutlass.frontend import import_float32
 from relax_cutlass.testing.errors import rel_error
-from relax_cutlass.testing.zoo import ZOO, ZooModel, float64_reference
+from relax_cutlass.testing.zoo import ZOO, float64_reference
 
 
 def run(mod, target, dev, inputs):
@@ -93,7 +94,7 @@ def main() -> None:
     ap.add_argument("--targets", default="cuda,llvm", help="--bisect: the two builds (cuda, llvm)")
     args = ap.parse_args()
     entry = next(e for e in ZOO if e.name == args.model)
-    entry = ZooModel(entry.name, entry.family, entry.batch, args.seq or entry.seq)
+    entry = dataclasses.replace(entry, seq=args.seq or entry.seq)
     if args.layers:
         import transformers
 

@@ -61,3 +61,25 @@ def test_an_all_zero_reference_matches_only_an_exact_zero():
     assert not within(np.full(4, 1e-30), np.zeros(4), 1e-6)
     assert not within(np.ones(3), np.ones(4), 1e-6)
     assert within(np.array([1.0, 1.0 + 1e-9]), np.ones(2), 1e-6)
+
+
+def test_an_onnx_entry_builds_its_torch_model_and_imports_it_through_onnx(tmp_path):
+    """The zoo's `<model>_onnx` entries time from_onnx's import of the same torch model beside its
+    from_torch build: same model, same regions (on a small conv net here; the zoo's are full size)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript")
+    import relax_cutlass
+    from relax_cutlass.testing.harness import offload_for_cpu
+
+    onnx_entry = next(e for e in zoo.ZOO if e.name == "resnet50_onnx")
+    assert onnx_entry.model == "resnet50" and next(e for e in zoo.ZOO if e.name == "resnet50").model == "resnet50"
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1)).eval()
+    example = (torch.randn(2, 8, 12, 12),)
+    rows = []
+    for entry in (onnx_entry, zoo.ZooModel("resnet50", "vision", 2)):
+        _, rewritten = offload_for_cpu(entry.import_module(net, example, tmp_path))
+        report = relax_cutlass.offload_report(rewritten)
+        rows.append(sorted((r["op"], r["kernel"], r["calls"]) for r in report.offloaded))
+    assert rows[0] == rows[1] and len(rows[0]) == 2, rows
+    assert (tmp_path / "resnet50_onnx.onnx").exists()

@@ -17,6 +17,14 @@ class ZooModel:
     family: str  # "vision" (channels_last for torch) or "transformer"
     batch: int
     seq: int = 0  # transformers: sequence length of the token ids
+    # "torch": relax_cutlass.from_torch; "onnx": the same model exported with torch.onnx (dynamo)
+    # and imported with relax_cutlass.from_onnx (an entry named after its model, "<model>_onnx")
+    importer: str = "torch"
+
+    @property
+    def model(self) -> str:
+        """The model this entry builds (an ONNX entry's torch model is its torch entry's)."""
+        return self.name.removesuffix("_onnx") if self.importer == "onnx" else self.name
 
     def build(self):
         """-> (torch model in float32 eval mode, example inputs tuple); deterministic, so the build
@@ -24,7 +32,22 @@ class ZooModel:
         import torch
 
         torch.manual_seed(0)
-        return BUILDERS[self.name](self, torch)
+        return BUILDERS[self.model](self, torch)
+
+    def import_module(self, model, example: tuple, workdir):
+        """The Relax module of `model` as this entry's importer gives it (an ONNX entry writes
+        `<name>.onnx` into `workdir` first)."""
+        from pathlib import Path
+
+        import relax_cutlass
+
+        if self.importer == "torch":
+            return relax_cutlass.from_torch(model, example)
+        import torch
+
+        path = Path(workdir) / f"{self.name}.onnx"
+        torch.onnx.export(model, example, str(path), dynamo=True)
+        return relax_cutlass.from_onnx(path)
 
 
 def _vision(constructor_name: str):
@@ -200,6 +223,10 @@ ZOO = (
     ZooModel("falcon_mq", "transformer", 1, 512),
     ZooModel("gpt_neox", "transformer", 1, 512),
     ZooModel("phi3", "transformer", 1, 512),
+    # the same models through ONNX (torch.onnx's dynamo export, then from_onnx), against their
+    # from_torch builds in the same run
+    ZooModel("bert_base_padded_onnx", "transformer", 8, 128, importer="onnx"),
+    ZooModel("resnet50_onnx", "vision", 32, importer="onnx"),
 )
 
 BUILDS = ("relax_cutlass", "relax_cutlass_graph", "tvm_default", "tvm_default_graph")
