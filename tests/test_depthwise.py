@@ -135,7 +135,7 @@ def test_cutlass_tile_choice_by_filter_size_and_geometry():
 
     small = DepthwiseProblem(32, 56, 56, 96, 3, 3, 56, 56, (1, 1))
     tile = tile_for(small)
-    assert tile.tile_p == 8 and split_for(small, tile, 90) > 1
+    assert tile.tile_p == 8 and split_for(small, tile) > 1
     assert tile.groups_per_cta == 32  # 96 channels: 3 tiles of 32, not 2 of 64 (one half idle)
     # ConvNeXt's 7x7 convs: 8x8 x 32 channels where C is not a multiple of 64 (C = 96), else 4x4 x 64
     # (8x8 x 64 spills with 7x7); bench/depthwise_tiles.py measured these fastest on an H200

@@ -111,8 +111,9 @@ def is_matmul_result(expr, var2val, depth: int = 8) -> bool:
     return False
 
 
-def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
-    """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys})."""
+def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict]:
+    """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys},
+    {NaN-test where var: softmax var} (`_nan_tails`))."""
     var2val = get_var2val(func)
     uses = use_counts(func)
     known = _MaskValues(var2val)
@@ -147,7 +148,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict]:
             continue
         adds[x] = (index, element, swamping)
         tails[var] = keys
-    return adds, tails
+    return adds, tails, _nan_tails(var2val, tails)
 
 
 def _nan_tails(var2val, tails: dict) -> dict:
@@ -248,10 +249,10 @@ def cast_attention_masks(func: relax.Function) -> relax.Function:
       softmax after it, where(isnan(p), 0, p), never fired with the finite mask and goes.
 
     Other float32 masks are left alone (the attention region then stays in TVM, saying why)."""
-    adds, tails = _plan_masks(func)
+    adds, tails, nan_tails = _plan_masks(func)
     if not adds:
         return func
-    rewritten = _CastMasks(adds, tails, _nan_tails(get_var2val(func), tails)).visit_expr(func)
+    rewritten = _CastMasks(adds, tails, nan_tails).visit_expr(func)
     return relax.analysis.remove_all_unused(rewritten)
 
 

@@ -9,8 +9,6 @@ from ..epilogue import Epilogue
 from ..nhwc import conv_geometry
 from ..region import Region
 
-_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
 # A launch's grid holds at most this many CTAs per channel group (CUDA's grid z limit).
 MAX_GRID_Z = 65535
 

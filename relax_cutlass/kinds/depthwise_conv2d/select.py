@@ -76,7 +76,7 @@ def choose_depthwise_kernel(
     kernel = DepthwiseKernel(problem, epilogue, chosen, fixed_stride=fixed, arch=80, target=arch, note=note)
     if tile:
         kernel = replace(kernel, selected_by="pinned")
-    return kernel, split_for(problem, chosen, arch)
+    return kernel, split_for(problem, chosen)
 
 
 # The blocked direct kernel's tiles: channels per CTA (multiples of 8, the 128-bit loads) chosen
@@ -148,7 +148,7 @@ def parse_tile(tile: str) -> DirectConvTile:
     return DirectConvTile(p, q, groups, warps, stages)
 
 
-def split_for(problem: DepthwiseProblem, tile: DirectConvTile, _arch: int) -> int:
+def split_for(problem: DepthwiseProblem, tile: DirectConvTile) -> int:
     """CTAs per channel group: one per output tile (DirectConvTile.one_tile_per_cta), at most
     MAX_GRID_Z (a symbolic batch counts as 1: the glue counts the tiles at run time)."""
     return min(tile.tiles(problem, problem.n or 1), MAX_GRID_Z)
