@@ -69,6 +69,12 @@ if [[ ${1:-} == --detach || ${1:-} == --wait ]]; then
   exit 0
 fi
 source .gpufull/rest/enter.sh || exit $?
+# Pure-Python packages the host may lack (torch.onnx's dynamo exporter needs onnxscript and onnx_ir,
+# which the zoo's "_onnx" entries use): carry build/pydeps (here: copy them out of .venv's
+# site-packages); used only where the host cannot import onnxscript itself.
+if [[ -d build/pydeps ]] && ! python3 -c "import onnxscript" 2>/dev/null; then
+  export PYTHONPATH=$PYTHONPATH:$PWD/build/pydeps
+fi
 # The bundle ships CUTLASS's examples/41 only; the SM90 attention kernels include examples/88:
 # carry build/cutlass-examples too (here: cp -r <the wheel's cutlass_library/source/examples/88_hopper_fmha>
 # build/cutlass-examples/) and it is put beside 41 in the bundle's cutlass_library.
