@@ -4,7 +4,7 @@ torch picks: flash / cuDNN / memory-efficient), fp16, head dims 64 and 128, sequ
 512..8192, causal and not.
 
     python bench/attention_sdpa.py [--seqs 512,1024,2048,4096,8192] [--head-dims 64,128]
-                                   [--families auto,sm80] [--out DIR]
+                                   [--families auto,sm80] [--mask none|padding] [--out DIR]
 
 Each case has 16384 tokens per head (batch = 16384 / seq) and 2048 / head_dim heads (as CUTLASS
 examples/88's runner sizes its problems): batch x heads is 32..1024. q, k and v are BSNH (the
@@ -19,6 +19,10 @@ this GPU, the fastest used: what a user's build here does),
 error). FLOPs: 4 * B * N * S * T * H (two GEMMs), half of that for causal attention (TVM's TopLeft
 mask; torch's is_causal). ms are medians of `vm.time_evaluator` (relax_cutlass; includes the VM
 call, a few microseconds) and of CUDA events around 20 back-to-back calls (torch). JSON under DIR.
+`--mask padding`: each sequence of the batch has its last keys padded (a quarter of them over the
+batch, from none to a half), as a (B, 1, 1, T) float16 additive mask of 0 / -inf: relax_cutlass
+gets it as R.nn.attention's bias, torch's sdpa as its attn_mask (with the causal mask added to it,
+as sdpa takes no attn_mask with is_causal); FLOPs count the whole (padded) problem.
 Needs a GPU, torch and TVM's compiler (the GPU host with the full bundle); about 2-4 minutes on an
 H200, most of it nvcc.
 """
@@ -56,23 +60,36 @@ def flops(case: dict) -> float:
     return total / 2 if case["causal"] else total
 
 
-def _module(rows: list[dict]):
-    """One function per case: R.nn.attention on BSNH fp16 q, k, v (TVM's TopLeft causal mask)."""
+def padding_mask(batch: int, seq: int) -> np.ndarray:
+    """(B, 1, 1, T) float16, 0 for a kept key, -inf for a padded one: sequence b keeps its first
+    seq - pad(b) keys, the pads spread evenly from 0 to half the keys (a quarter on average)."""
+    mask = np.zeros((batch, 1, 1, seq), dtype="float16")
+    for b in range(batch):
+        pad = (seq // 2) * b // max(1, batch - 1)
+        mask[b, ..., seq - pad :] = -np.inf
+    return mask
+
+
+def _module(rows: list[dict], masked: bool = False):
+    """One function per case: R.nn.attention on BSNH fp16 q, k, v (TVM's TopLeft causal mask), with
+    a (B, 1, 1, T) bias where `masked`."""
     from tvm import relax
 
     bb = relax.BlockBuilder()
     for i, c in enumerate(rows):
         shape = (c["batch"], c["seq"], c["heads"], c["head_dim"])
-        q, k, v = (relax.Var(name, relax.TensorType(shape, "float16")) for name in "qkv")
-        with bb.function(f"f{i}", [q, k, v]):
+        params = [relax.Var(name, relax.TensorType(shape, "float16")) for name in "qkv"]
+        if masked:
+            params.append(relax.Var("bias", relax.TensorType((c["batch"], 1, 1, c["seq"]), "float16")))
+        with bb.function(f"f{i}", params):
             with bb.dataflow():
                 causal = "TopLeft" if c["causal"] else None
-                out = bb.emit_output(relax.op.nn.attention(q, k, v, causal_mask=causal))
+                out = bb.emit_output(relax.op.nn.attention(*params, causal_mask=causal))
             bb.emit_func_output(out)
     return bb.get()
 
 
-def run(rows: list[dict], families: list[str]) -> None:
+def run(rows: list[dict], families: list[str], masked: bool = False) -> None:
     import torch
     import tvm
     from tvm import relax
@@ -86,14 +103,20 @@ def run(rows: list[dict], families: list[str]) -> None:
     rng = np.random.default_rng(0)
     arrays = [
         [rng.uniform(-1, 1, size=(c["batch"], c["seq"], c["heads"], c["head_dim"])).astype("float16") for _ in "qkv"]
+        + ([padding_mask(c["batch"], c["seq"])] if masked else [])
         for c in rows
     ]
     # torch first: its outputs are the references
     for c, qkv in zip(rows, arrays, strict=True):
-        qt, kt, vt = (torch.from_numpy(x).cuda().transpose(1, 2) for x in qkv)  # (B, N, S, H) views of BSNH
+        qt, kt, vt = (torch.from_numpy(x).cuda().transpose(1, 2) for x in qkv[:3])  # (B, N, S, H) views of BSNH
+        mask = None
+        if masked:
+            mask = torch.from_numpy(qkv[3]).cuda()
+            if c["causal"]:  # sdpa takes no attn_mask with is_causal: TVM's TopLeft mask added to it
+                mask = mask + torch.full((c["seq"], c["seq"]), float("-inf"), device="cuda").triu(1).half()
 
-        def sdpa(qt=qt, kt=kt, vt=vt, causal=c["causal"]):
-            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        def sdpa(qt=qt, kt=kt, vt=vt, causal=c["causal"] and not masked, mask=mask):
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal)
 
         with torch.no_grad():
             c["want"] = sdpa().transpose(1, 2).float().cpu().numpy()
@@ -118,7 +141,7 @@ def run(rows: list[dict], families: list[str]) -> None:
             schedule, tuple(int(x) for x in tile.split("x")) if tile else None, {c["head_dim"] for c in rows}
         )
         with forced if sm90 else contextlib.nullcontext():
-            offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows))
+            offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows, masked))
         report = relax_cutlass.offload_report(offloaded)
         vm = relax.VirtualMachine(tvm.compile(offloaded, target), dev)
         print(f"{family}: built in {time.time() - t0:.0f} s", flush=True)
@@ -167,14 +190,18 @@ def main() -> int:
     ap.add_argument("--seqs", default="512,1024,2048,4096,8192")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--families", default="auto,sm80")
+    ap.add_argument("--mask", choices=("none", "padding"), default="none")
     ap.add_argument("--out", default=os.environ.get("OUT", "build/attention_sdpa"))
     args = ap.parse_args()
     families = args.families.split(",")
     rows = cases([int(s) for s in args.seqs.split(",")], [int(h) for h in args.head_dims.split(",")])
-    run(rows, families)
+    for c in rows:
+        c["mask"] = args.mask
+    run(rows, families, masked=args.mask == "padding")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "attention_sdpa.json").write_text(json.dumps(rows, indent=1))
+    name = "attention_sdpa.json" if args.mask == "none" else f"attention_sdpa_{args.mask}.json"
+    (out / name).write_text(json.dumps(rows, indent=1))
     print_table(rows, families)
     bad = [c for c in rows for f in families if not c[f]["rel_err"] < 1e-2]
     if bad:

@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from relax_cutlass import offload_report
+from relax_cutlass.kinds.attention.emit_sm90 import SM90_BIAS_SCHEDULES
 from relax_cutlass.kinds.attention.profile import attention_job
 from relax_cutlass.kinds.attention.records import AttentionProblem, attention_key
 from relax_cutlass.kinds.attention.select import (
@@ -71,7 +72,6 @@ def test_sm90_tiles_per_head_dim_and_dtype():
         (dict(head_dim=48, head_dim_value=48), "head dims 48/48"),
         (dict(head_dim=72, head_dim_value=72), "head dims 72/72"),
         (dict(head_dim=64, head_dim_value=128), "head dims 64/128"),
-        (dict(bias_reads=((0, 1), None, None, (3, 1))), "additive mask/bias"),
         (dict(scale=-0.125), "positive scale"),
     ],
 )
@@ -83,6 +83,40 @@ def test_what_the_sm90_kernel_cannot_run_falls_back_with_the_reason(change, reas
     assert attention_family(problem, 90) == 80
 
 
+BIASES = {"b11t": ((0, 1), None, None, (3, 1)), "1nst": (None, (1, 1), (2, 1), (3, 1))}
+
+
+@pytest.mark.parametrize("bias", BIASES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [None, "BottomRight"])
+def test_an_additive_bias_runs_on_the_sm90_kernel(bias, head_dim, causal):
+    """A padding mask or a position bias on the scores: the SM90 kernel with the bias read per CTA
+    (a schedule of one block per CTA, the example's block order even when causal), its own
+    kernel name; profiling times only those schedules."""
+    base = HD64 if head_dim == 64 else HD128
+    problem = dataclasses.replace(base, bias_reads=BIASES[bias], masked_rows="mean", causal=causal)
+    assert sm90_attention_fallback_reason(problem) is None and attention_family(problem, 90) == 90
+    kernel = choose_attention_kernel(problem, 90)
+    assert kernel.arch == 90 and kernel.bias and kernel.schedule == "cooperative" and kernel.name.endswith("_bias")
+    plain = choose_attention_kernel(dataclasses.replace(problem, bias_reads=None), 90)
+    assert kernel.name == plain.name.replace(plain.schedule, "cooperative") + "_bias"
+    schedules = {k.schedule for k, _ in attention_job(problem, 90).candidates}
+    assert schedules == set(SM90_BIAS_SCHEDULES) == {"cooperative", "cooperative_locked"}
+    text = emit_kernel(kernel).text
+    assert "struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>" in text
+    assert "IndividualTileScheduler" in text and "RelaxCausalTileScheduler" not in text
+    assert "takes no additive mask/bias" not in text
+    assert "takes no additive mask/bias" in emit_kernel(plain).text and "RelaxBias" not in emit_kernel(plain).text
+    assert choose_attention_kernel(problem, 90, family="sm80").arch == 80
+
+
+def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
+    problem = dataclasses.replace(HD64, bias_reads=BIASES["b11t"])
+    kernel = dataclasses.replace(choose_attention_kernel(problem, 90), schedule="pingpong")
+    with pytest.raises(ValueError, match="a bias kernel runs one of the schedules"):
+        emit_kernel(kernel)
+
+
 @pytest.mark.parametrize(
     "builder,kwargs,kernel,note",
     [
@@ -92,7 +126,7 @@ def test_what_the_sm90_kernel_cannot_run_falls_back_with_the_reason(change, reas
         (torch_export_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
         (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_pingpong", ""),
         (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
-        (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias"),
+        (sdpa_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k128_h64_bias", ""),
     ],
 )
 def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):
@@ -240,7 +274,8 @@ def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm
     for other in (attention_job(problem, 80), attention_job(problem, 90, family="sm80")):
         assert other is None or all(k.arch == 80 for k, _ in other.candidates)
     biased = dataclasses.replace(problem, bias_reads=((0, 1), None, None, (3, 1)), causal=None)
-    assert sm90_padded_kernels(biased, 90) == [] and sm90_padded_kernels(problem, 90, family="sm80") == []
+    assert all(k.bias and k.schedule in SM90_BIAS_SCHEDULES for k in sm90_padded_kernels(biased, 90))
+    assert sm90_padded_kernels(problem, 90, family="sm80") == []
 
 
 @pytest.mark.parametrize("head_dims", [(96, 64), (100, 100), (136, 136)])
@@ -304,17 +339,23 @@ def test_tuning_record_picks_the_schedule(tmp_path):
         # what profiling adds, in one compile: the warp groups' ordered softmax, persistent, on
         # head dim 64's 128 x 128 tile (each candidate checked against sdpa on the H100)
         (64, "TopLeft", 1, (128, 128), "pingpong_locked"),
+        # an additive bias (padding mask, position bias), causal grouped-query on top
+        (64, None, 1, None, "bias"),
+        (128, "BottomRight", 4, None, "bias"),
     ],
 )
 def test_sm90_attention_compiles_to_hgmma(head_dim, causal, kv_group, tile, schedule):
     """Head-dim-128 kernels, non-causal, causal, and causal grouped-query (k/v heads read with a
-    static stride 0 across each group), and the other candidates, through nvcc for sm_90a: the
-    SASS is sm_90a's and holds wgmma (HGMMA), no mma.sync (compile_all's guard checked the first)."""
+    static stride 0 across each group), the other candidates, and kernels with an additive bias,
+    through nvcc for sm_90a: the SASS is sm_90a's and holds wgmma (HGMMA), no mma.sync
+    (compile_all's guard checked the first)."""
     from relax_cutlass.toolkit.compile import compile_all
     from relax_cutlass.toolkit.sass_check import mma_counts
 
     base = HD128 if head_dim == 128 else HD64
     problem = dataclasses.replace(base, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
+    if schedule == "bias":
+        problem, schedule = dataclasses.replace(problem, bias_reads=BIASES["b11t"], masked_rows="zero"), None
     kernel = choose_attention_kernel(problem, 90)
     if tile or schedule:
         (kernel,) = [

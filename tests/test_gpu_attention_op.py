@@ -2,7 +2,7 @@
 torch's scaled_dot_product_attention in float64: a scale of exactly 1 (a speech encoder's; its glue
 once held the C++ literal `1f` and failed the whole build) for sm_80 and, on Hopper, sm_90a; and
 R.nn.attention given a bias (relax.nn.attention_bias) in each broadcast of (B, N, S, T), with and
-without TVM's causal masks, through the SM80 kernel (the SM90 kernel takes no bias).
+without TVM's causal masks, through the SM80 kernel and, on Hopper, the SM90 kernel.
 
     pytest -m gpu tests/test_gpu_attention_op.py   (on the GPU host)
 """
@@ -88,8 +88,11 @@ def test_attention_with_scale_one(arch, causal):
     "bias_shape", [(2, 8, 200, 333), (2, 1, 200, 333), (2, 1, 1, 333), (1, 8, 200, 333), (1, 1, 1, 333)]
 )
 @pytest.mark.parametrize("causal", [None, "BottomRight"])
-def test_attention_op_with_a_bias(bias_shape, causal):
-    """Key rows of 333 (no 16-byte multiple: the kernel pads the bias rows at run time)."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_op_with_a_bias(bias_shape, causal, arch):
+    """Key rows of 333 (no 16-byte multiple: the SM80 kernel pads the bias rows at run time, the
+    SM90 one reads them as they are)."""
     mod = _module(2, 200, 333, 8, 64, causal=causal, bias_shape=bias_shape)
-    row = _build_and_check(mod, ARCHS[-1], 1 / 8, causal, bias_shape)
-    assert row["composite"] == "relax_cutlass.attention_op_bias" and "bias" in row["kernel"], row
+    row = _build_and_check(mod, arch, 1 / 8, causal, bias_shape)
+    assert row["composite"] == "relax_cutlass.attention_op_bias" and row["kernel"].endswith("_bias"), row
+    assert row["kernel"].startswith("sm90_" if arch == arch_name(90) else "sm80_"), row

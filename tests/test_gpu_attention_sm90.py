@@ -461,18 +461,20 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
         {"mask_shape": "bnst", "mask": "float16", "s": 20, "t": 30},  # an fp16 bias per head
     ],
 )
-def test_a_bias_off_16_byte_rows_is_padded_and_right(kwargs):
-    """Key counts off a multiple of 8 with a mask/bias (the kernel's run function copies
-    the bias into 16-byte rows, PadBiasRows; the glue used to refuse them): against TVM's llvm build
+@pytest.mark.parametrize("family", ["auto", "sm80"])
+def test_a_bias_off_16_byte_rows_is_right(kwargs, family):
+    """Key counts off a multiple of 8 with a mask/bias (the SM80 kernel's run function copies the
+    bias into 16-byte rows, PadBiasRows; the SM90 kernel reads any row): against TVM's llvm build
     of the same graph, fully masked first rows included."""
 
     from relax_cutlass.testing.attention import masked_inputs, sdpa_attention
     from relax_cutlass.testing.harness import build_cpu, run_vm
 
-    mod = sdpa_attention(**kwargs)
-    vm, rows = _build(mod)
+    mod = sdpa_attention(h=64, **kwargs)  # a head dim of the SM90 kernel's
+    vm, rows = _build(mod, family=family)
     (row,) = [r for r in rows if r["op"] == "attention"]
-    assert row["kernel"].startswith("sm80_") and row["kernel"].endswith("_bias"), row
+    assert row["kernel"].startswith({"auto": "sm90_", "sm80": "sm80_"}[family]), row
+    assert row["kernel"].endswith("_bias"), row
     inputs = masked_inputs(mod)
     want = run_vm(build_cpu(mod), inputs).astype("float64")
     out = vm["main"](*[tvm.runtime.tensor(a, tvm.cuda(0)) for a in inputs])

@@ -132,6 +132,9 @@ struct RelaxCausalTileScheduler {
 };
 """
 )
+# The schedules of kernels with a bias: one (batch, head) block per CTA (the bias's rows are found
+# from the CTA's blockIdx), in the example's order, causal or not.
+SM90_BIAS_SCHEDULES = tuple(s for s, (options, _) in SM90_SCHEDULES.items() if "kIsPersistent" not in options)
 # a persistent schedule's causal scheduler is persistent too
 CAUSAL_SCHEDULERS = {
     schedule: f"RelaxCausalTileScheduler<{'true' if 'kIsPersistent' in options else 'false'}>"
@@ -249,9 +252,7 @@ RowStride MakeStride(RowStride*, int rows, int outer, int inner) {
 GroupedStride MakeStride(GroupedStride*, int rows, int outer, int) {
   return cute::make_stride(rows, cute::_1{}, cute::make_stride(outer, cute::_0{}));
 }
-${causal_scheduler}using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
-    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxMask<$causal>$options>;
-
+${causal_scheduler}${mainloop}
 // The example's forward epilogue (a TMA store of O) without its logsumexp store.
 struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV> {
   using Base = cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV>;
@@ -328,8 +329,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (const char* error = CheckDevice()) return error;
   if (const char* error = PdlSettingError()) return error;
-  if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
-  if (a->causal != kCausal) return "$name: built for another causal mask than the call's";
+$bias_check  if (a->causal != kCausal) return "$name: built for another causal mask than the call's";
   // A narrower head dim runs padded: TMA zero-fills Q's, K's and V's columns past it (they add
   // nothing to either product) and O's store stops at it (select.sm90_padded_head_dim).
   if (a->head_dim != a->head_dim_value || a->head_dim > kHeadDim || a->head_dim % kAlignment != 0) {
@@ -387,8 +387,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
   hw_info.sm_count = device < 64 ? sm_counts[device] : 0;
   typename Kernel::Arguments args{
       {mode0, mode1, s, t, dv_},
-      {static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
-       static_cast<const Element*>(a->v), dv},
+      $mainloop_args,
       {static_cast<Element*>(a->out), d_o, nullptr, {}},
       hw_info};
   // The example's can_implement: the head dim fits the tile and is whole 16-byte vectors, and
@@ -420,7 +419,7 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
       batch_args.mainloop.ptr_K += i * a->k_stride_b;
       batch_args.mainloop.ptr_V += i * a->v_stride_b;
       batch_args.epilogue.ptr_O += i * a->seq_q * o_row;
-    }
+$bias_launch    }
     typename Kernel::Params params = Kernel::to_underlying_arguments(batch_args, nullptr);
     params.mainloop.scale_softmax = a->scale;
     params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
@@ -432,6 +431,164 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(
 )
 
 
+# The mainloop of a kernel without a bias: the example's, with RelaxMask.
+PLAIN_MAINLOOP = Template(
+    """\
+using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxMask<$causal>$options>;
+"""
+)
+PLAIN_MAINLOOP_ARGS = """{static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
+       static_cast<const Element*>(a->v), dv}"""
+
+# A kernel with an additive bias on the scores (padding masks, position biases): the example's
+# mainloop with three pieces of ours. Its softmax (CollectiveSoftmax, specialized for the
+# RelaxBiasMask fusion) adds bias / scale to each raw q.k score before the example's online softmax
+# (which scales the scores itself), reading the bias from global memory through the kernel's
+# params; RelaxBiasMask sends every key tile through that step (the example's fusion runs on its
+# masked tiles only); the mainloop's Arguments and Params carry the bias. The (batch, heads)
+# modes of a CTA are its blockIdx.y and .z: the example's IndividualTileScheduler, which every bias
+# kernel runs (SM90_BIAS_SCHEDULES).
+# Masked scores: keys past the end and causally hidden ones as RelaxMask masks them, and -inf
+# bias entries. A row whose every score is masked sums to 0, which the example's tail turns into
+# zeros (masked_rows 1, torch's safe softmax); masked_rows 0 writes NaN there (the graph's 0/0);
+# masked_rows 2 masks with a finite -1e30 instead of -inf, so such a row comes out uniform, the
+# mean of the values (the swamping finite mask the graph held), and any other row is unchanged
+# (exp2 of -1e30 below its maximum is 0).
+BIAS_MAINLOOP = Template(
+    """\
+struct RelaxBias {
+  const Element* ptr;
+  int64_t stride_mode0, stride_mode1, stride_row;  // elements; the keys are contiguous
+  float inv_scale;
+  int masked_rows;  // the ABI's: 0 NaN, 1 zeros, 2 the mean of the values
+};
+
+template <int kCausal>
+struct RelaxBiasMask : RelaxMask<kCausal> {
+  template <class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
+                                           ProblemSize const& problem_size) {
+    return this->get_trip_count(blk_coord, tile_shape, problem_size);
+  }
+
+  template <class BlkCoord, class TileShape, class ProblemSize>
+  CUTLASS_DEVICE int get_unmasked_trip_count(BlkCoord const&, TileShape const&, ProblemSize const&) {
+    return 0;
+  }
+};
+
+template <class BaseParams>
+struct RelaxBiasParams : BaseParams {
+  RelaxBias bias;
+};
+
+using BaseMainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxBiasMask<$causal>$options>;
+
+struct Mainloop : BaseMainloop {
+  struct Arguments : BaseMainloop::Arguments {
+    RelaxBias bias;
+  };
+  using Params = RelaxBiasParams<typename BaseMainloop::Params>;
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& problem_size, Arguments const& args, void* workspace) {
+    return Params{BaseMainloop::to_underlying_arguments(problem_size, args, workspace), args.bias};
+  }
+};
+}  // namespace
+
+namespace cutlass::fmha::collective {
+template <class ElementAccumulator, int kCausal, class Params>
+struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>
+    : CollectiveSoftmax<ElementAccumulator, DefaultFusion, Params> {
+  using Base = CollectiveSoftmax<ElementAccumulator, DefaultFusion, Params>;
+  using BaseParams = std::remove_cv_t<std::remove_reference_t<Params>>;
+
+  CUTLASS_DEVICE CollectiveSoftmax(Params const& params) : Base(params) {}
+
+  // The kernel's params are the bias mainloop's (RelaxBiasParams), seen here as its base's.
+  CUTLASS_DEVICE RelaxBias const& bias() const {
+    return static_cast<RelaxBiasParams<BaseParams> const&>(this->params).bias;
+  }
+
+  template <class AccQK, class IndexQK, class ProblemShape>
+  CUTLASS_DEVICE void add_bias(AccQK& acc_qk, IndexQK const& index_qk, ProblemShape const& problem_shape) {
+    RelaxBias const& b = bias();
+    const int rows = cute::get<2>(problem_shape), keys = cute::get<3>(problem_shape);
+    const int diagonal = RelaxMask<kCausal>::offset(problem_shape);
+    const float masked = b.masked_rows == 2 ? -1e30f : -INFINITY;
+    const Element* base = b.ptr + int64_t(blockIdx.y) * b.stride_mode0 + int64_t(blockIdx.z) * b.stride_mode1;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < cute::size(acc_qk); i++) {
+      auto pos = index_qk(i);
+      const int q = cute::get<0>(pos), k = cute::get<1>(pos);
+      bool hidden = kCausal != 0 && k > q + diagonal;
+      float add = 0.0f;
+      if (k < keys && q < rows && !hidden && b.ptr != nullptr) {
+        add = static_cast<float>(base[int64_t(q) * b.stride_row + k]);
+        hidden = add == -INFINITY;
+      }
+      acc_qk(i) = k >= keys ? -INFINITY : hidden ? masked : acc_qk(i) + add * b.inv_scale;
+    }
+  }
+
+  template <class AccQK, class TiledMmaQK, class CountQK, class State, class ProblemShape>
+  CUTLASS_DEVICE auto step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, CountQK const& count_qk, State& state,
+                           ProblemShape const& problem_shape) {
+    add_bias(acc_qk, count_qk, problem_shape);
+    return Base::step(acc_qk, tiled_mma_qk, count_qk, state, problem_shape);
+  }
+
+  template <bool kUseFusion = true, class AccQK, class TiledMmaQK, class CountQK, class State, class AccPV,
+            class TiledMmaPV, class ProblemShape>
+  CUTLASS_DEVICE auto step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, CountQK const& count_qk, State& state,
+                           AccPV& acc_pv, TiledMmaPV const& tiled_mma_pv, ProblemShape const& problem_shape) {
+    if constexpr (kUseFusion) add_bias(acc_qk, count_qk, problem_shape);
+    return Base::template step<false>(acc_qk, tiled_mma_qk, count_qk, state, acc_pv, tiled_mma_pv, problem_shape);
+  }
+
+  template <class State, class AccPV, class TiledMmaPV>
+  CUTLASS_DEVICE auto tail(State& state, AccPV& acc_pv, TiledMmaPV const& tiled_mma_pv) {
+    auto lse = Base::tail(state, acc_pv, tiled_mma_pv);  // reduces the row sums in place
+    if (bias().masked_rows == 0) {
+      auto& a_sum = cute::get<1>(state);
+      Tensor acc_mn = make_tensor(acc_pv.data(), layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size<0>(acc_mn); i++) {
+        if (a_sum(i) == 0.0f) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < size<1>(acc_mn); j++) acc_mn(i, j) = NAN;
+        }
+      }
+    }
+    return lse;
+  }
+};
+}  // namespace cutlass::fmha::collective
+
+namespace {
+"""
+)
+BIAS_MAINLOOP_ARGS = """{{static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
+        static_cast<const Element*>(a->v), dv},
+       RelaxBias{static_cast<const Element*>(a->bias), kGrouped ? group * a->bias_stride_n : a->bias_stride_b,
+                 a->bias_stride_n, a->bias_stride_s, 1.0f / a->scale, a->masked_rows}}"""
+PLAIN_BIAS_CHECK = """\
+  if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
+"""
+# (A null bias adds nothing: the profiler times bias kernels so.)
+BIAS_CHECK = """\
+  if (a->masked_rows < 0 || a->masked_rows > 2) return "$name: masked_rows must be 0, 1 or 2";
+"""
+# Grouped-query attention runs the kernel's (batch, heads) modes as (kv heads, group), one launch
+# per batch: the bias's batch moves with the launch, a kv head steps over its group's heads.
+BIAS_LAUNCH = """\
+      batch_args.mainloop.bias.ptr += i * a->bias_stride_b;
+"""
+
+
 def sm90_fmha_dir():
     return package_dir("cutlass_library") / "source" / "examples" / "88_hopper_fmha"
 
@@ -440,10 +597,27 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
     options, scheduler = SM90_SCHEDULES[kernel.schedule]
     element = CUTLASS_ELEMENT[kernel.problem.element]
     grouped = str(kernel.problem.kv_group > 1).lower()
+    causal = CAUSAL_CODE[kernel.problem.causal]
     causal_scheduler = ""
-    if kernel.problem.causal is not None:
-        scheduler = CAUSAL_SCHEDULERS[kernel.schedule]
-        causal_scheduler = CAUSAL_SCHEDULER.substitute(order=CAUSAL_ORDER, element=element, grouped=grouped)
+    if kernel.bias:
+        if kernel.schedule not in SM90_BIAS_SCHEDULES:
+            raise ValueError(f"{kernel.name}: a bias kernel runs one of the schedules {SM90_BIAS_SCHEDULES}")
+        pieces = {
+            "mainloop": BIAS_MAINLOOP.substitute(causal=causal, options=options),
+            "mainloop_args": BIAS_MAINLOOP_ARGS,
+            "bias_check": BIAS_CHECK.replace("$name", kernel.name),
+            "bias_launch": BIAS_LAUNCH,
+        }
+    else:
+        if kernel.problem.causal is not None:
+            scheduler = CAUSAL_SCHEDULERS[kernel.schedule]
+            causal_scheduler = CAUSAL_SCHEDULER.substitute(order=CAUSAL_ORDER, element=element, grouped=grouped)
+        pieces = {
+            "mainloop": PLAIN_MAINLOOP.substitute(causal=causal, options=options),
+            "mainloop_args": PLAIN_MAINLOOP_ARGS,
+            "bias_check": PLAIN_BIAS_CHECK.replace("$name", kernel.name),
+            "bias_launch": "",
+        }
     text = SM90_ATTENTION_TU.substitute(
         name=kernel.name,
         attention_args=ATTENTION_ARGS,
@@ -452,10 +626,11 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
         queries=kernel.queries_per_block,
         keys=kernel.keys_per_block,
         head_dim=kernel.max_head_dim,
-        causal=CAUSAL_CODE[kernel.problem.causal],
+        causal=causal,
         options=options,
         scheduler=scheduler,
         grouped=grouped,
         check_device=check_device(kernel),
+        **pieces,
     )
     return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")

@@ -95,7 +95,8 @@ class AttentionKernel:
     tile, the largest head dim (`max_head_dim`) and whether rows are 16-byte aligned are compiled
     in (a causal mask is a run-time argument). `arch` 90: CUTLASS example 88 (Hopper: TMA +
     wgmma, warp-specialized, `schedule` one of emit_sm90.SM90_SCHEDULES), compiled for one head dim
-    (`max_head_dim`, q/k and v alike) and one causal mask (the problem's)."""
+    (`max_head_dim`, q/k and v alike), one causal mask (the problem's) and with or without an
+    additive bias (`bias`)."""
 
     problem: AttentionProblem
     queries_per_block: int
@@ -117,7 +118,7 @@ class AttentionKernel:
             grouped = "_gqa" if self.problem.kv_group > 1 else ""
             return (
                 f"sm90_fmha_{element}_{self.schedule}_q{self.queries_per_block}_k{self.keys_per_block}_"
-                f"h{self.max_head_dim}{causal}{grouped}"
+                f"h{self.max_head_dim}{causal}{grouped}" + ("_bias" if self.bias else "")
             )
         return (
             f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"

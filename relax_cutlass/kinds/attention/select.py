@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from ...arch import family_note, native_family, resolve_family
 from ..gemm.select import stage_record, under_fills
+from .emit_sm90 import SM90_BIAS_SCHEDULES
 from .records import AttentionKernel, AttentionProblem, attention_key
 
 ATTENTION_TILES = ((64, 64), (32, 128))  # (queries, keys) per CTA: xFormers' forward configurations
@@ -92,8 +93,6 @@ def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
 
 def _sm90_blocker(problem: AttentionProblem) -> str | None:
     """Why the SM90 kernel cannot run `problem` at any head dim, or None."""
-    if problem.bias_reads is not None:
-        return "additive mask/bias: the SM90 attention kernel (CUTLASS examples/88) takes none: SM80 kernel"
     if not problem.scale > 0:
         return f"scale {problem.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
     return None
@@ -151,10 +150,12 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
     if head_dim is None:
         return []
     note = f"head dim {problem.head_dim} padded to {head_dim}" if head_dim != problem.head_dim else ""
+    # a bias is read by the CTA's (batch, head): one block per CTA (emit_sm90.SM90_BIAS_SCHEDULES)
+    schedules = [s for s in _schedules(head_dim) if problem.bias_reads is None or s in SM90_BIAS_SCHEDULES]
     return [
         AttentionKernel(problem, queries, keys, head_dim, True, arch=90, target=arch, schedule=schedule, note=note)
         for queries, keys in SM90_ATTENTION_TILES[head_dim]
-        for schedule in _schedules(head_dim)
+        for schedule in schedules
     ]
 
 
