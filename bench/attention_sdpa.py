@@ -10,7 +10,8 @@ Each case has 16384 tokens per head (batch = 16384 / seq) and 2048 / head_dim he
 examples/88's runner sizes its problems): batch x heads is 32..1024. q, k and v are BSNH (the
 layout R.nn.attention takes); torch gets the same tensors as (B, N, S, H) views. "auto" is
 relax_cutlass's heuristic choice for the GPU (on sm_90a: the SM90 kernel, CUTLASS examples/88:
-ping-pong 128 x 128 at head dim 64, cooperative 128 x 128 at 128), a schedule name ("pingpong",
+ping-pong 128 x 128 at head dim 64, cooperative 128 x 128 at 128; with a mask the SM80 kernel),
+a schedule name ("pingpong",
 "cooperative_locked", ...; with ":128x64" or ":128x128" a tile too, else the heuristic's tile)
 that SM90 candidate (at a head dim without an SM90 kernel of its own, e.g. `--head-dims 96`, the
 next wider head dim's, run padded), "tuned" the build with profile="auto" (every candidate timed on
@@ -137,8 +138,12 @@ def run(rows: list[dict], families: list[str], masked: bool = False) -> None:
         option = "auto" if sm90 or family == "tuned" else family
         profile = "auto" if family == "tuned" else "never"
         # (a head dim without an SM90 kernel of its own, e.g. 96, then runs on the next wider one, padded)
+        # (and with --mask, the SM90 kernel with the bias, which the heuristic does not take yet)
         forced = select.sm90_candidate_first(
-            schedule, tuple(int(x) for x in tile.split("x")) if tile else None, {c["head_dim"] for c in rows}
+            schedule,
+            tuple(int(x) for x in tile.split("x")) if tile else None,
+            {c["head_dim"] for c in rows},
+            bias_head_dims=tuple(select.SM90_ATTENTION_TILES),
         )
         with forced if sm90 else contextlib.nullcontext():
             offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows, masked))

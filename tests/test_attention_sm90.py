@@ -20,10 +20,12 @@ from relax_cutlass.kinds.attention.profile import attention_job
 from relax_cutlass.kinds.attention.records import AttentionProblem, attention_key
 from relax_cutlass.kinds.attention.select import (
     attention_family,
+    attention_label,
     choose_attention_kernel,
     sm90_attention_fallback_reason,
     sm90_attention_kernels,
-    sm90_padded_kernels,
+    sm90_candidate_first,
+    sm90_unmeasured_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
 from relax_cutlass.testing.attention import (
@@ -89,30 +91,53 @@ BIASES = {"b11t": ((0, 1), None, None, (3, 1)), "1nst": (None, (1, 1), (2, 1), (
 @pytest.mark.parametrize("bias", BIASES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [None, "BottomRight"])
-def test_an_additive_bias_runs_on_the_sm90_kernel(bias, head_dim, causal):
-    """A padding mask or a position bias on the scores: the SM90 kernel with the bias read per CTA
-    (a schedule of one block per CTA, the example's block order even when causal), its own
-    kernel name; profiling times only those schedules."""
+def test_an_additive_bias_can_run_on_the_sm90_kernel(bias, head_dim, causal):
+    """A padding mask or a position bias on the scores: the SM90 kernel can run it, with the bias
+    read per CTA (a schedule of one block per CTA, the example's block order even when causal) and
+    its own kernel name. Not measured faster yet, so the heuristic keeps the SM80 kernel and says
+    why; profiling times the SM90 kernel's schedules beside the SM80 tiles; SM90_BIAS_FIRST (here
+    through sm90_candidate_first) makes it the heuristic's."""
     base = HD64 if head_dim == 64 else HD128
     problem = dataclasses.replace(base, bias_reads=BIASES[bias], masked_rows="mean", causal=causal)
-    assert sm90_attention_fallback_reason(problem) is None and attention_family(problem, 90) == 90
-    kernel = choose_attention_kernel(problem, 90)
-    assert kernel.arch == 90 and kernel.bias and kernel.schedule == "cooperative" and kernel.name.endswith("_bias")
-    plain = choose_attention_kernel(dataclasses.replace(problem, bias_reads=None), 90)
-    assert kernel.name == plain.name.replace(plain.schedule, "cooperative") + "_bias"
-    schedules = {k.schedule for k, _ in attention_job(problem, 90).candidates}
+    assert "additive mask/bias" in sm90_attention_fallback_reason(problem) and attention_family(problem, 90) == 80
+    fallback = choose_attention_kernel(problem, 90)
+    assert fallback.arch == 80 and fallback.bias and "not yet measured faster" in fallback.note
+    job = attention_job(problem, 90)
+    assert job.key == attention_key(problem, 90) and job.candidates[0][0].arch == 80
+    schedules = {k.schedule for k, _ in job.candidates if k.arch == 90}
     assert schedules == set(SM90_BIAS_SCHEDULES) == {"cooperative", "cooperative_locked"}
+    with sm90_candidate_first("cooperative", bias_head_dims=[head_dim]):
+        assert sm90_attention_fallback_reason(problem) is None and attention_family(problem, 90) == 90
+        kernel = choose_attention_kernel(problem, 90)
+        plain = choose_attention_kernel(dataclasses.replace(problem, bias_reads=None), 90)
+    assert kernel.arch == 90 and kernel.bias and kernel.schedule == "cooperative" and kernel.name.endswith("_bias")
+    assert kernel.name == plain.name + "_bias"
+    assert attention_family(problem, 90) == 80  # restored
     text = emit_kernel(kernel).text
     assert "struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>" in text
     assert "IndividualTileScheduler" in text and "RelaxCausalTileScheduler" not in text
     assert "takes no additive mask/bias" not in text
     assert "takes no additive mask/bias" in emit_kernel(plain).text and "RelaxBias" not in emit_kernel(plain).text
-    assert choose_attention_kernel(problem, 90, family="sm80").arch == 80
+    # a row of masked scores: -inf, or (masked_rows 2) a power of two whose scaled value is exact
+    assert "b.masked_rows == 2 ? -0x1p100f : -INFINITY" in text
+
+
+def test_a_tuning_record_can_choose_the_sm90_bias_kernel(tmp_path):
+    problem = dataclasses.replace(HD64, bias_reads=BIASES["1nst"], masked_rows="nan")
+    db = TuningDatabase(tmp_path / "t.jsonl")
+    job = attention_job(problem, 90)
+    timed = {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): 2.0 for k, _ in job.candidates}
+    timed["cooperative_locked_q128_k64"] = 1.0
+    db.add([TuningRecord(job.key, "cooperative_locked_q128_k64", 1.0, candidates=timed)])
+    kernel = choose_attention_kernel(problem, 90, db)
+    assert (
+        kernel.arch == 90 and kernel.bias and kernel.schedule == "cooperative_locked" and kernel.selected_by == "tuned"
+    )
 
 
 def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
     problem = dataclasses.replace(HD64, bias_reads=BIASES["b11t"])
-    kernel = dataclasses.replace(choose_attention_kernel(problem, 90), schedule="pingpong")
+    kernel = dataclasses.replace(sm90_attention_kernels(problem, 90)[0], schedule="pingpong")
     with pytest.raises(ValueError, match="a bias kernel runs one of the schedules"):
         emit_kernel(kernel)
 
@@ -126,7 +151,7 @@ def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
         (torch_export_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
         (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_pingpong", ""),
         (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
-        (sdpa_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k128_h64_bias", ""),
+        (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias"),
     ],
 )
 def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):
@@ -274,8 +299,8 @@ def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm
     for other in (attention_job(problem, 80), attention_job(problem, 90, family="sm80")):
         assert other is None or all(k.arch == 80 for k, _ in other.candidates)
     biased = dataclasses.replace(problem, bias_reads=((0, 1), None, None, (3, 1)), causal=None)
-    assert all(k.bias and k.schedule in SM90_BIAS_SCHEDULES for k in sm90_padded_kernels(biased, 90))
-    assert sm90_padded_kernels(problem, 90, family="sm80") == []
+    assert all(k.bias and k.schedule in SM90_BIAS_SCHEDULES for k in sm90_unmeasured_kernels(biased, 90))
+    assert sm90_unmeasured_kernels(problem, 90, family="sm80") == []
 
 
 @pytest.mark.parametrize("head_dims", [(96, 64), (100, 100), (136, 136)])

@@ -12,6 +12,8 @@ on the next wider one, and the SM80 fallback (family="sm80") with causal masks.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.gpu
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
+from relax_cutlass.kinds.attention.select import sm90_candidate_first  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
@@ -416,11 +419,20 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
         assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 
-def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
+def _bias_family(family: str):
+    """The attention kind's kernel for masks/biases: "sm90" (not yet the heuristic's:
+    select.SM90_BIAS_FIRST) or "sm80" (the heuristic's)."""
+    if family == "sm90":
+        return sm90_candidate_first("cooperative", bias_head_dims=[64, 128])
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right(family):
     """GPT-2 (eager attention: batch 2) with a left-padded batch and a symbolic length: its finfo.min
-    mask runs as the SM80 kernel's bias with "mean" rows (the 1/T of a fully masked
-    row, for a symbolic T, is the softmax of a row of zeros). Every row, padded ones included,
-    against torch float64, at two lengths."""
+    mask runs as the kernel's bias with "mean" rows (the 1/T of a fully masked row, for a symbolic
+    T, is the softmax of a row of zeros; the SM90 kernel once gave such rows zeros). Every row,
+    padded ones included, against torch float64, at two lengths."""
     import copy
 
     from relax_cutlass.testing.harness import small_transformer
@@ -439,9 +451,11 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
     mod = relax_cutlass.from_torch(
         module, batch(48), dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}
     )
-    vm, rows = _build(mod)
+    with _bias_family(family):
+        vm, rows = _build(mod)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["masked_rows"] == "mean", attention
+    assert attention[0]["kernel"].startswith(f"{family}_"), attention
     dev = tvm.cuda(0)
     for n in (29, 300):
         ids, mask = batch(n)
@@ -461,7 +475,7 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right():
         {"mask_shape": "bnst", "mask": "float16", "s": 20, "t": 30},  # an fp16 bias per head
     ],
 )
-@pytest.mark.parametrize("family", ["auto", "sm80"])
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
 def test_a_bias_off_16_byte_rows_is_right(kwargs, family):
     """Key counts off a multiple of 8 with a mask/bias (the SM80 kernel's run function copies the
     bias into 16-byte rows, PadBiasRows; the SM90 kernel reads any row): against TVM's llvm build
@@ -471,9 +485,10 @@ def test_a_bias_off_16_byte_rows_is_right(kwargs, family):
     from relax_cutlass.testing.harness import build_cpu, run_vm
 
     mod = sdpa_attention(h=64, **kwargs)  # a head dim of the SM90 kernel's
-    vm, rows = _build(mod, family=family)
+    with _bias_family(family):
+        vm, rows = _build(mod)
     (row,) = [r for r in rows if r["op"] == "attention"]
-    assert row["kernel"].startswith({"auto": "sm90_", "sm80": "sm80_"}[family]), row
+    assert row["kernel"].startswith(f"{family}_"), row
     assert row["kernel"].endswith("_bias"), row
     inputs = masked_inputs(mod)
     want = run_vm(build_cpu(mod), inputs).astype("float64")

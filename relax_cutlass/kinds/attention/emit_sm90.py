@@ -452,9 +452,12 @@ PLAIN_MAINLOOP_ARGS = """{static_cast<const Element*>(a->q), dq, static_cast<con
 # Masked scores: keys past the end and causally hidden ones as RelaxMask masks them, and -inf
 # bias entries. A row whose every score is masked sums to 0, which the example's tail turns into
 # zeros (masked_rows 1, torch's safe softmax); masked_rows 0 writes NaN there (the graph's 0/0);
-# masked_rows 2 masks with a finite -1e30 instead of -inf, so such a row comes out uniform, the
+# masked_rows 2 masks with a finite -2^100 instead of -inf, so such a row comes out uniform, the
 # mean of the values (the swamping finite mask the graph held), and any other row is unchanged
-# (exp2 of -1e30 below its maximum is 0).
+# (exp2 of -2^100 below its maximum is 0). A power of two: the softmax computes
+# exp2(fma(scale, s, -scale * max)), and scale * -2^100 is exact, so a row of masked scores gets
+# exactly exp2(0); with -1e30 the product's rounding (up to 2^73) made it exp2(-2^73) = 0, a row of
+# zeros instead of the mean (found on the H200 by a left-padded GPT-2 batch).
 BIAS_MAINLOOP = Template(
     """\
 struct RelaxBias {
@@ -518,7 +521,7 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>
     RelaxBias const& b = bias();
     const int rows = cute::get<2>(problem_shape), keys = cute::get<3>(problem_shape);
     const int diagonal = RelaxMask<kCausal>::offset(problem_shape);
-    const float masked = b.masked_rows == 2 ? -1e30f : -INFINITY;
+    const float masked = b.masked_rows == 2 ? -0x1p100f : -INFINITY;
     const Element* base = b.ptr + int64_t(blockIdx.y) * b.stride_mode0 + int64_t(blockIdx.z) * b.stride_mode1;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < cute::size(acc_qk); i++) {

@@ -13,7 +13,7 @@ from .select import (
     attention_tiles,
     choose_attention_kernel,
     sm90_attention_kernels,
-    sm90_padded_kernels,
+    sm90_unmeasured_kernels,
 )
 
 
@@ -21,7 +21,7 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
     """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) every tile and
     schedule of `sm90_attention_kernels`; on the SM80 kernel the rule's tile, then the other one
     where there is a choice (head dims <= 64), then on sm_90a the SM90 kernels that run the head
-    dim padded (`sm90_padded_kernels`: Phi-3's 96 on the 128 kernel)."""
+    dim padded or add a bias (`sm90_unmeasured_kernels`: Phi-3's 96 on the 128 kernel, masks)."""
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
         return None  # symbolic sizes: the rule (the report says so)
     if attention_family(problem, arch, family) == 90:
@@ -29,8 +29,8 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
             (dataclasses.replace(k, selected_by="profiling"), 1) for k in sm90_attention_kernels(problem, arch)
         )
         return ProfileJob(attention_key(problem, arch, 90), problem, candidates)
-    padded = sm90_padded_kernels(problem, arch, family)
-    if len(attention_tiles(problem)) < 2 and not padded:
+    unmeasured = sm90_unmeasured_kernels(problem, arch, family)
+    if len(attention_tiles(problem)) < 2 and not unmeasured:
         return None  # one tile: the rule (the report says so)
     chosen = dataclasses.replace(
         choose_attention_kernel(problem, arch, family=family), selected_by="profiling", note=""
@@ -38,7 +38,7 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
     tiles = [(chosen.queries_per_block, chosen.keys_per_block)]
     tiles += [t for t in attention_tiles(problem) if t != tiles[0]]
     kernels = [dataclasses.replace(chosen, queries_per_block=q, keys_per_block=k) for q, k in tiles]
-    kernels += [dataclasses.replace(k, selected_by="profiling") for k in padded]
+    kernels += [dataclasses.replace(k, selected_by="profiling") for k in unmeasured]
     return ProfileJob(attention_key(problem, arch), problem, tuple((k, 1) for k in kernels))
 
 

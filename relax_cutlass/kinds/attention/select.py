@@ -45,16 +45,22 @@ def _schedules(head_dim: int) -> tuple[str, ...]:
 
 @contextmanager
 def sm90_candidate_first(
-    schedule: str, tile: tuple[int, int] | None = None, padded_head_dims: Iterable[int] = ()
+    schedule: str,
+    tile: tuple[int, int] | None = None,
+    padded_head_dims: Iterable[int] = (),
+    bias_head_dims: Iterable[int] = (),
 ) -> Iterator[None]:
     """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES, at every head dim) and `tile`
     (at the head dims that have it; elsewhere the heuristic's tile) come first among the SM90
-    candidates, so the heuristic takes them, and `padded_head_dims` run on the SM90 kernel padded
-    (as if in SM90_PADDED_FIRST): how the GPU tests and bench/attention_sdpa.py run one candidate
+    candidates, so the heuristic takes them, `padded_head_dims` run on the SM90 kernel padded
+    (as if in SM90_PADDED_FIRST) and attention with a bias at `bias_head_dims` on the SM90 kernel
+    (as if in SM90_BIAS_FIRST): how the GPU tests and bench/attention_sdpa.py run one candidate
     without profiling."""
-    firsts, tiles, padded = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES), set(SM90_PADDED_FIRST)
+    firsts, tiles = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES)
+    padded, biased = set(SM90_PADDED_FIRST), set(SM90_BIAS_FIRST)
     SM90_ATTENTION_FIRST_SCHEDULE.update({hd: schedule for hd in tiles})
     SM90_PADDED_FIRST.update(padded_head_dims)
+    SM90_BIAS_FIRST.update(bias_head_dims)
     if tile is not None:
         SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
     try:
@@ -65,6 +71,8 @@ def sm90_candidate_first(
         SM90_ATTENTION_TILES.update(tiles)
         SM90_PADDED_FIRST.clear()
         SM90_PADDED_FIRST.update(padded)
+        SM90_BIAS_FIRST.clear()
+        SM90_BIAS_FIRST.update(biased)
 
 
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
@@ -77,6 +85,14 @@ def sm90_candidate_first(
 # Every other head dim keeps the SM80 kernel as the heuristic's choice until measured, and profiling
 # times the padded SM90 kernels beside it, each checked against the reference before it can win.
 SM90_PADDED_FIRST: set[int] = {96, 80, 32}
+
+# Kernel head dims (64, 128) at which the heuristic runs attention with an additive mask/bias on the
+# SM90 kernel. None yet: the SM90 kernel adds the bias as it reads it, per score from global memory,
+# and measured on the H200 (fp16, a (B, 1, 1, T) padding mask, seq 512 and 2048, 2026-11-28,
+# bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) 57-61 TFLOP/s at head dim 64
+# and 104-139 at 128: 0.22-0.83x torch's sdpa given the same mask, slower than the SM80 kernel.
+# Profiling times the SM90 bias kernels beside the SM80 kernel's tiles (`sm90_unmeasured_kernels`).
+SM90_BIAS_FIRST: set[int] = set()
 
 
 def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
@@ -107,6 +123,11 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     if blocker:
         return blocker
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
+    if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
+        return (
+            "additive mask/bias: the SM90 attention kernel reads it per score from global memory, not yet "
+            "measured faster (profiling times both): SM80 kernel"
+        )
     if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
     dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
@@ -159,13 +180,13 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
     ]
 
 
-def sm90_padded_kernels(problem: AttentionProblem, arch: int, family: str = "auto") -> list[AttentionKernel]:
-    """The padded SM90 kernels profiling times beside the SM80 kernel's tiles where the heuristic
-    keeps the SM80 kernel (`SM90_PADDED_FIRST`): on sm_90a with the family free, for a problem the
-    SM90 kernel can run but for its head dim."""
+def sm90_unmeasured_kernels(problem: AttentionProblem, arch: int, family: str = "auto") -> list[AttentionKernel]:
+    """The SM90 kernels profiling times beside the SM80 kernel's tiles where the heuristic keeps the
+    SM80 kernel although the SM90 one can run the problem: a head dim it runs padded (not in
+    `SM90_PADDED_FIRST`) or an additive bias (`SM90_BIAS_FIRST`); on sm_90a with the family free."""
     if native_family(arch) != 90 or resolve_family(family, arch) != "auto" or _sm90_blocker(problem):
         return []
-    if attention_family(problem, arch, family) == 90 or sm90_padded_head_dim(problem) is None:
+    if attention_family(problem, arch, family) == 90 or sm90_kernel_head_dim(problem) is None:
         return []
     return sm90_attention_kernels(problem, arch)
 
@@ -234,8 +255,8 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     kernel = AttentionKernel(problem, queries, keys, widest, aligned, arch=80, target=arch, note=note)
     if db is None:
         return kernel
-    padded = sm90_padded_kernels(problem, arch, family)
-    if len(attention_tiles(problem)) < 2 and not padded:
+    unmeasured = sm90_unmeasured_kernels(problem, arch, family)
+    if len(attention_tiles(problem)) < 2 and not unmeasured:
         return kernel
     if not known or problem.seq_kv is None:
         return dataclasses.replace(kernel, note=_noted(kernel, "symbolic sizes: heuristic"))
@@ -244,11 +265,11 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
         attention_label(q, k): dataclasses.replace(kernel, queries_per_block=q, keys_per_block=k)
         for q, k in attention_tiles(problem)
     }
-    candidates |= {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in padded}
+    candidates |= {attention_label(k.queries_per_block, k.keys_per_block, k.schedule): k for k in unmeasured}
     why = _unusable(record, choice, candidates, attention_label(queries, keys))
     if why:
         return dataclasses.replace(kernel, note=_noted(kernel, f"{why}: heuristic"))
-    chosen = candidates[choice[0]]  # an SM80 tile (its note the family's), or a padded SM90 kernel
+    chosen = candidates[choice[0]]  # an SM80 tile (its note the family's), or an unmeasured SM90 kernel
     return dataclasses.replace(chosen, selected_by="tuned", note=_noted(chosen, tuned_note))
 
 
