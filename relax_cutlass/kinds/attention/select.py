@@ -90,8 +90,8 @@ SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 # SM90 kernel. None yet: the SM90 kernel adds the bias as it reads it, per score from global memory,
 # and measured on the H200 (fp16, a (B, 1, 1, T) padding mask, seq 512 and 2048, 2026-11-28,
 # bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) 57-61 TFLOP/s at head dim 64
-# and 104-139 at 128: 0.22-0.83x torch's sdpa given the same mask, slower than the SM80 kernel.
-# Profiling times the SM90 bias kernels beside the SM80 kernel's tiles (`sm90_unmeasured_kernels`).
+# and 104-139 at 128: 0.22-0.83x torch's sdpa given the same mask. The GPU tests and
+# bench/attention_sdpa.py run it through sm90_candidate_first(bias_head_dims=...).
 SM90_BIAS_FIRST: set[int] = set()
 
 
@@ -125,8 +125,8 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
     if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
         return (
-            "additive mask/bias: the SM90 attention kernel reads it per score from global memory, not yet "
-            "measured faster (profiling times both): SM80 kernel"
+            "additive mask/bias: the SM90 attention kernel reads it per score from global memory, measured "
+            "slower than torch's sdpa: SM80 kernel"
         )
     if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
@@ -182,9 +182,12 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
 
 def sm90_unmeasured_kernels(problem: AttentionProblem, arch: int, family: str = "auto") -> list[AttentionKernel]:
     """The SM90 kernels profiling times beside the SM80 kernel's tiles where the heuristic keeps the
-    SM80 kernel although the SM90 one can run the problem: a head dim it runs padded (not in
-    `SM90_PADDED_FIRST`) or an additive bias (`SM90_BIAS_FIRST`); on sm_90a with the family free."""
+    SM80 kernel although the SM90 one can run the problem at a head dim it runs padded (not in
+    `SM90_PADDED_FIRST`); on sm_90a with the family free. Not for a problem with a bias: the
+    profiler calls kernels without one, which would time the SM90 bias kernel without its cost."""
     if native_family(arch) != 90 or resolve_family(family, arch) != "auto" or _sm90_blocker(problem):
+        return []
+    if problem.bias_reads is not None:
         return []
     if attention_family(problem, arch, family) == 90 or sm90_kernel_head_dim(problem) is None:
         return []
