@@ -382,8 +382,8 @@ def test_sm90_attention_compiles_to_hgmma(head_dim, causal, kv_group, tile, sche
 
     base = HD128 if head_dim == 128 else HD64
     problem = dataclasses.replace(base, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
-    if schedule == "bias":
-        problem, schedule = dataclasses.replace(problem, bias_reads=BIASES["b11t"], masked_rows="zero"), None
+    if schedule == "bias":  # the SM90 bias kernel (not the heuristic's yet), its first schedule
+        problem, schedule = dataclasses.replace(problem, bias_reads=BIASES["b11t"], masked_rows="zero"), "cooperative"
     kernel = choose_attention_kernel(problem, 90)
     if tile or schedule:
         (kernel,) = [

@@ -445,7 +445,8 @@ PLAIN_MAINLOOP_ARGS = """{static_cast<const Element*>(a->q), dq, static_cast<con
 # mainloop with three pieces of ours. Its softmax (CollectiveSoftmax, specialized for the
 # RelaxBiasMask fusion) adds bias / scale to each raw q.k score before the example's online softmax
 # (which scales the scores itself), reading the bias from global memory through the kernel's
-# params; RelaxBiasMask sends every key tile through that step (the example's fusion runs on its
+# params, each key tile's bias loaded into registers while the tile before is computed;
+# RelaxBiasMask sends every key tile through that step (the example's fusion runs on its
 # masked tiles only); the mainloop's Arguments and Params carry the bias. The (batch, heads)
 # modes of a CTA are its blockIdx.y and .z: the example's IndividualTileScheduler, which every bias
 # kernel runs (SM90_BIAS_SCHEDULES).
@@ -467,7 +468,8 @@ struct RelaxBias {
   int masked_rows;  // the ABI's: 0 NaN, 1 zeros, 2 the mean of the values
 };
 
-template <int kCausal>
+// kKeys: the keys per tile (the step between one key tile's scores and the next's).
+template <int kCausal, int kKeys>
 struct RelaxBiasMask : RelaxMask<kCausal> {
   template <class BlkCoord, class TileShape, class ProblemSize>
   CUTLASS_DEVICE int get_masked_trip_count(BlkCoord const& blk_coord, TileShape const& tile_shape,
@@ -487,7 +489,7 @@ struct RelaxBiasParams : BaseParams {
 };
 
 using BaseMainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
-    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxBiasMask<$causal>$options>;
+    Element, float, float, TileShape, RowStride, KVStride, KVStride, RelaxBiasMask<$causal, $keys>$options>;
 
 struct Mainloop : BaseMainloop {
   struct Arguments : BaseMainloop::Arguments {
@@ -503,11 +505,18 @@ struct Mainloop : BaseMainloop {
 }  // namespace
 
 namespace cutlass::fmha::collective {
-template <class ElementAccumulator, int kCausal, class Params>
-struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>
+template <class ElementAccumulator, int kCausal, int kKeys, class Params>
+struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Params>
     : CollectiveSoftmax<ElementAccumulator, DefaultFusion, Params> {
   using Base = CollectiveSoftmax<ElementAccumulator, DefaultFusion, Params>;
   using BaseParams = std::remove_cv_t<std::remove_reference_t<Params>>;
+  // A consumer warp group's score tile is 64 query rows x kKeys keys over its 128 threads.
+  static constexpr int kScores = 64 * kKeys / 128;
+
+  // The bias of this thread's scores in the next key tile, loaded while this one is computed: two
+  // 16-bit values a register (each in its own would spill).
+  using Packed = cutlass::Array<Element, 2>;
+  Packed next_[kScores / 2];
 
   CUTLASS_DEVICE CollectiveSoftmax(Params const& params) : Base(params) {}
 
@@ -516,39 +525,75 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>
     return static_cast<RelaxBiasParams<BaseParams> const&>(this->params).bias;
   }
 
-  template <class AccQK, class IndexQK, class ProblemShape>
-  CUTLASS_DEVICE void add_bias(AccQK& acc_qk, IndexQK const& index_qk, ProblemShape const& problem_shape) {
+  // The bias of this thread's scores `key_offset` keys after `index_qk`'s, from indices clamped
+  // into the bias: no load is conditional, so they are all in flight at once. A null bias adds 0.
+  template <class IndexQK, class ProblemShape>
+  CUTLASS_DEVICE void load(Packed (&into)[kScores / 2], IndexQK const& index_qk, int key_offset,
+                           ProblemShape const& problem_shape) {
     RelaxBias const& b = bias();
+    if (b.ptr == nullptr) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kScores; i++) into[i / 2][i % 2] = Element(0.0f);
+      return;
+    }
     const int rows = cute::get<2>(problem_shape), keys = cute::get<3>(problem_shape);
-    const int diagonal = RelaxMask<kCausal>::offset(problem_shape);
-    const float masked = b.masked_rows == 2 ? -0x1p100f : -INFINITY;
     const Element* base = b.ptr + int64_t(blockIdx.y) * b.stride_mode0 + int64_t(blockIdx.z) * b.stride_mode1;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < cute::size(acc_qk); i++) {
+    for (int i = 0; i < kScores; i++) {
       auto pos = index_qk(i);
-      const int q = cute::get<0>(pos), k = cute::get<1>(pos);
-      bool hidden = kCausal != 0 && k > q + diagonal;
-      float add = 0.0f;
-      if (k < keys && q < rows && !hidden && b.ptr != nullptr) {
-        add = static_cast<float>(base[int64_t(q) * b.stride_row + k]);
-        hidden = add == -INFINITY;
-      }
-      acc_qk(i) = k >= keys ? -INFINITY : hidden ? masked : acc_qk(i) + add * b.inv_scale;
+      const int q = cute::min(int(cute::get<0>(pos)), rows - 1);
+      const int k = cute::min(int(cute::get<1>(pos)) + key_offset, keys - 1);
+      into[i / 2][i % 2] = base[q * b.stride_row + k];
     }
   }
 
+  // Scores past the keys, causally hidden or with a -inf bias are masked; the others get bias / scale.
+  template <class AccQK, class IndexQK, class ProblemShape>
+  CUTLASS_DEVICE void add_bias(AccQK& acc_qk, Packed const (&values)[kScores / 2], IndexQK const& index_qk,
+                               ProblemShape const& problem_shape) {
+    static_assert(decltype(cute::size(acc_qk))::value == kScores, "a score tile of 64 x kKeys per warp group");
+    RelaxBias const& b = bias();
+    const int keys = cute::get<3>(problem_shape);
+    const int diagonal = RelaxMask<kCausal>::offset(problem_shape);
+    const float masked = b.masked_rows == 2 ? -0x1p100f : -INFINITY;
+    const float inv_scale = b.inv_scale;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kScores; i++) {
+      auto pos = index_qk(i);
+      const int q = cute::get<0>(pos), k = cute::get<1>(pos);
+      const float value = static_cast<float>(values[i / 2][i % 2]);
+      const bool hidden = (kCausal != 0 && k > q + diagonal) || value == -INFINITY;
+      // selects, not branches: every score takes the same instructions
+      float score = fmaf(value, inv_scale, acc_qk(i));
+      score = hidden ? masked : score;
+      acc_qk(i) = k >= keys ? -INFINITY : score;
+    }
+  }
+
+  // The mainloop's first key tile: its bias loaded now, the next tile's prefetched.
   template <class AccQK, class TiledMmaQK, class CountQK, class State, class ProblemShape>
   CUTLASS_DEVICE auto step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, CountQK const& count_qk, State& state,
                            ProblemShape const& problem_shape) {
-    add_bias(acc_qk, count_qk, problem_shape);
+    Packed current[kScores / 2];
+    load(current, count_qk, 0, problem_shape);
+    load(next_, count_qk, kKeys, problem_shape);
+    add_bias(acc_qk, current, count_qk, problem_shape);
     return Base::step(acc_qk, tiled_mma_qk, count_qk, state, problem_shape);
   }
 
+  // Every later key tile (RelaxBiasMask sends them all here): the bias prefetched by the tile
+  // before, the next tile's prefetched (past the last tile, clamped reads that are never used).
   template <bool kUseFusion = true, class AccQK, class TiledMmaQK, class CountQK, class State, class AccPV,
             class TiledMmaPV, class ProblemShape>
   CUTLASS_DEVICE auto step(AccQK& acc_qk, TiledMmaQK const& tiled_mma_qk, CountQK const& count_qk, State& state,
                            AccPV& acc_pv, TiledMmaPV const& tiled_mma_pv, ProblemShape const& problem_shape) {
-    if constexpr (kUseFusion) add_bias(acc_qk, count_qk, problem_shape);
+    if constexpr (kUseFusion) {
+      Packed current[kScores / 2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kScores / 2; i++) current[i] = next_[i];
+      load(next_, count_qk, kKeys, problem_shape);
+      add_bias(acc_qk, current, count_qk, problem_shape);
+    }
     return Base::template step<false>(acc_qk, tiled_mma_qk, count_qk, state, acc_pv, tiled_mma_pv, problem_shape);
   }
 
@@ -606,7 +651,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
         if kernel.schedule not in SM90_BIAS_SCHEDULES:
             raise ValueError(f"{kernel.name}: a bias kernel runs one of the schedules {SM90_BIAS_SCHEDULES}")
         pieces = {
-            "mainloop": BIAS_MAINLOOP.substitute(causal=causal, options=options),
+            "mainloop": BIAS_MAINLOOP.substitute(causal=causal, keys=kernel.keys_per_block, options=options),
             "mainloop_args": BIAS_MAINLOOP_ARGS,
             "bias_check": BIAS_CHECK.replace("$name", kernel.name),
             "bias_launch": BIAS_LAUNCH,
