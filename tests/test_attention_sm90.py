@@ -17,7 +17,7 @@ from tvm import relax
 from relax_cutlass import offload_report
 from relax_cutlass.kinds.attention.emit_sm90 import SM90_BIAS_SCHEDULES
 from relax_cutlass.kinds.attention.profile import attention_job
-from relax_cutlass.kinds.attention.records import AttentionProblem, attention_key
+from relax_cutlass.kinds.attention.records import CAUSAL_CODE, AttentionProblem, attention_key
 from relax_cutlass.kinds.attention.select import (
     attention_family,
     attention_label,
@@ -116,7 +116,8 @@ def test_an_additive_bias_can_run_on_the_sm90_kernel(bias, head_dim, causal):
     assert kernel.name == plain.name + "_bias"
     assert attention_family(problem, 90) == 80  # restored
     text = emit_kernel(kernel).text
-    assert "struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal>, Params>" in text
+    assert "struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Params>" in text
+    assert f"RelaxBiasMask<{CAUSAL_CODE[causal]}, {kernel.keys_per_block}>" in text
     assert "IndividualTileScheduler" in text and "RelaxCausalTileScheduler" not in text
     assert "takes no additive mask/bias" not in text
     assert "takes no additive mask/bias" in emit_kernel(plain).text and "RelaxBias" not in emit_kernel(plain).text
