@@ -16,7 +16,7 @@ from relax_cutlass.kinds.gemm.records import GemmProblem, gemm_key
 from relax_cutlass.kinds.gemm.select import choose_kernel
 from relax_cutlass.stages import codegen
 from relax_cutlass.stages.profile import kernel_label, plan_epilogue_jobs, plan_jobs, retime_reason, stage2_reason
-from relax_cutlass.testing.models import dense_epilogue_model
+from relax_cutlass.testing.models import conv2d_epilogue_model, dense_epilogue_model
 from relax_cutlass.toolkit.tuning import (
     M_BUCKETS,
     TuningDatabase,
@@ -418,6 +418,24 @@ def test_no_profiling_unless_a_free_choice_is_built_on_the_target_gpu(monkeypatc
     gpu = _FakeGpu(monkeypatch, arch=gpu_arch)
     (region,) = _regions(dense_epilogue_model(512, 1024, 256), tuning_db=str(tmp_path / "db.jsonl"), **options)
     assert not gpu.built and region.kernel.selected_by in ("heuristic", "pinned")
+
+
+def test_by_default_a_build_profiles_only_where_the_heuristic_is_unsure(monkeypatch, tmp_path, capsys):
+    """profile="uncertain" (the default): a batch-1 conv the heuristic splits along K is timed; a
+    GEMM and a batch-32 conv are not (there profiling gained a median 1.00-1.06x: docs/tuning.md)."""
+    monkeypatch.delenv("RELAX_CUTLASS_PROFILE")
+    assert codegen.CodegenOptions.create("sm_80").profile == "uncertain"
+    gpu = _FakeGpu(monkeypatch, arch=80)
+    db = str(tmp_path / "db.jsonl")
+    for mod in (dense_epilogue_model(512, 1024, 256), conv2d_epilogue_model(32, 7, 7, 512, 512, layout="NHWC")):
+        (region,) = _regions(mod, tuning_db=db, profile="uncertain")
+        assert region.kernel.selected_by == "heuristic", region.kernel
+    assert not gpu.built
+    (region,) = _regions(conv2d_epilogue_model(1, 7, 7, 512, 512, layout="NHWC"), tuning_db=db, profile="uncertain")
+    assert gpu.built and all(job.key.op == "conv2d" for jobs in gpu.built for job in jobs)
+    assert region.kernel.selected_by == "tuned"
+    err = capsys.readouterr().err
+    assert "profile='uncertain': where the heuristic is unsure, e.g. the heuristic splits K" in err, err
 
 
 def test_the_report_never_profiles(monkeypatch):

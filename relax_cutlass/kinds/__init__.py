@@ -61,6 +61,9 @@ class Profiling:
     # (problem, epilogue, arch, key, record) -> (heuristic kernel, [(tile, split_k)] ranked by the
     # record, heuristic's split_k)
     stage2_candidates: Callable | None = None
+    # (problem, arch, family) -> why the heuristic's choice for it is worth timing, or None where it
+    # is trusted: profile="uncertain" (the default) profiles only the problems that have a reason
+    uncertain: Callable | None = None
 
 
 @dataclass(frozen=True)

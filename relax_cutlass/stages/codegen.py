@@ -55,9 +55,10 @@ class CodegenOptions:
     tile: str = ""  # pin every region to this configuration (TileConfig.describe()), for sweeps
     # Tuning database (JSON lines) whose measured choices win over the heuristic.
     tuning_db: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_TUNING_DB", ""))
-    # Problems the database misses: "auto" profiles them when this machine's GPU is the target
-    # (recording into tuning_db, else <cache dir>/tuning.jsonl); "never": the heuristic.
-    profile: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_PROFILE", "auto"))
+    # Problems the database misses, when this machine's GPU is the target: "uncertain" profiles
+    # those whose heuristic choice is unsure (PROFILE_MODES), "auto" all of them (recording into
+    # tuning_db, else <cache dir>/tuning.jsonl); "never": the heuristic.
+    profile: str = field(default_factory=lambda: os.environ.get("RELAX_CUTLASS_PROFILE", "uncertain"))
 
     @staticmethod
     def create(arch="sm_80", **options) -> CodegenOptions:
@@ -80,9 +81,12 @@ class CodegenOptions:
             options["m_hint"] = positive_int("m_hint", options["m_hint"], "the M assumed where M is symbolic")
         options["tile"] = _checked_tile(options.get("tile", ""))
         created = CodegenOptions(arch=sm, **options)
-        if created.profile not in ("auto", "never"):
+        if created.profile not in PROFILE_MODES:
             name = "profile" if "profile" in options else "RELAX_CUTLASS_PROFILE"
-            raise SettingError(f"{name}={created.profile!r}: use 'auto' (profile on a matching GPU) or 'never'")
+            raise SettingError(
+                f"{name}={created.profile!r}: use 'uncertain' (profile, on a matching GPU, only where the heuristic "
+                "is unsure), 'auto' (profile every problem there) or 'never'"
+            )
         created = dataclasses.replace(created, tuning_db=_checked_tuning_db(created.tuning_db, "tuning_db" in options))
         check_pdl_setting()  # read by the kernels at run time; refused here as there
         if created.compile:
@@ -105,7 +109,7 @@ class CodegenOptions:
             family=str(values.get("family", "auto")),
             tile=str(values.get("tile", "")),
             tuning_db=str(values.get("tuning_db", "")),
-            profile=str(values.get("profile", "auto")),
+            profile=str(values.get("profile", "uncertain")),
         )
 
 
@@ -210,10 +214,23 @@ def _profiles_here(options: CodegenOptions) -> bool:
     return local_gpu_arch() == options.arch
 
 
+# profile: "uncertain" times only the problems whose kind says the heuristic is unsure of them
+# (RegionKind.profiling.uncertain), "auto" every problem the database lacks, "never" none.
+PROFILE_MODES = ("uncertain", "auto", "never")
+
+
+def profiling_reason(problem, arch: int, family: str = "auto") -> str | None:
+    """Why profile="uncertain" times `problem`, or None where its kind trusts the heuristic."""
+    profiling = kind_of(problem).profiling
+    uncertain = profiling.uncertain if profiling else None
+    return uncertain(problem, arch, family) if uncertain else None
+
+
 def _profile_misses(regions: list, options: CodegenOptions) -> None:
-    """Profile on the local GPU what the database lacks for these (problem, epilogue) regions:
-    main loops of problems without a record (stage 1), then the fastest of them with each region's
-    epilogue (stage 2); records are appended, progress goes to stderr."""
+    """Profile on the local GPU what the database lacks for these (problem, epilogue) regions (with
+    profile="uncertain", for those whose heuristic choice is unsure: `profiling_reason`): main loops
+    of problems without a record (stage 1), then the fastest of them with each region's epilogue
+    (stage 2); records are appended, progress goes to stderr."""
     import sys
     import tempfile
     from pathlib import Path
@@ -221,6 +238,13 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
 
+    why = ""
+    if options.profile == "uncertain":
+        unsure = [(p, e, profiling_reason(p, options.arch, options.family)) for p, e in regions]
+        regions = [(p, e) for p, e, reason in unsure if reason]
+        if not regions:
+            return
+        why = f" (profile='uncertain': where the heuristic is unsure, e.g. {next(r for *_, r in unsure if r)})"
     device = device_name()
     for stage in (1, 2):
         db = _database(options.tuning_db)
@@ -235,7 +259,7 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
         what = "main loops of" if stage == 1 else "epilogues of"
         stale = [why for why in reasons.values() if why and why != "no record"]
         again = f" ({len(stale)} re-timed: {stale[0]})" if stale else ""
-        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU{again} -> {options.tuning_db}")
+        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU{again}{why} -> {options.tuning_db}")
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
             build_profiler(jobs, options.arch, Path(tmp), options.jobs)
             run_profiler(Path(tmp), Path(options.tuning_db), log=progress)

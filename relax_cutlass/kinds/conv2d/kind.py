@@ -24,7 +24,7 @@ from .patterns import (
     left_in_tvm_row,
     read_problem,
 )
-from .profile import PROFILE_CONV2D, conv2d_candidates
+from .profile import PROFILE_CONV2D, conv2d_candidates, split_k_uncertain
 from .records import Conv2dKernel, Conv2dProblem, Conv2dRegion, conv2d_key
 from .select import choose_conv2d_kernel, conv2d_family, conv2d_tiles, splits_k
 from .supergroups import merge_narrow_groups
@@ -121,6 +121,7 @@ KIND = RegionKind(
         job_fields=_job_fields,
         stage2_keys=_keys,
         stage2_candidates=_stage2_candidates,
+        uncertain=split_k_uncertain,
     ),
     report_line=_report_line,
     flops_name="conv2d",

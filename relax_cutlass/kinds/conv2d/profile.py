@@ -34,6 +34,18 @@ def conv2d_candidates(
     return list(dict.fromkeys(candidates))[:limit]
 
 
+def split_k_uncertain(problem: Conv2dProblem, arch: int, family: str = "auto") -> str | None:
+    """Why profile="uncertain" times `problem`: the heuristic splits its K, where profiling beat
+    the heuristic by 1.07-1.65x in every record (29 batch-1 convs of ResNet-50 on the H100,
+    bench/results/2026-11-23-gpu-suite-tuning-conv-nvidia-h100.json: no split, or fewer slices;
+    ResNet-50 at batch 1 ran 1.18x faster tuned). Elsewhere profiling gained a median 1.00-1.06x
+    (docs/tuning.md): the heuristic stands."""
+    if problem.n is None:  # a symbolic batch takes no split-K
+        return None
+    _, split = choose_conv2d_kernel(problem, Epilogue(), arch, family=family)
+    return f"the heuristic splits K {split} ways" if split > 1 else None
+
+
 PROFILE_CONV2D = Template("""\
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_relax_cutlass_profile_${index}(
     void*, const TVMFFIAny* ffi_args, int32_t num_args, TVMFFIAny* result) {
