@@ -538,6 +538,15 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
     }
     const int rows = cute::get<2>(problem_shape), keys = cute::get<3>(problem_shape);
     const Element* base = b.ptr + int64_t(blockIdx.y) * b.stride_mode0 + int64_t(blockIdx.z) * b.stride_mode1;
+    if (b.stride_row == 0) {
+      // One row for every query (a padding mask (B, 1, 1, T)): a thread's rows read the same keys,
+      // so their loads are the same addresses, loaded once.
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kScores; i++) {
+        into[i / 2][i % 2] = base[cute::min(int(cute::get<1>(index_qk(i))) + key_offset, keys - 1)];
+      }
+      return;
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kScores; i++) {
       auto pos = index_qk(i);
