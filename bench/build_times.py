@@ -3,9 +3,11 @@
     python bench/build_times.py [--arch sm_90a] [--tuning-db tuning.jsonl] [--out bench/results/...json]
 
 Cold: an empty object cache (a fresh RELAX_CUTLASS_CACHE_DIR), so every distinct kernel is compiled
-by nvcc. Warm: the same build again with the cache filled, as in a rebuild. Each build is the whole
-path: offload pipeline (partition, lift constants, kernel choice, nvcc, link), then `tvm.compile`
-and `export_library`. Run in a fresh process per measurement so no in-process cache helps.
+by nvcc; each build's compiles are logged (RELAX_CUTLASS_COMPILE_LOG) and summed per kind (kernel
+family, host glue, profiler), with the slowest sources. Warm: the same build again with the cache
+filled, as in a rebuild. Each build is the whole path: offload pipeline (partition, lift constants,
+kernel choice, nvcc, link), then `tvm.compile` and `export_library`. Run in a fresh process per
+measurement so no in-process cache helps.
 """
 
 from __future__ import annotations
@@ -54,16 +56,37 @@ print(json.dumps({"import_s": t_import, "offload_s": t_offload, "tvm_compile_exp
 """
 
 
+def compile_summary(log: Path) -> dict:
+    """Where the build's compile time went, from its RELAX_CUTLASS_COMPILE_LOG lines: the sources
+    compiled (not taken from the object cache) by kind, their summed seconds, and the slowest."""
+    lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    compiled = [x for x in lines if not x["cached"]]
+    by_kind: dict[str, dict] = {}
+    for x in compiled:
+        kind = by_kind.setdefault(x["kind"] + (f" {x['family']}" if x["family"] else ""), {"sources": 0, "s": 0.0})
+        kind["sources"] += 1
+        kind["s"] = round(kind["s"] + x["compile_s"] + x["check_s"], 2)
+    slowest = sorted(compiled, key=lambda x: -x["compile_s"])[:5]
+    return {
+        "sources": len(lines),
+        "compiled": len(compiled),
+        "compile_s_summed": round(sum(x["compile_s"] + x["check_s"] for x in compiled), 2),
+        "by_kind": by_kind,
+        "slowest": [{"name": x["name"], "compile_s": x["compile_s"], "check_s": x["check_s"]} for x in slowest],
+    }
+
+
 def measure(model: str, arch: str, cache: Path, db: str) -> dict:
-    env = dict(os.environ, RELAX_CUTLASS_CACHE_DIR=str(cache))
     with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "compile.jsonl"
+        env = dict(os.environ, RELAX_CUTLASS_CACHE_DIR=str(cache), RELAX_CUTLASS_COMPILE_LOG=str(log))
         out = str(Path(tmp) / "model.so")
         proc = subprocess.run(
             [sys.executable, "-c", ONE_BUILD, model, arch, out, db], env=env, capture_output=True, text=True, cwd=ROOT
         )
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-4000:])
+        return json.loads(proc.stdout.strip().splitlines()[-1]) | {"compiles": compile_summary(log)}
 
 
 def main() -> None:
@@ -82,12 +105,17 @@ def main() -> None:
                 row = measure(model, args.arch, Path(cache), args.tuning_db)
                 row |= {"model": model, "cache": kind, "total_s": time.time() - t0}
                 results["builds"].append(row)
+                compiles = row["compiles"]
                 print(
                     f"{model} {kind}: total {row['total_s']:.1f}s (offload + nvcc {row['offload_s']:.1f}s, "
                     f"tvm.compile + export {row['tvm_compile_export_s']:.1f}s, import {row['import_s']:.1f}s); "
-                    f"{row['regions']} regions, {row['distinct_kernels']} distinct kernels",
+                    f"{row['regions']} regions, {row['distinct_kernels']} distinct kernels; "
+                    f"{compiles['compiled']} of {compiles['sources']} sources compiled, "
+                    f"{compiles['compile_s_summed']:.1f}s summed over the cores",
                     flush=True,
                 )
+                for slow in compiles["slowest"][:3]:
+                    print(f"  {slow['name']}: {slow['compile_s']:.1f}s (+{slow['check_s']:.1f}s SASS check)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     from publish import render  # bench/publish.py, beside this script

@@ -59,6 +59,12 @@ OPTION_CASES = {
         "RELAX_CUTLASS_CACHE_DIR='{file}/cache' cannot be created",
     ),
     "RELAX_CUTLASS_SASS_CHECK unknown": ({}, {"RELAX_CUTLASS_SASS_CHECK": "maybe"}, "RELAX_CUTLASS_SASS_CHECK='maybe'"),
+    "RELAX_CUTLASS_COMPILE_LOG in a missing folder": (
+        {},
+        {"RELAX_CUTLASS_COMPILE_LOG": "{tmp}/missing/log.jsonl"},
+        "RELAX_CUTLASS_COMPILE_LOG='{tmp}/missing/log.jsonl'",
+    ),
+    "RELAX_CUTLASS_COMPILE_LOG a folder": ({}, {"RELAX_CUTLASS_COMPILE_LOG": "{tmp}"}, "RELAX_CUTLASS_COMPILE_LOG="),
 }
 
 
@@ -162,3 +168,21 @@ def test_from_torch_says_what_it_needs():
         on_meta = torch.nn.Linear(8, 8)
     with pytest.raises(ValueError, match="weights are on the meta device .* first 'weight'"):
         relax_cutlass.from_torch(on_meta, torch.zeros(2, 8))
+
+
+def test_a_compile_log_records_each_source(monkeypatch, tmp_path):
+    """RELAX_CUTLASS_COMPILE_LOG: each compile appends what it compiled, for how long and whether the
+    object came from the cache (bench/build_times.py reads it)."""
+    import json
+
+    from relax_cutlass.toolkit.compile import Source, compile_all
+
+    log = tmp_path / "compile.jsonl"
+    monkeypatch.setenv("RELAX_CUTLASS_COMPILE_LOG", str(log))
+    monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(tmp_path / "cache"))
+    source = Source("log_probe", 'extern "C" int relax_cutlass_log_probe() { return 1; }\n', "host")
+    compile_all([source], 80)
+    compile_all([source], 80)
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert first["name"] == second["name"] == "log_probe" and first["kind"] == "host"
+    assert (first["cached"], second["cached"]) == (False, True) and first["compile_s"] > 0

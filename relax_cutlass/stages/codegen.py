@@ -31,7 +31,14 @@ from ..toolkit.compile import cache_dir, compile_all, failure_summary, link_relo
 from ..toolkit.profile_runner import device_name, run_profiler
 from ..toolkit.sass_check import StubKernelError
 from ..toolkit.sass_check import enabled as sass_check_enabled
-from ..toolkit.settings import DEFAULT_M_HINT, SettingError, check_pdl_setting, jobs_setting, positive_int
+from ..toolkit.settings import (
+    DEFAULT_M_HINT,
+    SettingError,
+    check_pdl_setting,
+    compile_log_path,
+    jobs_setting,
+    positive_int,
+)
 from ..toolkit.tuning import TuningDatabase, TuningDatabaseWarning
 from .constants import call_counts, composite_of, offloaded_functions
 from .emit import emit_glue, emit_kernel
@@ -92,6 +99,7 @@ class CodegenOptions:
         if created.compile:
             cache_dir()  # RELAX_CUTLASS_CACHE_DIR must be writable: every object is written there
             sass_check_enabled()  # RELAX_CUTLASS_SASS_CHECK
+            compile_log_path()  # RELAX_CUTLASS_COMPILE_LOG
         return created
 
     def to_map(self) -> dict:

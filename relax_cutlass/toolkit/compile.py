@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import subprocess
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..arch import nvcc_gencode
 from .sass_check import verify_object
-from .settings import SettingError, env_jobs
+from .settings import SettingError, compile_log_path, env_jobs
 from .templates import CXX_ABI_SUPPORT
 from .toolchain import CompileError, Toolchain, package_dir, toolchain
 
@@ -155,11 +158,31 @@ def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     return obj, False
 
 
-def _compile_checked(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
-    """_compile_one, then (kernels, cached or not) the SASS check: a stub never reaches a library."""
+def _compile_checked(tc: Toolchain, src: Source, arch: int, log: str | None = None) -> tuple[Path, bool]:
+    """_compile_one, then (kernels, cached or not) the SASS check: a stub never reaches a library.
+    With a `log` file (RELAX_CUTLASS_COMPILE_LOG), the source's times are appended to it as a JSON
+    line."""
+    start = time.perf_counter()
     obj, cached = _compile_one(tc, src, arch)
+    compiled = time.perf_counter()
     verify_object(obj, src.name, src.family, arch)
+    if log:
+        line = {
+            "name": src.name,
+            "kind": src.kind,
+            "family": src.family,
+            "arch": arch,
+            "cached": cached,
+            "compile_s": round(compiled - start, 3),
+            "check_s": round(time.perf_counter() - compiled, 3),
+            "at": round(time.time(), 3),
+        }
+        with _LOG_LOCK, open(log, "a") as out:
+            out.write(json.dumps(line) + "\n")
     return obj, cached
+
+
+_LOG_LOCK = threading.Lock()
 
 
 def compile_all(
@@ -173,9 +196,10 @@ def compile_all(
     tc = toolchain()
     unique = {s.name: s for s in sources}
     jobs = jobs or env_jobs() or os.cpu_count() or 1
+    log = compile_log_path()
     results = {}
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(unique)))) as pool:
-        futures = {name: pool.submit(_compile_checked, tc, s, arch) for name, s in unique.items()}
+        futures = {name: pool.submit(_compile_checked, tc, s, arch, log) for name, s in unique.items()}
         for name, future in futures.items():
             try:
                 results[name] = future.result()

@@ -15,6 +15,7 @@ __all__ = [
     "PDL_KINDS",
     "SettingError",
     "check_pdl_setting",
+    "compile_log_path",
     "env_flag",
     "env_jobs",
     "jobs_setting",
@@ -71,6 +72,25 @@ def check_pdl_setting() -> str | None:
     kinds = value.removeprefix("always:").split("+") if value.startswith("always:") else None
     if kinds is None or not all(k in PDL_KINDS for k in kinds):
         raise SettingError(f"{PDL_ENV}={value!r} is not a setting: use {PDL_ACCEPTED.format(set(PDL_KINDS))}")
+    return value
+
+
+COMPILE_LOG_ENV = "RELAX_CUTLASS_COMPILE_LOG"
+
+
+def compile_log_path() -> str | None:
+    """RELAX_CUTLASS_COMPILE_LOG: a file that every compile appends a JSON line to (what, how long,
+    cached or not), for measuring where a build's time goes; None where unset or empty. Its folder
+    must exist and be writable."""
+    value = os.environ.get(COMPILE_LOG_ENV, "").strip()
+    if not value:
+        return None
+    folder = os.path.dirname(os.path.abspath(value))
+    if os.path.isdir(value) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise SettingError(
+            f"{COMPILE_LOG_ENV}={value!r}: use the path of a file in an existing writable folder (each compile "
+            "appends a line to it), or unset it"
+        )
     return value
 
 
