@@ -38,6 +38,7 @@ __all__ = [
     "Toolchain",
     "cache_dir",
     "compile_all",
+    "compile_command",
     "cxx_runtime_symbols",
     "failure_summary",
     "link_relocatable",
@@ -122,7 +123,8 @@ def _no_throw_overlay() -> tuple[str, ...]:
     return (f"-I{root}",)
 
 
-def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Path) -> list[str]:
+def compile_command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Path) -> list[str]:
+    """The compiler command that builds `src` (written at `src_path`) for `arch` into `obj_path`."""
     if src.kind == "cuda":
         return [
             tc.nvcc, "-c", "-std=c++17", "-O3", "-Xcompiler=-fPIC", "-Xcompiler=-fno-exceptions", "-w",
@@ -138,7 +140,7 @@ def _command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_path: Pa
 
 def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     """-> (object path, whether it came from the cache)."""
-    probe = _command(tc, src, arch, Path("SRC"), Path("OBJ"))
+    probe = compile_command(tc, src, arch, Path("SRC"), Path("OBJ"))
     key = hashlib.sha256("\0".join([src.text, *probe, tc.fingerprint()]).encode()).hexdigest()[:32]
     root = cache_dir()
     obj = root / f"{src.name}-{key}.o"
@@ -149,7 +151,7 @@ def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     src_path.write_text(src.text)
     fd, tmp = tempfile.mkstemp(dir=root, suffix=".o.tmp")
     os.close(fd)
-    cmd = _command(tc, src, arch, src_path, Path(tmp))
+    cmd = compile_command(tc, src, arch, src_path, Path(tmp))
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)
