@@ -628,14 +628,19 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
 namespace {
 """
 )
-BIAS_MAINLOOP_ARGS = """{{static_cast<const Element*>(a->q), dq, static_cast<const Element*>(a->k), dk,
-        static_cast<const Element*>(a->v), dv},
+# The bias mainloop's Arguments: the example's (the plain ones), then the bias.
+BIAS_MAINLOOP_ARGS = (
+    "{"
+    + PLAIN_MAINLOOP_ARGS
+    + """,
        RelaxBias{static_cast<const Element*>(a->bias), kGrouped ? group * a->bias_stride_n : a->bias_stride_b,
                  a->bias_stride_n, a->bias_stride_s, 1.0f / a->scale, a->masked_rows}}"""
+)
 PLAIN_BIAS_CHECK = """\
   if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
 """
-# (A null bias adds nothing: the profiler times bias kernels so.)
+# (A null bias adds nothing: the profiler, which passes none, times bias kernels so where
+# select.SM90_BIAS_FIRST makes them candidates.)
 BIAS_CHECK = """\
   if (a->masked_rows < 0 || a->masked_rows > 2) return "$name: masked_rows must be 0, 1 or 2";
 """
