@@ -87,11 +87,15 @@ def sm90_candidate_first(
 SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 
 # Kernel head dims (64, 128) at which the heuristic runs attention with an additive mask/bias on the
-# SM90 kernel. None yet: the SM90 kernel adds the bias as it reads it, per score from global memory,
-# and measured on the H200 (fp16, a (B, 1, 1, T) padding mask, seq 512 and 2048, 2026-11-28,
-# bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) 57-61 TFLOP/s at head dim 64
-# and 104-139 at 128: 0.22-0.83x torch's sdpa given the same mask. The GPU tests and
-# bench/attention_sdpa.py run it through sm90_candidate_first(bias_head_dims=...).
+# SM90 kernel. None yet, though it is measured faster: on the H200 (fp16, a (B, 1, 1, T) padding
+# mask, seq 512-8192, head dims 64 and 128, causal and not, 2026-11-28,
+# bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) the SM90 bias kernel ran 2.0-3.3x
+# the SM80 kernel in every case (0.69-0.97x torch's sdpa without a causal mask, 1.08-2.18x with one;
+# the SM80 kernel 0.32-0.83x). It waits for one GPU check: a left-padded GPT-2's fully masked rows
+# (every key at the mask's minimum) came out zeros instead of the mean of V on an earlier form, and
+# the fix (masked keys at -2^100, below any finite fp16 score + bias) has not yet run on a GPU
+# (tests/test_gpu_attention_sm90.py's test_gpt2_left_padded_batch_with_a_symbolic_length_is_right).
+# The GPU tests and bench/attention_sdpa.py run it through sm90_candidate_first(bias_head_dims=...).
 SM90_BIAS_FIRST: set[int] = set()
 
 
@@ -125,8 +129,8 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
     if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
         return (
-            "additive mask/bias: the SM90 attention kernel reads it per score from global memory, measured "
-            "slower than torch's sdpa: SM80 kernel"
+            "additive mask/bias: the SM90 attention kernel with a bias is not yet checked on fully masked rows: "
+            "SM80 kernel"
         )
     if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
