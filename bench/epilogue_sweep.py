@@ -4,7 +4,7 @@ configuration with each epilogue, at the benchmark's large shapes, next to cuBLA
     .venv/bin/python bench/epilogue_sweep.py build --out build/sweep          # here (nvcc)
     python3 bench/epilogue_sweep.py run build/sweep $OUT/sweep.json           # GPU host (runtime + torch)
 
-Issue 6's question is where a fused GELU's time goes: the main loop, the epilogue's math, or its
+The question is where a fused GELU's time goes: the main loop, the epilogue's math, or its
 stores. The profiler library of relax_cutlass.stages.profile times each kernel with its epilogue (checked
 against a float32 reference first), so the sweep needs no TVM build per kernel.
 """

@@ -1,4 +1,4 @@
-"""Targets and kernel families per arch (issue 21), and the SASS guard's logic (no nvcc here;
+"""Targets and kernel families per arch, and the SASS guard's logic (no nvcc here;
 tests/test_nvcc.py builds real kernels and checks their SASS)."""
 
 import subprocess

@@ -1,4 +1,4 @@
-"""The gated MLP's multiply, act(x @ W_gate) * (x @ W_up), fused into a GEMM epilogue (issue 20):
+"""The gated MLP's multiply, act(x @ W_gate) * (x @ W_up), fused into a GEMM epilogue:
 one GEMM takes the other's product as its epilogue operand (Epilogue.residual_op "multiply"), so
 the elementwise multiply kernel, which re-read both products, is gone. The residual-add forms are
 unchanged; a multiply the epilogue cannot compute (a broadcast operand, another dtype) is refused

@@ -126,7 +126,7 @@ def test_sm100_conv_compiles_to_tcgen05():
 
 @pytest.mark.slow
 def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
-    """The other direction of issue 21's bug: a tcgen05 kernel compiled for Hopper is a stub too."""
+    """The other direction of the stub bug: a tcgen05 kernel compiled for Hopper is a stub too."""
     import dataclasses
 
     import relax_cutlass.toolkit.compile
@@ -145,7 +145,7 @@ def test_guard_rejects_a_stub_sm100_kernel_built_for_sm_90a(monkeypatch):
 
 @pytest.mark.slow
 def test_guard_rejects_a_stub_sm90_kernel_built_for_sm_100a(monkeypatch):
-    """The bug of issue 21, planted: an SM90 wgmma kernel compiled for sm_100a (as offload_pipeline
+    """The stub bug, planted: an SM90 wgmma kernel compiled for sm_100a (as offload_pipeline
     used to) compiles without complaint into a stub; the guard refuses it, and again from the cache."""
     import dataclasses
 

@@ -1,5 +1,5 @@
 """SM100 (datacenter Blackwell, tcgen05) kernel path: candidates, choice, fallback, emitted CUTLASS
-3.x source (issue 21). tests/test_nvcc.py compiles these kernels and checks their SASS; no
+3.x source. tests/test_nvcc.py compiles these kernels and checks their SASS; no
 Blackwell GPU has run them."""
 
 import dataclasses

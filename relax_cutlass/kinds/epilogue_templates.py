@@ -42,7 +42,7 @@ struct $functor {
 
 
 # GELU (erf form) for kernels that write 16-bit outputs: CUTLASS's GELU calls erff, about 20
-# instructions per element, which costs an H100 SM90 kernel up to 36% (issue 6). Here
+# instructions per element, which costs an H100 SM90 kernel up to 36%. Here
 #     gelu(x) = x * Phi(x) = relu(x) - |x| * Q(|x|),  Q(t) = 1 - Phi(t) = 2^P(t),
 # with P a degree-5 polynomial fitted to log2(1 - Phi(t)) (relax_cutlass/testing/gelu16.py): 5 FMAs, one
 # ex2.approx, a max and an FMA, like CUTLASS's tanh GELU. Q is accurate *relatively*, so the negative
@@ -80,7 +80,7 @@ struct $functor {
 # Sigmoid-based activations for kernels that write 16-bit outputs. CUTLASS's Sigmoid / SiLu call
 # expf and an IEEE division and its GELU_taylor calls tanhf, each 10-20 instructions per element;
 # in an SM90 epilogue that is what made Llama's silu(gate) * up GEMM 1.5x slower than the same GEMM
-# without it (issue 20). Here, with z the sigmoid's argument,
+# without it. Here, with z the sigmoid's argument,
 #     sigmoid(z) = rcp.approx(1 + ex2.approx(-z * log2(e)))
 # (two MUFU instructions, each within 2^-22 relative), and
 #     silu(x) = x * sigmoid(x),   gelu_tanh(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u),

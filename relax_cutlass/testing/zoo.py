@@ -117,19 +117,19 @@ def _transformer(config_class: str, model_class: str, vocab: int, padding: bool 
 
 BUILDERS = {
     "resnet50": _vision("resnet50"),
-    "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case (issue 19's 1.2x torch.compile)
+    "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case
     "vit_b_16": _vision("vit_b_16"),
     "mobilenet_v3_large": _vision("mobilenet_v3_large"),
     "convnext_tiny": _vision("convnext_tiny"),
-    # grouped 3x3 convs (32 groups), the ResNeXt/RegNet form (issue 19)
+    # grouped 3x3 convs (32 groups), the ResNeXt/RegNet form
     "resnext50_32x4d": _vision("resnext50_32x4d"),
-    # depthwise convs, squeeze-excitation, SiLU (issue 19)
+    # depthwise convs, squeeze-excitation, SiLU
     "efficientnet_b0": _vision("efficientnet_b0"),
     "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
-    # a padded batch: the attention mask a tokenizer gives sentences of different lengths (issue 20)
+    # a padded batch: the attention mask a tokenizer gives sentences of different lengths
     "bert_base_padded": _transformer("BertConfig", "BertModel", 30000, padding=True),
-    # BERT-large (24 layers, hidden 1024, 16 heads, FFN 4096) at 8 x 128: issue 20's 1.8 ms target,
-    # against torch in the same run
+    # BERT-large (24 layers, hidden 1024, 16 heads, FFN 4096) at 8 x 128, against torch in
+    # the same run
     "bert_large": _transformer(
         "BertConfig",
         "BertModel",
@@ -152,7 +152,7 @@ BUILDERS = {
         vocab_size=32000,
     ),
     # Llama-3-8B's layer shapes (hidden 4096, 32 query / 8 kv heads, SiLU-gated MLP 14336), two
-    # layers, 1 x 2048 prefill (issue 20)
+    # layers, 1 x 2048 prefill
     "llama_8b_2l": _transformer(
         "LlamaConfig",
         "LlamaModel",
