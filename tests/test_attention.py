@@ -153,6 +153,56 @@ def test_float32_masks_are_cast_only_where_exact():
     assert cast_attention_masks(other).same_as(other)
 
 
+@pytest.mark.parametrize("tail", [False, True])
+def test_a_swamping_mask_in_bfloat16_becomes_a_finite_bfloat16_mask(tail):
+    """Regression (every attention of a padded bfloat16 model stayed in TVM): Hugging Face's eager
+    mask where(keep, 0, finfo(float32).min) is cast to bfloat16 with BFLOAT16_SWAMPING_MASK for
+    the minimum: still swamping, so no row changes (a fully masked one, the first, keeps the mean of
+    the values), and no tail is added; the graph's own safe-softmax tail, which never fired, stays
+    as it was."""
+    from relax_cutlass.kinds.attention.masks import BFLOAT16_SWAMPING_MASK, cast_attention_masks
+
+    mod = sdpa_attention(dtype="bfloat16", tail=tail, masked_value=FINFO_MIN)
+    cast = cast_attention_masks(mod["main"])
+    found = []
+    relax.analysis.post_order_visit(
+        cast, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op.name == "relax.where" else None
+    )
+    (mask,) = [w for w in found if str(w.ty.dtype) == "bfloat16"]
+    fills = [a.value.numpy().astype("float32") for a in mask.args[1:] if isinstance(a, tvm.ir.GenericConst)]
+    assert sorted(float(f) for f in fills) == [BFLOAT16_SWAMPING_MASK, 0.0], fills
+    assert len(found) == 1 + tail  # the mask (and the graph's tail): no tail added
+    (row,) = offloaded_attention_rows(mod)
+    assert row["attention"]["bias"] == "B1ST" and row["attention"]["masked_rows"] == ("zero" if tail else "nan")
+    compare_on_cpu(mod, masked_inputs(mod, full_row=True), rtol=3e-2)
+
+
+def test_a_position_bias_from_an_exact_table_is_cast_with_its_mask():
+    """T5's form: where(keep, position bias, finfo(float32).min), the position bias rows of an
+    embedding table. A table whose values are exact in bfloat16 (a bfloat16 checkpoint) lets the
+    mask be cast (the attention runs in the kernel, matching TVM's build); any other table keeps
+    it in float32 (the attention stays in TVM, saying why)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from relax_cutlass import from_torch
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model("t5_encoder", torch, transformers)
+    ids = torch.randint(3, TINY_VOCAB, (2, 24))
+    random = from_torch(model, (ids,), dtype="bfloat16")
+    assert not offloaded_attention_rows(random)
+    assert "the additive mask/bias is float32" in str(offload_report(random, arch="sm_90a"))
+    exact = from_torch(model.to(torch.bfloat16).float(), (ids,), dtype="bfloat16")
+    rows = offloaded_attention_rows(exact)
+    assert sum(r["calls"] for r in rows) == 2 and all(r["attention"]["bias"] == "BNST" for r in rows), rows
+    partitioned, rewritten = offload_for_cpu(exact)
+    serve_regions_on_cpu(partitioned)
+    got = run_vm(build_cpu(rewritten), [ids.numpy()])
+    want = run_vm(build_cpu(exact), [ids.numpy()])
+    assert np.isfinite(got).all() and rel_error(got, want) < 3e-2
+
+
 def _transformers_bert(attention: str, with_mask: bool):
     """A one-layer Hugging Face BertModel (random init) on (input_ids[, attention_mask]), through
     torch.export and TVM's frontend, weights bound in float16: (torch model, Relax module)."""

@@ -471,6 +471,36 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right(family):
         assert got.shape == want.shape and rel_error(got, want) < 1e-2, n
 
 
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_a_bfloat16_left_padded_batch_is_right(family):
+    """GPT-2 in bfloat16 on a left-padded batch: its finfo(float32).min mask runs as a bfloat16
+    bias holding -2**100 for the minimum (masks.BFLOAT16_SWAMPING_MASK), which the kernels scale
+    in float32 without overflowing, so the first queries of the padded sequence, which see no key,
+    keep the mean of the values. Every row against torch float32."""
+    import copy
+
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    module = last_hidden_state(small_transformer("gpt2", "eager", layers=1))
+    ids = torch.randint(0, 512, (2, 96))
+    mask = torch.ones(2, 96, dtype=torch.int64)
+    mask[1, :32] = 0
+    mod = relax_cutlass.from_torch(module, (ids, mask), dtype="bfloat16")
+    with _bias_family(family):
+        vm, rows = _build(mod)
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert len(attention) == 1 and attention[0]["kernel"].startswith(f"{family}_"), attention
+    dev = tvm.cuda(0)
+    out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = copy.deepcopy(module).float()(ids, mask)
+    want = (want[0] if isinstance(want, tuple) else want).numpy()
+    assert np.isfinite(got).all() and rel_error(got, want) < 4e-2
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -141,6 +141,7 @@ def sdpa_attention(
     k_scale=True,
     tail=True,
     fill=0.0,
+    dtype=F16,
 ):
     """softmax(q k^T * scale + mask) v as torch.export writes transformers' default (sdpa)
     attention: q and k^T each multiplied by sqrt(1/sqrt(H)) in fp16 (`q_scale` / `k_scale`: the
@@ -149,18 +150,19 @@ def sdpa_attention(
     additive `bias` input added before the cast; "float32": an fp32 `bias` input; "constant":
     a causal fp32 constant mask), the fp32 softmax with torch's safe-softmax tail (a fully
     masked row gets `fill`), the heads moved back by three permutes. Inputs x, y (q/k/v
-    projections) and the mask."""
+    projections) and the mask; q/k/v, the scores and a "float16" bias in `dtype` (float16 or
+    bfloat16)."""
     t = t or s
     dims = {"B": b, "N": n, "S": s, "T": t, "1": 1}
     shape = [dims[a] for a in MASK_SHAPES[mask_shape]]
     bb = relax.BlockBuilder()
-    x = relax.Var("x", tensor_type((b, s, n * h)))
-    y = relax.Var("y", tensor_type((b, t, n * h)))
+    x = relax.Var("x", tensor_type((b, s, n * h), dtype))
+    y = relax.Var("y", tensor_type((b, t, n * h), dtype))
     if mask == "constant":  # a causal mask, as a float32 constant
         causal = np.tril(np.ones((s, t), bool))
         m = relax.const(np.where(causal, 0, masked_value).astype("float32").reshape(shape))
     else:
-        m = relax.Var("keep" if mask == "bool" else "bias", tensor_type(shape, F16 if mask == "float16" else mask))
+        m = relax.Var("keep" if mask == "bool" else "bias", tensor_type(shape, dtype if mask == "float16" else mask))
     root = float(np.sqrt(1 / np.sqrt(h)))
     with bb.function("main", [x, y] + ([m] if isinstance(m, relax.Var) else [])):
         with bb.dataflow():
@@ -169,18 +171,18 @@ def sdpa_attention(
                 return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(z, (b, rows, n, h))), [0, 2, 1, 3]))
 
             q, k = heads(x, s), heads(y, t)
-            v = heads(bb.emit(y * const(0.5, F16)), t)
+            v = heads(bb.emit(y * const(0.5, dtype)), t)
             if q_scale:
-                q = bb.emit(relax.op.multiply(q, const(root, F16)))
+                q = bb.emit(relax.op.multiply(q, const(root, dtype)))
             kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
             if k_scale:
-                kt = bb.emit(relax.op.multiply(kt, const(root, F16)))
+                kt = bb.emit(relax.op.multiply(kt, const(root, dtype)))
             q3 = bb.emit(relax.op.reshape(q, (b * n, s, h)))
             k3 = bb.emit(relax.op.reshape(kt, (b * n, h, t)))
-            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=F16)), (b, n, s, t)))
+            scores = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(q3, k3, out_dtype=dtype)), (b, n, s, t)))
             rest = (1 / np.sqrt(h)) / (root if q_scale else 1) / (root if k_scale else 1)
             if abs(rest - 1) > 1e-6:
-                scores = bb.emit(relax.op.multiply(scores, const(rest, F16)))
+                scores = bb.emit(relax.op.multiply(scores, const(rest, dtype)))
             if mask == "float16":
                 scores = bb.emit(relax.op.add(scores, m))
             logits = bb.emit(relax.op.astype(scores, "float32"))
@@ -196,9 +198,9 @@ def sdpa_attention(
                 masked_row = bb.emit(relax.op.logical_not(bb.emit(relax.op.astype(row_any, "bool"))))
                 fills = relax.const(np.full((b, n, s, t), fill, "float32"))  # torch writes a tensor
                 probs = bb.emit(relax.op.where(masked_row, fills, probs))
-            probs3 = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(probs, (b * n, s, t))), F16))
+            probs3 = bb.emit(relax.op.astype(bb.emit(relax.op.reshape(probs, (b * n, s, t))), dtype))
             v3 = bb.emit(relax.op.reshape(v, (b * n, t, h)))
-            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=F16)), (b, n, s, h)))
+            ctx = bb.emit(relax.op.reshape(bb.emit(relax.op.matmul(probs3, v3, out_dtype=dtype)), (b, n, s, h)))
             for axes in ([2, 0, 1, 3], [1, 2, 0, 3], [0, 2, 1, 3]):
                 ctx = bb.emit(relax.op.permute_dims(ctx, axes))
             gv = bb.emit_output(bb.emit(relax.op.reshape(ctx, (b, s, n * h))))

@@ -17,6 +17,13 @@ from .trace import is_op_call, known_dims, static_dim
 # for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging
 # Face's eager attention uses, is about 2**128).
 SWAMPING_MASK = -(2.0**40)
+# What a swamping float32 mask value becomes in a bfloat16 mask: finite, a power of two (exact in
+# bfloat16), and still swamping every score below 2**76 in magnitude in the kernels' float32 add,
+# so a masked key gets probability exactly 0 and a row whose every key is masked the uniform
+# softmax of equal values, as with the float32 minimum. Not the bfloat16 minimum: the kernels scale
+# the biased scores (by log2(e), or divide the bias by the softmax scale) in float32, which would
+# overflow it to -inf, and a fully masked row would then be NaN, not the mean of the values.
+BFLOAT16_SWAMPING_MASK = -(2.0**100)
 
 
 _MASK_VIEWS = ("relax.broadcast_to", "relax.reshape", "relax.expand_dims", "relax.permute_dims", "relax.squeeze")
@@ -74,6 +81,8 @@ class _MaskValues:
             return self.exact(value.args[0], dtype)
         if op == "relax.where":
             return self.exact(value.args[1], dtype) and self.exact(value.args[2], dtype)
+        if op == "relax.take":  # rows of a table (T5's position bias): exact where the table is
+            return self.exact(value.args[0], dtype)
         if op == "relax.astype":
             source = str(value.args[0].ty.dtype)
             if source in (dtype, "bool", "int8", "uint8"):
@@ -81,19 +90,24 @@ class _MaskValues:
             return source == "float32" and self.exact(value.args[0], dtype)
         return False
 
-    def swamping_where(self, expr) -> tuple[relax.Call, int, float] | None:
-        """(where, index of its swamping branch, the other branch's value) for a float32 mask
-        where(cond, finite exact value, finite value <= SWAMPING_MASK) (either way round)."""
+    def swamping_where(self, expr, dtype: str) -> tuple[relax.Call, int, float | relax.Expr] | None:
+        """(where, index of its swamping branch, the other branch) for a float32 mask
+        where(cond, kept, m) (either way round): m a finite scalar <= SWAMPING_MASK, kept a finite
+        scalar exact in `dtype` (returned as its value) or a tensor whose values are provably exact
+        in `dtype` (returned as the expression: T5's position bias, rows of an embedding table)."""
         where = self.value(expr)
         if not is_op_call(where, "relax.where"):
             return None
-        branches = [self.constant(where.args[i]) for i in (1, 2)]
-        if any(b is None or b.size != 1 for b in branches):
-            return None
-        (a,), (b,) = (x.reshape(-1) for x in branches)
-        for index, (kept, huge) in ((2, (a, b)), (1, (b, a))):
-            if np.isfinite(kept) and _exact_in(kept, "float16") and np.isfinite(huge) and huge <= SWAMPING_MASK:
-                return where, index, float(kept)
+        for index in (2, 1):
+            huge, kept = self.constant(where.args[index]), where.args[3 - index]
+            if huge is None or huge.size != 1 or not np.isfinite(huge).all() or huge.reshape(-1)[0] > SWAMPING_MASK:
+                continue
+            value = self.constant(kept)
+            if value is not None and value.size == 1:
+                if np.isfinite(value).all() and _exact_in(value, dtype):
+                    return where, index, float(value.reshape(-1)[0])
+            elif self.exact(kept, dtype):
+                return where, index, kept
         return None
 
 
@@ -141,12 +155,15 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict]:
         if known.exact(mask, element):
             adds[x] = (index, element, None)
             continue
+        swamping = known.swamping_where(mask, element)
+        if swamping is not None and element == "bfloat16":  # a finite stand-in: no row changes
+            adds[x] = (index, element, swamping)
+            continue
         dims = known_dims(x)
         keys = static_dim(dims[-1]) if dims else None
-        swamping = known.swamping_where(mask) if element == "float16" else None
         if swamping is None or not dims or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
             continue
-        adds[x] = (index, element, swamping)
+        adds[x] = (index, element, swamping)  # float16: -inf, and a tail that keeps a full row's mean
         tails[var] = keys
     return adds, tails, _nan_tails(var2val, tails)
 
@@ -201,9 +218,15 @@ class _CastMasks(BlockScopedMutator):
             if low is None:
                 if swamping is None:
                     low = self.builder_.emit(relax.op.astype(mask, element))
-                else:  # the swamping value becomes -inf; the tail below keeps what a full row gives
+                else:  # float16: the swamping value becomes -inf (the tail below keeps what a full
+                    # row gives); bfloat16: BFLOAT16_SWAMPING_MASK, which changes no row
                     where, huge, kept = swamping
-                    branches = [relax.const(kept, element), relax.const(-np.inf, element)]
+                    fill = -np.inf if element == "float16" else BFLOAT16_SWAMPING_MASK
+                    if isinstance(kept, float):
+                        kept_low = relax.const(kept, element)
+                    else:
+                        kept_low = self.builder_.emit(relax.op.astype(self.visit_expr(kept), element))
+                    branches = [kept_low, relax.const(fill, element)]
                     args = branches if huge == 2 else branches[::-1]
                     low = self.builder_.emit(relax.op.where(self.visit_expr(where.args[0]), *args))
                 self.cast[mask] = low
