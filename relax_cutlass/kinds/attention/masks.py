@@ -125,13 +125,15 @@ def is_matmul_result(expr, var2val, depth: int = 8) -> bool:
     return False
 
 
-def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict]:
+def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
     """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys},
-    {NaN-test where var: softmax var} (`_nan_tails`))."""
+    {NaN-test where var: softmax var} (`_nan_tails`), {the graph's own safe-softmax tail var:
+    (keys, logits var)} (`_safe_softmax_tail`): a softmax with its own tail gets 1/T as that
+    tail's fill instead of a tail written after it)."""
     var2val = get_var2val(func)
     uses = use_counts(func)
     known = _MaskValues(var2val)
-    adds, tails = {}, {}
+    adds, tails, own_tails = {}, {}, {}
     for var, value in var2val.items():
         if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
             continue
@@ -161,11 +163,48 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict]:
             continue
         dims = known_dims(x)
         keys = static_dim(dims[-1]) if dims else None
-        if swamping is None or not dims or uses.get(x, 0) != 1 or int(value.attrs.axis) not in (-1, len(dims) - 1):
+        if swamping is None or not dims or int(value.attrs.axis) not in (-1, len(dims) - 1):
             continue
-        adds[x] = (index, element, swamping)  # float16: -inf, and a tail that keeps a full row's mean
-        tails[var] = keys
-    return adds, tails, _nan_tails(var2val, tails)
+        # float16: -inf, and a tail that keeps a full row's mean: the graph's own safe-softmax
+        # tail (which never fired with the finite mask) given that fill, else one written
+        own_tail = _safe_softmax_tail(var2val, uses, x, var) if uses.get(x, 0) != 1 else None
+        if uses.get(x, 0) != 1 and own_tail is None:
+            continue
+        adds[x] = (index, element, swamping)
+        if own_tail is not None:
+            own_tails[own_tail] = (keys, x)
+        else:
+            tails[var] = keys
+    return adds, tails, _nan_tails(var2val, tails), own_tails
+
+
+def _safe_softmax_tail(var2val, uses: dict, logits: relax.Var, probs: relax.Var) -> relax.Var | None:
+    """The var of torch's safe-softmax tail where(row all -inf, fill, probs) on `logits`, when
+    `logits` feeds only it and the softmax `probs` (its row test being the other use), else None:
+    logical_not(astype(max(astype(logical_not(equal(logits, -inf)), int8)), bool))."""
+    if uses.get(logits, 0) != 2:
+        return None
+    chain = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not", "relax.equal")
+    for var, value in var2val.items():
+        if not is_op_call(value, "relax.where") or not value.args[2].same_as(probs):
+            continue
+        expr = value.args[0]
+        for op in chain:
+            call = var2val.get(expr) if isinstance(expr, relax.Var) else None
+            if not is_op_call(call, op) or uses.get(expr, 0) != 1:
+                break
+            expr = call.args[0]
+        else:
+            equal = call
+            inf = equal.args[1]
+            if (
+                expr.same_as(logits)
+                and isinstance(inf, tvm.ir.GenericConst)
+                and inf.value.numpy().size == 1
+                and np.isneginf(inf.value.numpy().reshape(-1)[0])
+            ):
+                return var
+    return None
 
 
 def _nan_tails(var2val, tails: dict) -> dict:
@@ -201,9 +240,9 @@ class BlockScopedMutator(relax.PyExprMutator):
 
 @relax.expr_functor.mutator
 class _CastMasks(BlockScopedMutator):
-    def __init__(self, adds: dict, tails: dict, nan_tails: dict):
+    def __init__(self, adds: dict, tails: dict, nan_tails: dict, own_tails: dict):
         super().__init__()
-        self.adds, self.tails, self.nan_tails = adds, tails, nan_tails
+        self.adds, self.tails, self.nan_tails, self.own_tails = adds, tails, nan_tails, own_tails
         self.reset_block_state()
 
     def reset_block_state(self) -> None:
@@ -238,6 +277,17 @@ class _CastMasks(BlockScopedMutator):
         if var in self.nan_tails:
             self.set_var_remap(var, self.visit_expr(self.nan_tails[var]))
             return
+        if var in self.own_tails:  # the graph's own tail, its fill now 1/T
+            keys, logits = self.own_tails[var]
+            where = binding.value
+            fill = self.uniform(self.visit_expr(logits), keys)
+            self.set_var_remap(
+                var,
+                self.builder_.emit(
+                    relax.op.where(self.visit_expr(where.args[0]), fill, self.visit_expr(where.args[2]))
+                ),
+            )
+            return
         if var in self.tails:
             x = self.visit_expr(binding.value.args[0])
             probs = self.builder_.emit(relax.op.nn.softmax(x, axis=-1))
@@ -246,14 +296,16 @@ class _CastMasks(BlockScopedMutator):
             finite = emit(relax.op.logical_not(emit(relax.op.equal(x, relax.const(-np.inf, "float32")))))
             row_any = emit(relax.op.max(emit(relax.op.astype(finite, "int8")), axis=[-1], keepdims=True))
             masked_row = emit(relax.op.logical_not(emit(relax.op.astype(row_any, "bool"))))
-            keys = self.tails[var]
-            if keys is not None:
-                uniform = relax.const(np.float32(1.0) / np.float32(keys), "float32")
-            else:  # a symbolic key count: 1/T as the softmax of a row of zeros
-                uniform = emit(relax.op.nn.softmax(emit(relax.op.zeros_like(x)), axis=-1))
-            self.set_var_remap(var, emit(relax.op.where(masked_row, uniform, probs)))
+            self.set_var_remap(var, emit(relax.op.where(masked_row, self.uniform(x, self.tails[var]), probs)))
             return
         super().visit_var_binding_(binding)
+
+    def uniform(self, logits: relax.Expr, keys: int | None) -> relax.Expr:
+        """1/T: a constant for a static key count T, else the softmax of a row of zeros."""
+        if keys is not None:
+            return relax.const(np.float32(1.0) / np.float32(keys), "float32")
+        emit = self.builder_.emit
+        return emit(relax.op.nn.softmax(emit(relax.op.zeros_like(logits)), axis=-1))
 
 
 def cast_attention_masks(func: relax.Function) -> relax.Function:
@@ -262,20 +314,24 @@ def cast_attention_masks(func: relax.Function) -> relax.Function:
 
     * the mask's values are provably exact in that type (a 0/-inf mask: `where(keep, 0, -inf)`,
       as torch's scaled_dot_product_attention writes a boolean mask): the cast is exact;
-    * `where(keep, c, m)` for float16 scores, c finite and exact, m finite and <= -2**40
-      (Hugging Face's eager attention: c = 0, m = finfo(float32).min): m swamps every float16
-      score, so a masked key gets probability exactly 0, as with -inf, and a row whose every
-      key is masked gets the uniform softmax of equal values. m becomes -inf, and torch's
-      safe-softmax tail, with the value 1/T (not 0), keeps what such a row gives: the mean of
-      the values. With a symbolic key count T the tail's 1/T is the softmax of a row of zeros
-      (the attention pattern reads either as the kernel's "mean" rows). torch.onnx's own safe
-      softmax after it, where(isnan(p), 0, p), never fired with the finite mask and goes.
+    * `where(keep, c, m)` for float16 scores, c finite and exact (a scalar, or a tensor such as
+      T5's position bias, rows of an exact embedding table), m finite and <= -2**40 (Hugging
+      Face's eager attention: c = 0, m = finfo(float32).min): m swamps every float16 score, so a
+      masked key gets probability exactly 0, as with -inf, and a row whose every key is masked
+      gets the uniform softmax of equal values. m becomes -inf, and torch's safe-softmax tail,
+      with the value 1/T (not 0), keeps what such a row gives: the mean of the values (the
+      graph's own tail where it has one, which never fired with the finite mask, else one written
+      after the softmax). With a symbolic key count T the tail's 1/T is the softmax of a row of
+      zeros (the attention pattern reads either as the kernel's "mean" rows). torch.onnx's own
+      safe softmax after it, where(isnan(p), 0, p), never fired with the finite mask and goes.
+    * the same for bfloat16 scores, m becoming BFLOAT16_SWAMPING_MASK: finite and swamping, it
+      changes no row, and no tail is needed.
 
     Other float32 masks are left alone (the attention region then stays in TVM, saying why)."""
-    adds, tails, nan_tails = _plan_masks(func)
+    adds, tails, nan_tails, own_tails = _plan_masks(func)
     if not adds:
         return func
-    rewritten = _CastMasks(adds, tails, nan_tails).visit_expr(func)
+    rewritten = _CastMasks(adds, tails, nan_tails, own_tails).visit_expr(func)
     return relax.analysis.remove_all_unused(rewritten)
 
 
