@@ -323,8 +323,11 @@ def test_from_torch_never_materializes_a_broadcast_weight():
 
 
 def _bf16_models(torch):
+    import transformers
+
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models.torch_models import mobilenet_v3
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
@@ -332,15 +335,24 @@ def _bf16_models(torch):
         "mlp": (mlp, (torch.randn(16, 64),)),
         "mobilenet_v3": (mobilenet_v3(width_mult=0.5), (torch.randn(2, 3, 64, 64),)),
         "llama": (last_hidden_state(small_transformer("llama", layers=1)), (torch.randint(0, 512, (1, 64)),)),
+        # layer_norm on a float16 value (its embedding projection's): TVM has no bfloat16 layer_norm
+        "albert": (tiny_model("albert", torch, transformers), (torch.randint(3, TINY_VOCAB, (1, 24)),)),
+        "group_norm": (
+            torch.nn.Sequential(
+                torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU()
+            ).eval(),
+            (torch.randn(2, 8, 16, 16),),
+        ),
     }
 
 
-@pytest.mark.parametrize("name", ["mlp", "mobilenet_v3", "llama"])
+@pytest.mark.parametrize("name", ["mlp", "mobilenet_v3", "llama", "albert", "group_norm"])
 def test_from_torch_in_bfloat16(name):
     """from_torch(dtype="bfloat16") failed on every model with a bias (TVM's ToMixedPrecision only
     lowers to float16; asked for bfloat16 it mixed float16 operands with bfloat16 outputs). The
-    module is now the float16 lowering retyped: bfloat16 throughout, as close to float64 as
-    bfloat16 allows, and its GEMMs and convs offload."""
+    module is now the float16 lowering retyped: bfloat16 throughout (layer_norm and group_norm,
+    which TVM cannot lower in bfloat16, in float32 between casts: ALBERT failed to import), as
+    close to float64 as bfloat16 allows, and its GEMMs and convs offload."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from relax_cutlass.testing.errors import rel_error

@@ -29,6 +29,12 @@ _DTYPE_ATTR_OPS = {
 }
 
 
+# Ops whose TVM lowering has no bfloat16 form (layer_norm's "only support float32 and float16";
+# group_norm's type inference refuses bfloat16): in the bfloat16 graph they run in float32 between
+# casts. rms_norm lowers in bfloat16 and is retyped like any other op.
+FLOAT32_ONLY_OPS = ("relax.nn.layer_norm", "relax.nn.group_norm")
+
+
 @mutator
 class _Retyper(PyExprMutator):
     def __init__(self, dtype: str, mod: tvm.IRModule | None = None) -> None:
@@ -41,6 +47,8 @@ class _Retyper(PyExprMutator):
         return const
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in FLOAT32_ONLY_OPS and _dtype(call) == SOURCE:
+            return self._in_float32(call)
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op) or not _names_dtype(call, SOURCE):
             return call
@@ -50,6 +58,22 @@ class _Retyper(PyExprMutator):
                 f"RetypeFloat16: {call.op.name} names dtype {SOURCE} in its attributes and has no rebuild rule"
             )
         return rebuild(call, self.dtype)
+
+    def _in_float32(self, call: relax.Call) -> relax.Expr:
+        """`call` (a norm TVM has no bfloat16 kernel for) on its arguments cast to float32, its
+        result cast to the new dtype: what ToMixedPrecision does for a float32-only op."""
+        emit = self.builder_.emit
+        args = []
+        for arg in call.args:
+            new = self.visit_expr(arg)
+            if isinstance(new.ty, relax.TensorType) and str(new.ty.dtype) == self.dtype:
+                new = emit(relax.op.astype(new, "float32"))
+            args.append(new)
+        return relax.op.astype(emit(relax.Call(call.op, args, call.attrs)), self.dtype)
+
+
+def _dtype(call: relax.Call) -> str | None:
+    return str(call.ty.dtype) if isinstance(call.ty, relax.TensorType) else None
 
 
 def _names_dtype(call: relax.Call, dtype: str) -> bool:
