@@ -384,10 +384,11 @@ ZOO_FILE = r"\d{4}-\d{2}-\d{2}-zoo-nvidia-h\d00\.json"  # one per date and GPU: 
 GPU_NAMES = {"nvidia-h100": "NVIDIA H100", "nvidia-h200": "NVIDIA H200", "cpu": "CPU"}
 ZOO_NOTE = (
     "`bench/zoo.py`: stock torchvision / transformers models (random init, no download), imported with "
-    "`from_torch`, each built and timed in its own process; fp16; median ms; relax_cutlass and TVM's default "
-    "build also with TVM's CUDA-graph build (in parentheses). Errors are relative L2 against torch float64 on "
-    "the GPU, torch's own fp16 error beside it (a row passes at max(1e-2, 1.5x torch fp16's)). `vs "
-    "reduce-overhead` is torch.compile(mode='reduce-overhead') (CUDA graphs), torch's best here, over our best."
+    "`from_torch`, each built and timed in its own process; fp16 (bfloat16 where the row says so); median ms; "
+    "relax_cutlass and TVM's default build also with TVM's CUDA-graph build (in parentheses). Errors are "
+    "relative L2 against torch float64 on the GPU, torch's own 16-bit error beside it (a row passes at "
+    "max(1e-2, 1.5x torch's)). `vs reduce-overhead` is torch.compile(mode='reduce-overhead') (CUDA graphs), "
+    "torch's best here, over our best."
 )
 
 

@@ -47,11 +47,13 @@ def _weights_checksum(model) -> float:
 
 
 def _half_model(model, entry: ZooModel, example, torch):
-    """torch's fp16 model and inputs on the GPU, channels_last for conv nets (the fast layout)."""
+    """torch's 16-bit model (the entry's dtype) and inputs on the GPU, channels_last for conv nets
+    (the fast layout)."""
     memory_format = torch.channels_last if entry.family == "vision" else torch.contiguous_format
-    half = model.cuda().half().to(memory_format=memory_format)
+    dtype = getattr(torch, entry.dtype)
+    half = model.cuda().to(dtype).to(memory_format=memory_format)
     inputs = tuple(
-        x.cuda().half().to(memory_format=memory_format) if x.is_floating_point() else x.cuda() for x in example
+        x.cuda().to(dtype).to(memory_format=memory_format) if x.is_floating_point() else x.cuda() for x in example
     )
     return half, inputs
 
@@ -65,7 +67,7 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
     import relax_cutlass
     from relax_cutlass.prepare import tvm_baseline
 
-    record: dict = {"model": entry.name, "batch": entry.batch, "seq": entry.seq, "steps": {}}
+    record: dict = {"model": entry.name, "batch": entry.batch, "seq": entry.seq, "dtype": entry.dtype, "steps": {}}
     steps = record["steps"]
     model, example = entry.build()
     record["weights_checksum"] = _weights_checksum(model)

@@ -20,6 +20,9 @@ class ZooModel:
     # "torch": relax_cutlass.from_torch; "onnx": the same model exported with torch.onnx (dynamo)
     # and imported with relax_cutlass.from_onnx (an entry named after its model, "<model>_onnx")
     importer: str = "torch"
+    # the 16-bit type the model runs in (torch's model too); a bfloat16 entry's weights are rounded
+    # to bfloat16 first, as a bfloat16 checkpoint holds them
+    dtype: str = "float16"
 
     @property
     def model(self) -> str:
@@ -32,7 +35,10 @@ class ZooModel:
         import torch
 
         torch.manual_seed(0)
-        return BUILDERS[self.model](self, torch)
+        model, example = BUILDERS[self.model](self, torch)
+        if self.dtype == "bfloat16":
+            model = model.to(torch.bfloat16).float()
+        return model, example
 
     def import_module(self, model, example: tuple, workdir):
         """The Relax module of `model` as this entry's importer gives it (an ONNX entry writes
@@ -42,12 +48,12 @@ class ZooModel:
         import relax_cutlass
 
         if self.importer == "torch":
-            return relax_cutlass.from_torch(model, example)
+            return relax_cutlass.from_torch(model, example, dtype=self.dtype)
         import torch
 
         path = Path(workdir) / f"{self.name}.onnx"
         torch.onnx.export(model, example, str(path), dynamo=True)
-        return relax_cutlass.from_onnx(path)
+        return relax_cutlass.from_onnx(path, dtype=self.dtype)
 
 
 def _vision(constructor_name: str):
@@ -204,6 +210,18 @@ BUILDERS = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    "t5_encoder_padded": _transformer(
+        "T5Config",
+        "T5EncoderModel",
+        32128,
+        padding=True,
+        d_model=768,
+        d_kv=64,
+        d_ff=3072,
+        num_layers=12,
+        num_heads=12,
+        vocab_size=32128,
+    ),
 }
 
 ZOO = (
@@ -223,6 +241,9 @@ ZOO = (
     ZooModel("falcon_mq", "transformer", 1, 512),
     ZooModel("gpt_neox", "transformer", 1, 512),
     ZooModel("phi3", "transformer", 1, 512),
+    # a T5 encoder (t5-base's shapes) in bfloat16 on a padded batch: its position bias under the
+    # padding mask on every layer's scores
+    ZooModel("t5_encoder_padded", "transformer", 8, 128, dtype="bfloat16"),
     # the same models through ONNX (torch.onnx's dynamo export, then from_onnx), against their
     # from_torch builds in the same run
     ZooModel("bert_base_padded_onnx", "transformer", 8, 128, importer="onnx"),
@@ -264,7 +285,7 @@ def _ratio(a, b) -> str:
 
 def table(records: list[dict]) -> str:
     head = (
-        "| model | offloaded | FLOPs | err vs torch fp64 (torch fp16's) | relax_cutlass ms (graph) "
+        "| model | offloaded | FLOPs | err vs torch fp64 (torch 16-bit's) | relax_cutlass ms (graph) "
         "| TVM default ms (graph) | torch eager ms | torch.compile ms | reduce-overhead ms "
         "| vs TVM | vs eager | vs reduce-overhead |"
     )
@@ -279,7 +300,8 @@ def table(records: list[dict]) -> str:
         errors = [v for k, v in err.items() if k.startswith("relax_cutlass")]
         verdict = "" if r.get("ok") else " NOT OK"
         lines.append(
-            f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''} "
+            f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''}"
+            f"{' ' + r['dtype'] if r.get('dtype', 'float16') != 'float16' else ''} "
             f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
             f"| {max(errors, default=float('nan')):.1e} ({err.get('torch_fp16_vs_fp64', float('nan')):.1e}){verdict} "
             f"| {ms.get('relax_cutlass', 0):.3f} ({ms.get('relax_cutlass_graph', 0):.3f}) "
