@@ -207,7 +207,7 @@ def test_a_position_bias_from_an_exact_table_is_cast_with_its_mask(dtype):
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), [ids.numpy()])
     want = run_vm(build_cpu(exact), [ids.numpy()])
-    assert np.isfinite(got).all() and rel_error(got, want) < (3e-2 if dtype == "bfloat16" else 1e-2)
+    assert np.isfinite(got).all() and rel_error(got, want) < 1e-3
 
 
 def _transformers_bert(attention: str, with_mask: bool):

@@ -78,12 +78,12 @@ def test_a_bfloat16_padded_batch_fuses_its_attention(family):
     inputs = [ids.numpy(), mask.numpy()]
     got, own = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
     real = mask.numpy().astype(bool)
-    # bfloat16 layers round where TVM's build does not (about 2e-2 apart with or without the
-    # attention offloaded); a padding row gone wrong (zeros or NaN for the mean) is O(1) off
+    # the regions (served by their composites, summing in float32 as the kernels do) compute what
+    # TVM's build computes: a padding row gone wrong (zeros or NaN for the mean) would be O(1) off
     assert np.isfinite(got).all()
-    assert rel_error(got[real], own[real]) < 4e-2 and rel_error(got[~real], own[~real]) < 4e-2
+    assert rel_error(got[real], own[real]) < 1e-3 and rel_error(got[~real], own[~real]) < 1e-3
     if family == "bert":  # (a float64 copy of the left-padded Llama gives NaN rows in torch itself)
-        assert rel_error(got[real], expected[real]) < 4e-2
+        assert rel_error(got[real], expected[real]) < 1e-2
 
 
 def test_an_unexportable_model_gets_an_error_that_says_what_to_do():

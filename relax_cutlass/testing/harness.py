@@ -14,6 +14,7 @@ import tvm_ffi
 from tvm import relax
 
 import relax_cutlass
+from relax_cutlass.rewrites.canonicalize import accumulate_in_float32, relax_functions
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
 from .errors import rel_error, within
@@ -37,11 +38,13 @@ def run_vm(vm, inputs: list[np.ndarray]) -> np.ndarray:
 
 
 def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
-    """Register each offloaded function's composite (llvm build) under its extern symbol."""
+    """Register each offloaded function's composite (llvm build) under its extern symbol. Its 16-bit
+    matmuls and convolutions sum in float32, as the kernels do (`accumulate_in_float32`; TVM's llvm
+    build sums in the out_dtype, in bfloat16 several times the kernels' error)."""
     symbols = []
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
-        composite = static_view_shapes(composite_of(func).without_attr("Composite"))
+        composite = static_view_shapes(accumulate_in_float32(composite_of(func).without_attr("Composite")))
         vm = build_cpu(tvm.IRModule({"main": composite}))
 
         outputs = len(composite.ret_ty.fields) if isinstance(composite.ret_ty, relax.TupleType) else 1
@@ -102,8 +105,10 @@ def offload_pipeline_on_cpu(mod: tvm.IRModule, arch: str = "sm_90a", **options) 
 
 
 def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e-2, **options):
-    """Offload `mod`, run both versions on CPU, assert they agree; returns (expected, got, rewritten)."""
-    expected = run_vm(build_cpu(mod), inputs)
+    """Offload `mod`, run both versions on CPU, assert they agree; returns (expected, got, rewritten).
+    The untouched module's 16-bit matmuls and convolutions sum in float32 there, as the kernels
+    (and the composites serving them) do, not in their 16-bit out_dtype as TVM's llvm build would."""
+    expected = run_vm(build_cpu(relax_functions(mod, accumulate_in_float32)), inputs)
     partitioned, rewritten = offload_for_cpu(mod, **options)
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), inputs)
