@@ -326,6 +326,7 @@ def _bf16_models(torch):
     import transformers
 
     from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models import torch_models
     from relax_cutlass.testing.models.torch_models import mobilenet_v3
     from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
 
@@ -337,6 +338,11 @@ def _bf16_models(torch):
         "llama": (last_hidden_state(small_transformer("llama", layers=1)), (torch.randint(0, 512, (1, 64)),)),
         # layer_norm on a float16 value (its embedding projection's): TVM has no bfloat16 layer_norm
         "albert": (tiny_model("albert", torch, transformers), (torch.randint(3, TINY_VOCAB, (1, 24)),)),
+        # ConvNeXt's channels-last LayerNorm on a conv's float16 output likewise
+        "convnext": (
+            torch_models.convnext(num_classes=10, stages=((16, 32, 1), (32, None, 1))).eval(),
+            (torch.randn(2, 3, 32, 32),),
+        ),
         "group_norm": (
             torch.nn.Sequential(
                 torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU()
@@ -346,12 +352,13 @@ def _bf16_models(torch):
     }
 
 
-@pytest.mark.parametrize("name", ["mlp", "mobilenet_v3", "llama", "albert", "group_norm"])
+@pytest.mark.parametrize("name", ["mlp", "mobilenet_v3", "llama", "albert", "convnext", "group_norm"])
 def test_from_torch_in_bfloat16(name):
     """from_torch(dtype="bfloat16") failed on every model with a bias (TVM's ToMixedPrecision only
     lowers to float16; asked for bfloat16 it mixed float16 operands with bfloat16 outputs). The
     module is now the float16 lowering retyped: bfloat16 throughout (layer_norm and group_norm,
-    which TVM cannot lower in bfloat16, in float32 between casts: ALBERT failed to import), as
+    which TVM cannot lower in bfloat16, in float32 between casts: ALBERT and ConvNeXt failed to
+    import), as
     close to float64 as bfloat16 allows, and its GEMMs and convs offload."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
