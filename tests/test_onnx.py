@@ -139,6 +139,23 @@ def test_exported_models_offload_as_from_torch_and_match_onnxruntime(tmp_path, n
     assert check_regions_against_kernel_model(partitioned) == len(attention)
 
 
+def test_a_bfloat16_import_of_a_padded_bert_fuses_as_from_torch(tmp_path):
+    """from_onnx(dtype="bfloat16") of the padded BERT (dynamo export, whose mask is finfo.min):
+    the same regions and attention forms as from_torch's bfloat16 import, nothing left in TVM,
+    and the offloaded module computes what TVM's build of it computes."""
+    model, args, names = MODELS["bert_padded"]()
+    model = model.to(torch.bfloat16).float()  # a bfloat16 checkpoint's weights
+    mod = relax_cutlass.from_onnx(_export(model, args, tmp_path / "bert.onnx", names, "dynamo"), dtype="bfloat16")
+    inputs = [a.numpy() for a in args]
+    partitioned, rewritten = offload_for_cpu(mod)
+    serve_regions_on_cpu(partitioned)
+    assert rel_error(run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)) < 1e-3
+    report = relax_cutlass.offload_report(rewritten)
+    assert not report.left_in_tvm and any(r["op"] == "attention" for r in report.offloaded), str(report)
+    _, from_torch = offload_for_cpu(relax_cutlass.from_torch(model, args, dtype="bfloat16"))
+    assert _signature(report) == _signature(relax_cutlass.offload_report(from_torch)), str(report)
+
+
 def test_bert_with_an_attention_mask_needs_its_constant_of_shape_folded(tmp_path):
     """transformers' BERT given an attention_mask: its TorchScript export holds ConstantOfShape nodes
     of an empty shape, which TVM's ONNX frontend alone cannot import (fold_constant_of_shape). Every
