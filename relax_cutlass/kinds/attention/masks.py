@@ -10,7 +10,7 @@ from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..ir import same_shape, use_counts
-from .patterns import ATTENTION_DTYPES, VIEW_OPS
+from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
 from .trace import is_op_call, known_dims, static_dim
 
 # A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
@@ -128,7 +128,7 @@ def is_matmul_result(expr, var2val, depth: int = 8) -> bool:
 def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
     """-> ({add var: (mask index, element dtype, swamping where or None)}, {softmax var: keys},
     {NaN-test where var: softmax var} (`_nan_tails`), {the graph's own safe-softmax tail var:
-    (keys, logits var)} (`_safe_softmax_tail`): a softmax with its own tail gets 1/T as that
+    (keys, logits var)} (`_own_tail`): a softmax with its own tail gets 1/T as that
     tail's fill instead of a tail written after it)."""
     var2val = get_var2val(func)
     uses = use_counts(func)
@@ -167,8 +167,9 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
             continue
         # float16: -inf, and a tail that keeps a full row's mean: the graph's own safe-softmax
         # tail (which never fired with the finite mask) given that fill, else one written
-        own_tail = _safe_softmax_tail(var2val, uses, x, var) if uses.get(x, 0) != 1 else None
-        if uses.get(x, 0) != 1 and own_tail is None:
+        shared = uses.get(x, 0) != 1
+        own_tail = _own_tail(var2val, uses, x, var) if shared else None
+        if shared and own_tail is None:
             continue
         adds[x] = (index, element, swamping)
         if own_tail is not None:
@@ -178,32 +179,22 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
     return adds, tails, _nan_tails(var2val, tails), own_tails
 
 
-def _safe_softmax_tail(var2val, uses: dict, logits: relax.Var, probs: relax.Var) -> relax.Var | None:
-    """The var of torch's safe-softmax tail where(row all -inf, fill, probs) on `logits`, when
-    `logits` feeds only it and the softmax `probs` (its row test being the other use), else None:
-    logical_not(astype(max(astype(logical_not(equal(logits, -inf)), int8)), bool))."""
+def _own_tail(var2val, uses: dict, logits: relax.Var, probs: relax.Var) -> relax.Var | None:
+    """The var of torch's safe-softmax tail (`safe_softmax_tail`, as the attention pattern reads it)
+    on `logits` and its softmax `probs`, when `logits` feeds only the two, else None."""
     if uses.get(logits, 0) != 2:
         return None
-    chain = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype", "relax.logical_not", "relax.equal")
+    x, ann = wildcard(), {}
+    tail = safe_softmax_tail(x, is_op("relax.nn.softmax")(x), ann)
     for var, value in var2val.items():
         if not is_op_call(value, "relax.where") or not value.args[2].same_as(probs):
             continue
-        expr = value.args[0]
-        for op in chain:
-            call = var2val.get(expr) if isinstance(expr, relax.Var) else None
-            if not is_op_call(call, op) or uses.get(expr, 0) != 1:
-                break
-            expr = call.args[0]
-        else:
-            equal = call
-            inf = equal.args[1]
-            if (
-                expr.same_as(logits)
-                and isinstance(inf, tvm.ir.GenericConst)
-                and inf.value.numpy().size == 1
-                and np.isneginf(inf.value.numpy().reshape(-1)[0])
-            ):
-                return var
+        matched = tail.extract_matched_expr(value, var2val)  # a var's match is its bound value
+        if not matched or not matched[x].same_as(var2val.get(logits, logits)):
+            continue
+        inf = matched[ann["tail_inf"]].value.numpy().reshape(-1)  # the row test's: -inf, or no such tail
+        if inf.size == 1 and np.isneginf(inf[0]):
+            return var
     return None
 
 

@@ -150,7 +150,7 @@ _SCORE_VIEWS = ("relax.reshape", "relax.broadcast_to", "relax.reshape")
 _OUTPUT_VIEWS = ("relax.reshape", "relax.permute_dims", "relax.permute_dims", "relax.permute_dims", "relax.reshape")
 
 
-def _safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPattern:
+def safe_softmax_tail(logits: DFPattern, softmax: DFPattern, ann: dict) -> DFPattern:
     """torch's `_safe_softmax`: where(row all -inf, fill, softmax(x)), the row test written as
     logical_not(astype(max(astype(logical_not(equal(x, -inf)), int8), -1, keepdims), bool)); the
     fill a constant, or softmax(zeros_like(x)) (1/T)."""
@@ -211,7 +211,7 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     logits = add | scaled
     logits = is_op("relax.astype")(logits) | logits
     ann["softmax"] = softmax = is_op("relax.nn.softmax")(logits)
-    probs = _safe_softmax_tail(logits, softmax, ann) | _nan_softmax_tail(softmax, ann) | softmax
+    probs = safe_softmax_tail(logits, softmax, ann) | _nan_softmax_tail(softmax, ann) | softmax
     probs = is_op("relax.astype")(probs) | probs  # the cast before the views (cast_attention_operands)
     probs = _views(probs, _SCORE_VIEWS[1:])
     probs = is_op("relax.astype")(probs) | probs
