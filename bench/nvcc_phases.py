@@ -70,8 +70,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for source in kernel_sources(args.arch):
-            rows.append(phases(source, arch, Path(tmp)))
-            row = rows[-1]
+            row = phases(source, arch, Path(tmp))
+            rows.append(row)
             split = ", ".join(f"{k} {v:.1f}" for k, v in row["phases_s"].items() if v >= 0.1)
             print(f"{row['kernel']}: {row['wall_s']:.1f} s ({split})", flush=True)
     totals: dict[str, float] = {}

@@ -46,7 +46,7 @@ def _weights_checksum(model) -> float:
     return float(sum(t.double().abs().sum() for t in model.state_dict().values() if t.is_floating_point()))
 
 
-def _half_model(model, entry: ZooModel, example, torch):
+def _torch_model_in_dtype(model, entry: ZooModel, example, torch):
     """torch's 16-bit model (the entry's dtype) and inputs on the GPU, channels_last for conv nets
     (the fast layout)."""
     memory_format = torch.channels_last if entry.family == "vision" else torch.contiguous_format
@@ -120,7 +120,7 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
             steps[f"build_{key}_s"] = round(time.time() - t0, 1)
 
     if torch_compile:  # fill Inductor's caches now, while the other models build beside this one
-        half, inputs = _half_model(model, entry, example, torch)
+        half, inputs = _torch_model_in_dtype(model, entry, example, torch)
         for mode in ("default", "reduce-overhead"):
             t0 = time.time()
             try:
@@ -154,7 +154,7 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     example_gpu = tuple(x.cuda() for x in example)
     ref64 = float64_reference(model, example_gpu)
     with torch.no_grad():
-        half, half_inputs = _half_model(model, entry, example, torch)
+        half, half_inputs = _torch_model_in_dtype(model, entry, example, torch)
         ref16 = half(*half_inputs).float().cpu().numpy()
     record["error"] = {"torch_fp16_vs_fp64": rel_error(ref16, ref64)}
 

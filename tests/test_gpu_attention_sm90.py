@@ -431,43 +431,53 @@ def _bias_family(family: str):
     return contextlib.nullcontext()
 
 
+def _gpt2_one_layer():
+    """A one-layer GPT-2 with transformers' eager attention (its finfo.min mask at batch > 1)."""
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    return last_hidden_state(small_transformer("gpt2", "eager", layers=1))
+
+
+def _left_padded(n: int, padded: int):
+    """Token ids of a batch of 2, and its mask: the second sequence's first `padded` tokens padding."""
+    ids = torch.randint(0, 512, (2, n))
+    mask = torch.ones(2, n, dtype=torch.int64)
+    mask[1, :padded] = 0
+    return ids, mask
+
+
+def _gpt2_on_gpu_and_in_torch(vm, module, ids, mask, reference_dtype):
+    """(the built module's output, torch's in `reference_dtype`), float64 numpy, every row."""
+    import copy
+
+    dev = tvm.cuda(0)
+    out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = copy.deepcopy(module).to(reference_dtype)(ids, mask)
+    return got, (want[0] if isinstance(want, tuple) else want).numpy().astype("float64")
+
+
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
 def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right(family):
     """GPT-2 (eager attention: batch 2) with a left-padded batch and a symbolic length: its finfo.min
     mask runs as the kernel's bias with "mean" rows (the 1/T of a fully masked row, for a symbolic
     T, is the softmax of a row of zeros; the SM90 kernel once gave such rows zeros). Every row,
     padded ones included, against torch float64, at two lengths."""
-    import copy
-
-    from relax_cutlass.testing.harness import small_transformer
-    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
-
-    torch.manual_seed(0)
-    module = last_hidden_state(small_transformer("gpt2", "eager", layers=1))
-
-    def batch(n):
-        ids = torch.randint(0, 512, (2, n))
-        mask = torch.ones(2, n, dtype=torch.int64)
-        mask[1, : n // 3] = 0
-        return ids, mask
-
+    module = _gpt2_one_layer()
     seq = torch.export.Dim("seq", min=2, max=512)
     mod = relax_cutlass.from_torch(
-        module, batch(48), dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}
+        module, _left_padded(48, 16), dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}
     )
     with _bias_family(family):
         vm, rows = _build(mod)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["masked_rows"] == "mean", attention
     assert attention[0]["kernel"].startswith(f"{family}_"), attention
-    dev = tvm.cuda(0)
     for n in (29, 300):
-        ids, mask = batch(n)
-        out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
-        got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
-        with torch.no_grad():
-            want = copy.deepcopy(module).double()(ids, mask)
-        want = (want[0] if isinstance(want, tuple) else want).numpy()
+        got, want = _gpt2_on_gpu_and_in_torch(vm, module, *_left_padded(n, n // 3), torch.float64)
         assert got.shape == want.shape and rel_error(got, want) < 1e-2, n
 
 
@@ -477,27 +487,14 @@ def test_a_bfloat16_left_padded_batch_is_right(family):
     bias holding -2**100 for the minimum (masks.BFLOAT16_SWAMPING_MASK), which the kernels scale
     in float32 without overflowing, so the first queries of the padded sequence, which see no key,
     keep the mean of the values. Every row against torch float32."""
-    import copy
-
-    from relax_cutlass.testing.harness import small_transformer
-    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
-
-    torch.manual_seed(0)
-    module = last_hidden_state(small_transformer("gpt2", "eager", layers=1))
-    ids = torch.randint(0, 512, (2, 96))
-    mask = torch.ones(2, 96, dtype=torch.int64)
-    mask[1, :32] = 0
+    module = _gpt2_one_layer()
+    ids, mask = _left_padded(96, 32)
     mod = relax_cutlass.from_torch(module, (ids, mask), dtype="bfloat16")
     with _bias_family(family):
         vm, rows = _build(mod)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["kernel"].startswith(f"{family}_"), attention
-    dev = tvm.cuda(0)
-    out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
-    with torch.no_grad():
-        want = copy.deepcopy(module).float()(ids, mask)
-    want = (want[0] if isinstance(want, tuple) else want).numpy()
+    got, want = _gpt2_on_gpu_and_in_torch(vm, module, ids, mask, torch.float32)
     assert np.isfinite(got).all() and rel_error(got, want) < 4e-2
 
 

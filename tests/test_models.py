@@ -358,8 +358,7 @@ def test_from_torch_in_bfloat16(name):
     lowers to float16; asked for bfloat16 it mixed float16 operands with bfloat16 outputs). The
     module is now the float16 lowering retyped: bfloat16 throughout (layer_norm and group_norm,
     which TVM cannot lower in bfloat16, in float32 between casts: ALBERT and ConvNeXt failed to
-    import), as
-    close to float64 as bfloat16 allows, and its GEMMs and convs offload."""
+    import), as close to float64 as bfloat16 allows, and its GEMMs and convs offload."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from relax_cutlass.testing.errors import rel_error

@@ -246,13 +246,13 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
     def progress(line: str) -> None:
         print(f"relax_cutlass: {line}", file=sys.stderr, flush=True)
 
-    why = ""
+    scope = ""  # which problems are profiled, for the progress line
     if options.profile == "uncertain":
         unsure = [(p, e, profiling_reason(p, options.arch, options.family)) for p, e in regions]
         regions = [(p, e) for p, e, reason in unsure if reason]
         if not regions:
             return
-        why = f" (profile='uncertain': where the heuristic is unsure, e.g. {next(r for *_, r in unsure if r)})"
+        scope = f" (profile='uncertain': where the heuristic is unsure, e.g. {next(r for *_, r in unsure if r)})"
     device = device_name()
     for stage in (1, 2):
         db = _database(options.tuning_db)
@@ -267,7 +267,7 @@ def _profile_misses(regions: list, options: CodegenOptions) -> None:
         what = "main loops of" if stage == 1 else "epilogues of"
         stale = [why for why in reasons.values() if why and why != "no record"]
         again = f" ({len(stale)} re-timed: {stale[0]})" if stale else ""
-        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU{again}{why} -> {options.tuning_db}")
+        progress(f"profiling the {what} {len(jobs)} problem(s) on the local GPU{again}{scope} -> {options.tuning_db}")
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
             build_profiler(jobs, options.arch, Path(tmp), options.jobs)
             run_profiler(Path(tmp), Path(options.tuning_db), log=progress)

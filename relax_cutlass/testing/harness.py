@@ -14,7 +14,7 @@ import tvm_ffi
 from tvm import relax
 
 import relax_cutlass
-from relax_cutlass.rewrites.canonicalize import accumulate_in_float32, relax_functions
+from relax_cutlass.rewrites.canonicalize import AccumulateInFloat32, accumulate_in_float32
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
 from .errors import rel_error, within
@@ -108,7 +108,7 @@ def compare_on_cpu(mod: tvm.IRModule, inputs: list[np.ndarray], rtol: float = 1e
     """Offload `mod`, run both versions on CPU, assert they agree; returns (expected, got, rewritten).
     The untouched module's 16-bit matmuls and convolutions sum in float32 there, as the kernels
     (and the composites serving them) do, not in their 16-bit out_dtype as TVM's llvm build would."""
-    expected = run_vm(build_cpu(relax_functions(mod, accumulate_in_float32)), inputs)
+    expected = run_vm(build_cpu(AccumulateInFloat32()(mod)), inputs)
     partitioned, rewritten = offload_for_cpu(mod, **options)
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), inputs)

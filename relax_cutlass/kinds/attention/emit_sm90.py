@@ -639,8 +639,8 @@ BIAS_MAINLOOP_ARGS = (
 PLAIN_BIAS_CHECK = """\
   if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
 """
-# (A null bias adds nothing: the profiler, which passes none, times bias kernels so where
-# select.SM90_BIAS_FIRST makes them candidates.)
+# (A null bias adds nothing: the profiler passes none, so where select.SM90_BIAS_FIRST makes bias
+# kernels the heuristic's it times their schedules against each other without the bias's cost.)
 BIAS_CHECK = """\
   if (a->masked_rows < 0 || a->masked_rows > 2) return "$name: masked_rows must be 0, 1 or 2";
 """

@@ -21,7 +21,7 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
     """For a static problem: on the SM90 kernel (sm_90a, `attention_family`) every tile and
     schedule of `sm90_attention_kernels`; on the SM80 kernel the rule's tile, then the other one
     where there is a choice (head dims <= 64), then on sm_90a the SM90 kernels that run the head
-    dim padded (`sm90_unmeasured_kernels`: Phi-3's 96 on the 128 kernel)."""
+    dim padded where the heuristic does not yet (`sm90_unmeasured_kernels`: 112 on the 128 kernel)."""
     if None in (problem.batch, problem.seq_q, problem.seq_kv):
         return None  # symbolic sizes: the rule (the report says so)
     if attention_family(problem, arch, family) == 90:
