@@ -2,7 +2,7 @@
 
 import pytest
 import tvm
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
@@ -240,6 +240,12 @@ CONV = st.fixed_dictionaries(
     k=st.integers(1, 20),
     bind=st.booleans(),
 )
+# a conv left in TVM (odd C and K) must sum in float32 in the harness, as offload_pipeline's last pass
+# makes it do; summed in float16 it was 1.1e-2 off the reference
+@example(
+    conv=dict(bias=False, activation="identity", residual=True, residual_relu=False, kernel=5, stride=3, dilation=2),
+    n=1, hw=(5, 10), c=13, k=1, bind=False,
+)  # fmt: skip
 def test_random_conv_epilogues(conv, n, hw, c, k, bind):
     """Any geometry, channel count (aligned, odd and padded, or not), batch (static or symbolic)
     and epilogue: the rewrite computes what the original does, and offloads exactly the legal

@@ -14,6 +14,7 @@ import tvm_ffi
 from tvm import relax
 
 import relax_cutlass
+from relax_cutlass.pipeline import partition_as_offloaded, post_codegen_passes
 from relax_cutlass.rewrites.canonicalize import AccumulateInFloat32, accumulate_in_float32
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
 
@@ -79,20 +80,19 @@ def static_view_shapes(composite: relax.Function) -> relax.Function:
 
 
 def offload_for_cpu(mod: tvm.IRModule, **options) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """-> (partitioned+lifted module, rewritten module) with no kernels compiled (linear-layer
-    reshapes folded and NCHW convs brought to NHWC first, broadcasts of what stays in TVM made
-    explicit last, as offload_pipeline does)."""
-    t = relax_cutlass.transform
+    """-> (partitioned+lifted module, rewritten module) with no kernels compiled: offload_pipeline's
+    passes before partitioning and after codegen (broadcasts of what stays in TVM made explicit,
+    its 16-bit matmuls and convolutions summed in float32) run as the pipeline runs them."""
     partitioned = partition_for_cpu(mod, *([options["arch"]] if "arch" in options else []))
-    rewritten = t.MakeGemmBroadcastsExplicit()(t.CutlassCodegen(compile=False, **options)(partitioned))
+    rewritten = relax_cutlass.transform.CutlassCodegen(compile=False, **options)(partitioned)
+    for rewrite in post_codegen_passes():
+        rewritten = rewrite(rewritten)
     return partitioned, rewritten
 
 
 def partition_for_cpu(mod: tvm.IRModule, *arch: str) -> tvm.IRModule:
     """The partitioned and lifted module of `mod` (for `arch`, if given), after the rewrites that
     offload_pipeline runs before partitioning."""
-    from relax_cutlass.pipeline import partition_as_offloaded
-
     return partition_as_offloaded(mod, *arch)
 
 
