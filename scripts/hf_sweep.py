@@ -5,11 +5,14 @@ build (compile only: no GPU needed, nvcc is not called). It finds the crashes, w
 unfused attention a new user of a family would meet, without a GPU.
 
     python scripts/hf_sweep.py [--families mistral,qwen2,...] [--seq 24] [--batch 1] [--symbolic]
-                               [--dtype float16|bfloat16] [--json F]
+                               [--dtype float16|bfloat16] [--float32-weights] [--json F]
 
-Each model's weights are rounded to the compute dtype first (float16, or bfloat16 with --dtype), as
-a checkpoint in it holds them; the bound on the error against torch float32 is the dtype's (2e-2,
-bfloat16 5e-2).
+The families: decoders and encoders on token ids (`tiny_families`), and vision and speech models on
+pixels, a waveform or mel features of a fixed example shape (`tiny_input_families`; --symbolic
+makes only the token models' sequence length symbolic). Each model's weights are rounded to the
+compute dtype first (float16, or bfloat16 with --dtype), as a checkpoint in it holds them, unless
+--float32-weights keeps them as a float32 checkpoint holds them; the bound on the error against
+torch float32 is the dtype's (2e-2, bfloat16 5e-2).
 
 Prints one line per family: the stage that failed (import / offload / run / cuda build) with its
 error, or the relative errors, the offloaded attention count against the model's layers, and the
@@ -25,10 +28,19 @@ import time
 import traceback
 from pathlib import Path
 
-from relax_cutlass.testing.models.torch_transformers import TINY_LAYERS, TINY_VOCAB, tiny_families, tiny_model
+from relax_cutlass.testing.models.torch_transformers import (
+    TINY_LAYERS,
+    TINY_VOCAB,
+    tiny_families,
+    tiny_input_families,
+    tiny_input_model,
+    tiny_model,
+)
 
 
-def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False, dtype: str = "float16") -> dict:
+def sweep_one(
+    family: str, batch: int, seq: int, symbolic: bool = False, dtype: str = "float16", round_weights: bool = True
+) -> dict:
     import numpy as np
     import torch
     import transformers
@@ -38,19 +50,24 @@ def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False, dtype: 
     from relax_cutlass.testing.errors import rel_error
     from relax_cutlass.testing.harness import build_cpu, offload_pipeline_on_cpu, run_vm
 
-    row: dict = {"family": family, "dtype": dtype}
+    row: dict = {"family": family, "dtype": dtype, "weights": dtype if round_weights else "float32"}
     stage = "model"
     t0 = time.time()
     try:
         torch.manual_seed(0)
-        model = tiny_model(family, torch, transformers)
-        model = model.to(getattr(torch, dtype)).float()  # weights as a checkpoint in `dtype` holds them
-        ids = torch.randint(3, TINY_VOCAB, (batch, seq))
+        tokens = family not in tiny_input_families(transformers)
+        if tokens:
+            model = tiny_model(family, torch, transformers)
+        else:  # pixels, a waveform or mel features: their own example shape, static
+            model, shape = tiny_input_model(family, torch, transformers)
+        if round_weights:  # weights as a checkpoint in `dtype` holds them
+            model = model.to(getattr(torch, dtype)).float()
+        ids = torch.randint(3, TINY_VOCAB, (batch, seq)) if tokens else torch.randn(*shape)
         with torch.no_grad():
             expected = model(ids).float().numpy()
         stage = "import"
         dynamic = None
-        if symbolic:  # the sequence length symbolic, checked at `seq` and at a shorter, odd length
+        if symbolic and tokens:  # the sequence length symbolic, checked at `seq` and at a shorter, odd length
             dynamic = {"input_ids": {1: torch.export.Dim("seq", min=2, max=max(64, seq))}}
         mod = relax_cutlass.from_torch(model, (ids,), dynamic_shapes=dynamic, dtype=dtype)
         stage = "offload"
@@ -66,7 +83,7 @@ def sweep_one(family: str, batch: int, seq: int, symbolic: bool = False, dtype: 
         row["err_vs_tvm"] = rel_error(got, tvm_own)
         row["tvm_err_vs_torch"] = rel_error(tvm_own, expected)
         row["finite"] = bool(np.isfinite(got).all())
-        if symbolic:
+        if symbolic and tokens:
             short = torch.randint(3, TINY_VOCAB, (batch, seq // 2 + 1))
             with torch.no_grad():
                 want = model(short).float().numpy()
@@ -107,16 +124,22 @@ def main() -> int:
     import transformers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--families", default=",".join(tiny_families(transformers)))
+    every = [*tiny_families(transformers), *tiny_input_families(transformers)]
+    ap.add_argument("--families", default=",".join(every))
     ap.add_argument("--seq", type=int, default=24)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--symbolic", action="store_true", help="export with a symbolic sequence length")
     ap.add_argument("--dtype", default="float16", choices=sorted(BOUND))
+    ap.add_argument(
+        "--float32-weights",
+        action="store_true",
+        help="keep the random float32 weights (a float32 checkpoint) instead of rounding them to --dtype",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
     for family in args.families.split(","):
-        row = sweep_one(family, args.batch, args.seq, args.symbolic, args.dtype)
+        row = sweep_one(family, args.batch, args.seq, args.symbolic, args.dtype, not args.float32_weights)
         rows.append(row)
         print(_line(row), flush=True)
     if args.json:

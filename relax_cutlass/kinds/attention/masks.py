@@ -27,6 +27,15 @@ BFLOAT16_SWAMPING_MASK = -(2.0**100)
 
 
 _MASK_VIEWS = ("relax.broadcast_to", "relax.reshape", "relax.expand_dims", "relax.permute_dims", "relax.squeeze")
+# ops whose result is 0 or 1 whatever their operands (`_MaskValues.bounds`)
+_COMPARISONS = frozenset(
+    f"relax.{name}"
+    for name in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "logical_not",
+                 "logical_and", "logical_or")
+)  # fmt: skip
+_ARITHMETIC = ("relax.add", "relax.subtract", "relax.multiply")
+_MAX_BOUNDS_DEPTH = 64  # ops between a bias and its tables (T5's relative-position buckets: about 30)
+_FLOAT16_MAX = 65504.0
 
 
 def _exact_in(values: np.ndarray, dtype: str) -> bool:
@@ -46,6 +55,7 @@ class _MaskValues:
 
     def __init__(self, var2val):
         self.var2val = var2val
+        self._bounds: dict = {}  # expr -> bounds(expr): a bias's graph may share subexpressions
 
     def value(self, expr):
         return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
@@ -90,6 +100,68 @@ class _MaskValues:
             return source == "float32" and self.exact(value.args[0], dtype)
         return False
 
+    def bounds(self, expr, depth: int = 0) -> tuple[float, float] | None:
+        """[lo, hi] holding every value of `expr`, where it is computed from weights and constants
+        alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract
+        and multiply of them); None where a value depends on an input's numbers, or on an op not
+        known here. A comparison's result is 0 or 1 whatever it compares."""
+        if depth > _MAX_BOUNDS_DEPTH:
+            return None
+        if expr not in self._bounds:
+            self._bounds[expr] = self._compute_bounds(expr, depth)
+        return self._bounds[expr]
+
+    def _compute_bounds(self, expr, depth: int) -> tuple[float, float] | None:
+        value = self.value(expr)
+        if isinstance(value, tvm.ir.GenericConst):
+            known = value.value.numpy()
+            if known.size == 0 or known.dtype.kind not in "fiub":
+                return None
+            known = known.astype("float64")
+            return None if np.isnan(known).any() else (float(known.min()), float(known.max()))
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return None  # a parameter: an input's values
+        op = value.op.name
+        if op in _COMPARISONS:
+            return 0.0, 1.0
+        if op in _MASK_VIEWS or op == "relax.take":  # take: rows of a table, whatever the indices
+            return self.bounds(value.args[0], depth + 1)
+        if op == "relax.astype":
+            known = self.bounds(value.args[0], depth + 1)
+            return None if known is None else ((0.0, 1.0) if str(value.ty.dtype) == "bool" else known)
+        if op == "relax.full":
+            return self.bounds(value.args[1], depth + 1)
+        if op == "relax.arange" and all(isinstance(a, relax.PrimValue) for a in value.args[:3]):
+            start, stop, step = (a.value for a in value.args[:3])
+            if all(isinstance(v, tvm.tirx.IntImm) for v in (start, stop, step)) and int(step.value) != 0:
+                return tuple(sorted((float(start.value), float(stop.value - step.value))))
+            return None
+        if op not in ("relax.where", *_ARITHMETIC):
+            return None
+        args = value.args[1:] if op == "relax.where" else value.args
+        parts = [self.bounds(arg, depth + 1) for arg in args]
+        if None in parts:
+            return None
+        (a_lo, a_hi), (b_lo, b_hi) = parts
+        if op == "relax.where":
+            return min(a_lo, b_lo), max(a_hi, b_hi)
+        if op == "relax.add":
+            return a_lo + b_lo, a_hi + b_hi
+        if op == "relax.subtract":
+            return a_lo - b_hi, a_hi - b_lo
+        products = [a * b for a in (a_lo, a_hi) for b in (b_lo, b_hi)]
+        return None if any(np.isnan(products)) else (min(products), max(products))
+
+    def rounds_like_weights(self, expr, dtype: str) -> bool:
+        """The values of `expr` are computed from weights and constants (`bounds`) and lie within
+        `dtype`'s finite range (float16's, for either 16-bit type: the kernels scale the bias in
+        float32 and must not overflow): casting them to `dtype` rounds them as `from_torch(...,
+        dtype=dtype)` rounds every weight of the model, with no value turning infinite. A relative
+        position bias (BEiT, Swin, T5 from float32 weights) is such a tensor; a padding mask, from
+        an input, or a mask value beyond float16's range (finfo(float32).min) is not."""
+        known = self.bounds(expr)
+        return known is not None and max(abs(known[0]), abs(known[1])) <= _FLOAT16_MAX
+
     def swamping_where(self, expr, dtype: str) -> tuple[relax.Call, int, float | relax.Expr] | None:
         """(where, index of its swamping branch, the other branch) for a float32 mask
         where(cond, kept, m) (either way round): m a finite scalar <= SWAMPING_MASK, kept a finite
@@ -106,7 +178,7 @@ class _MaskValues:
             if value is not None and value.size == 1:
                 if np.isfinite(value).all() and _exact_in(value, dtype):
                     return where, index, float(value.reshape(-1)[0])
-            elif self.exact(kept, dtype):
+            elif self.exact(kept, dtype) or self.rounds_like_weights(kept, dtype):
                 return where, index, kept
         return None
 
@@ -154,7 +226,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
         else:
             continue
         element = str(cast.args[0].ty.dtype)
-        if known.exact(mask, element):
+        if known.exact(mask, element) or known.rounds_like_weights(mask, element):
             adds[x] = (index, element, None)
             continue
         swamping = known.swamping_where(mask, element)

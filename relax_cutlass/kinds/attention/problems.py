@@ -42,7 +42,8 @@ def attention_problems(spec: AttentionPatternSpec, ann: dict, out: relax.Expr, v
             return [
                 f"the additive mask/bias is {dtype}, but the kernel reads it as {element} (a float32 mask "
                 f"is cast to {element} before partitioning only where its values are provably exact in "
-                f"{element} or a finite mask value that swamps the scores)"
+                f"{element}, are computed from weights and constants within float16's range (rounded as "
+                f"the weights are), or are a finite mask value that swamps the scores)"
             ]
     try:
         layout = attention_layout(spec, ann, out, var2val)

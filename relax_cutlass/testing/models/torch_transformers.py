@@ -268,3 +268,89 @@ def tiny_model(family: str, torch, transformers):
     if family in ("bert", "roberta", "electra", "albert") and hasattr(model, "pooler"):
         model.pooler = None
     return last_hidden_state(model)
+
+
+def tiny_input_families(transformers) -> dict:
+    """Vision and speech families, whose forward takes pixels, a waveform or mel features:
+    family -> (config class, model class, config kwargs, (input name, example shape)); hidden 128
+    and 4 heads where the family has them, 2 layers or stages of 1 block."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    t = transformers
+    encoder = {"hidden_size": 128, "num_hidden_layers": TINY_LAYERS, "num_attention_heads": 4, "intermediate_size": 256}
+    patches = {**encoder, "image_size": 32, "patch_size": 8}
+    stages = {"hidden_sizes": [16, 32, 64, 128], "depths": [1, 1, 1, 1]}
+    waveform = {**encoder, "conv_dim": (32, 32, 32), "conv_stride": (5, 2, 2), "conv_kernel": (10, 3, 3),
+                "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 4}  # fmt: skip
+    image32, image64 = ("pixel_values", (2, 3, 32, 32)), ("pixel_values", (2, 3, 64, 64))
+    return {
+        "vit": (t.ViTConfig, t.ViTModel, patches, image32),
+        "deit": (t.DeiTConfig, t.DeiTModel, patches, image32),
+        # a relative position bias on every layer's scores
+        "beit": (t.BeitConfig, t.BeitModel, {**patches, "use_relative_position_bias": True}, image32),
+        "dinov2": (t.Dinov2Config, t.Dinov2Model, patches, image32),
+        "clip_vision": (t.CLIPVisionConfig, t.CLIPVisionModel, patches, image32),
+        # windows of 4x4 patches, every second block shifted (a window mask beside the position bias)
+        "swin": (
+            t.SwinConfig,
+            t.SwinModel,
+            {
+                "image_size": 32,
+                "patch_size": 4,
+                "embed_dim": 32,
+                "depths": [2, 2],
+                "num_heads": [2, 4],
+                "window_size": 4,
+            },
+            image32,
+        ),  # fmt: skip
+        "convnext": (t.ConvNextConfig, t.ConvNextModel, stages, image64),
+        "resnet": (t.ResNetConfig, t.ResNetModel, {**stages, "embedding_size": 16}, image64),
+        "regnet": (t.RegNetConfig, t.RegNetModel, {**stages, "embedding_size": 16, "groups_width": 8}, image64),
+        # initializer_range: at its default (0.02) the random init's activations vanish (1e-24 at the
+        # output), below float16's range, and every build's output is 0
+        "mobilenet_v2": (
+            t.MobileNetV2Config,
+            t.MobileNetV2Model,
+            {"image_size": 64, "depth_multiplier": 0.35, "initializer_range": 0.3},
+            image64,
+        ),  # fmt: skip
+        "segformer": (
+            t.SegformerConfig,
+            t.SegformerModel,
+            {**stages, "num_attention_heads": [1, 2, 4, 8], "decoder_hidden_size": 64},
+            image64,
+        ),  # fmt: skip
+        "wav2vec2": (t.Wav2Vec2Config, t.Wav2Vec2Model, waveform, ("input_values", (2, 1600))),
+        "hubert": (t.HubertConfig, t.HubertModel, waveform, ("input_values", (2, 1600))),
+        "whisper_encoder": (
+            t.WhisperConfig,
+            WhisperEncoder,
+            {
+                "d_model": 128,
+                "encoder_layers": TINY_LAYERS,
+                "encoder_attention_heads": 4,
+                "encoder_ffn_dim": 256,
+                "num_mel_bins": 80,
+                "max_source_positions": 32,
+            },
+            ("input_features", (2, 80, 64)),
+        ),  # fmt: skip
+    }
+
+
+def tiny_input_model(family: str, torch, transformers):
+    """-> (a random-init `family` model of `tiny_input_families` in eval mode whose forward takes its
+    one float input and returns the last hidden state, that input's example shape)."""
+    config_class, model_class, kwargs, (name, shape) = tiny_input_families(transformers)[family]
+    model = model_class(config_class(**kwargs)).eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(**{name: x}).last_hidden_state
+
+    return LastHiddenState().eval(), shape
