@@ -308,11 +308,11 @@ def tiny_input_families(transformers) -> dict:
         "resnet": (t.ResNetConfig, t.ResNetModel, {**stages, "embedding_size": 16}, image64),
         "regnet": (t.RegNetConfig, t.RegNetModel, {**stages, "embedding_size": 16, "groups_width": 8}, image64),
         # initializer_range: at its default (0.02) the random init's activations vanish (1e-24 at the
-        # output), below float16's range, and every build's output is 0
+        # output, below float16's range: every build's output is 0); at 0.2 they stay in range
         "mobilenet_v2": (
             t.MobileNetV2Config,
             t.MobileNetV2Model,
-            {"image_size": 64, "depth_multiplier": 0.35, "initializer_range": 0.3},
+            {"image_size": 64, "depth_multiplier": 0.35, "initializer_range": 0.2},
             image64,
         ),  # fmt: skip
         "segformer": (
