@@ -32,6 +32,11 @@ def dtype_of(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
 
 
+def tensor_dtype(expr: relax.Expr) -> str | None:
+    """`dtype_of(expr)` where `expr` is a tensor, else None (a tuple, a shape)."""
+    return dtype_of(expr) if isinstance(expr.ty, relax.TensorType) else None
+
+
 def static_int(dim) -> int | None:
     """A dim as an int; None when it is symbolic."""
     return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from ..kinds.ir import tensor_dtype
 from .canonicalize import relax_functions
 
 PERIODIC_OPS = ("relax.sin", "relax.cos")
@@ -54,11 +55,6 @@ DTYPE_FREE_OPS = frozenset(
 SIXTEEN_BIT = ("float16", "bfloat16")
 
 
-def _dtype(expr: relax.Expr) -> str | None:
-    ty = expr.ty
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
 class _Widener:
     """Recomputes a floating-point expression in float32 from the float32 values it was cast down
     from, as precisely as its computation can be followed."""
@@ -79,7 +75,7 @@ class _Widener:
         value = self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
         if isinstance(value, relax.Tuple):
             return self.widen(value)
-        fallback = expr if _dtype(expr) == "float32" else relax.op.astype(expr, "float32")
+        fallback = expr if tensor_dtype(expr) == "float32" else relax.op.astype(expr, "float32")
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return fallback
         name = value.op.name
@@ -87,13 +83,13 @@ class _Widener:
             source = value.args[0]
             if not _is_float(source):
                 return relax.op.astype(source, "float32")
-            if _dtype(source) == "float32" and _dtype(expr) in SIXTEEN_BIT:
+            if tensor_dtype(source) == "float32" and tensor_dtype(expr) in SIXTEEN_BIT:
                 self.gained = True
             return self.widen(source)
         if name != "relax.matmul" and name not in DTYPE_FREE_OPS:
             return fallback
         args = [self.widen(arg) if _is_float(arg) else arg for arg in value.args]
-        if _dtype(expr) == "float32" and all(new.same_as(old) for new, old in zip(args, value.args, strict=True)):
+        if tensor_dtype(expr) == "float32" and all(new.same_as(old) for new, old in zip(args, value.args, strict=True)):
             return expr
         if name == "relax.matmul":
             return relax.op.matmul(args[0], args[1], out_dtype="float32")
@@ -104,7 +100,7 @@ def _is_float(expr: relax.Expr) -> bool:
     """A floating-point tensor, or a tuple of expressions (concat's argument)."""
     if isinstance(expr, relax.Tuple) or isinstance(expr.ty, relax.TupleType):
         return True
-    dtype = _dtype(expr)
+    dtype = tensor_dtype(expr)
     return dtype is not None and dtype.startswith(("float", "bfloat"))
 
 
@@ -119,7 +115,7 @@ def angles_in_float32(func: relax.Function) -> relax.Function:
         pattern = pattern | is_op(name)(angle)
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
-        dtype = _dtype(orig)
+        dtype = tensor_dtype(orig)
         if dtype not in SIXTEEN_BIT + ("float32",):
             return orig
         widener = _Widener(var2val)

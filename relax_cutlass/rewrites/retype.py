@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from ..kinds.ir import tensor_dtype
 from .canonicalize import ACCUMULATING_OPS, relax_functions
 
 try:  # numpy's "bfloat16" dtype (ships with TVM)
@@ -47,7 +48,7 @@ class _Retyper(PyExprMutator):
         return const
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
-        if isinstance(call.op, tvm.ir.Op) and call.op.name in FLOAT32_ONLY_OPS and _dtype(call) == SOURCE:
+        if isinstance(call.op, tvm.ir.Op) and call.op.name in FLOAT32_ONLY_OPS and tensor_dtype(call) == SOURCE:
             return self._in_float32(call)
         call = super().visit_call_(call)
         if not isinstance(call.op, tvm.ir.Op) or not _names_dtype(call, SOURCE):
@@ -70,10 +71,6 @@ class _Retyper(PyExprMutator):
                 new = emit(relax.op.astype(new, "float32"))
             args.append(new)
         return relax.op.astype(emit(relax.Call(call.op, args, call.attrs)), self.dtype)
-
-
-def _dtype(call: relax.Call) -> str | None:
-    return str(call.ty.dtype) if isinstance(call.ty, relax.TensorType) else None
 
 
 def _names_dtype(call: relax.Call, dtype: str) -> bool:

@@ -35,7 +35,12 @@ _COMPARISONS = frozenset(
 )  # fmt: skip
 _ARITHMETIC = ("relax.add", "relax.subtract", "relax.multiply")
 _MAX_BOUNDS_DEPTH = 64  # ops between a bias and its tables (T5's relative-position buckets: about 30)
-_FLOAT16_MAX = 65504.0
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+class _TooDeep(Exception):
+    """`_MaskValues.bounds` went deeper than _MAX_BOUNDS_DEPTH: no bound, and none of the
+    expressions on the way is memoized (reached by a shorter path, one may have a bound)."""
 
 
 def _exact_in(values: np.ndarray, dtype: str) -> bool:
@@ -100,14 +105,20 @@ class _MaskValues:
             return source == "float32" and self.exact(value.args[0], dtype)
         return False
 
-    def bounds(self, expr, depth: int = 0) -> tuple[float, float] | None:
+    def bounds(self, expr) -> tuple[float, float] | None:
         """[lo, hi] holding every value of `expr`, where it is computed from weights and constants
         alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract
         and multiply of them); None where a value depends on an input's numbers, or on an op not
         known here. A comparison's result is 0 or 1 whatever it compares."""
-        if depth > _MAX_BOUNDS_DEPTH:
+        try:
+            return self._bounded(expr, 0)
+        except _TooDeep:
             return None
+
+    def _bounded(self, expr, depth: int) -> tuple[float, float] | None:
         if expr not in self._bounds:
+            if depth > _MAX_BOUNDS_DEPTH:
+                raise _TooDeep
             self._bounds[expr] = self._compute_bounds(expr, depth)
         return self._bounds[expr]
 
@@ -125,12 +136,12 @@ class _MaskValues:
         if op in _COMPARISONS:
             return 0.0, 1.0
         if op in _MASK_VIEWS or op == "relax.take":  # take: rows of a table, whatever the indices
-            return self.bounds(value.args[0], depth + 1)
+            return self._bounded(value.args[0], depth + 1)
         if op == "relax.astype":
-            known = self.bounds(value.args[0], depth + 1)
+            known = self._bounded(value.args[0], depth + 1)
             return None if known is None else ((0.0, 1.0) if str(value.ty.dtype) == "bool" else known)
         if op == "relax.full":
-            return self.bounds(value.args[1], depth + 1)
+            return self._bounded(value.args[1], depth + 1)
         if op == "relax.arange" and all(isinstance(a, relax.PrimValue) for a in value.args[:3]):
             start, stop, step = (a.value for a in value.args[:3])
             if all(isinstance(v, tvm.tirx.IntImm) for v in (start, stop, step)) and int(step.value) != 0:
@@ -139,7 +150,7 @@ class _MaskValues:
         if op not in ("relax.where", *_ARITHMETIC):
             return None
         args = value.args[1:] if op == "relax.where" else value.args
-        parts = [self.bounds(arg, depth + 1) for arg in args]
+        parts = [self._bounded(arg, depth + 1) for arg in args]
         if None in parts:
             return None
         (a_lo, a_hi), (b_lo, b_hi) = parts
@@ -162,6 +173,11 @@ class _MaskValues:
         known = self.bounds(expr)
         return known is not None and max(abs(known[0]), abs(known[1])) <= _FLOAT16_MAX
 
+    def castable(self, expr, dtype: str) -> bool:
+        """A float32 mask or bias the kernel may read in `dtype`: exact there, or a tensor of
+        weights rounded as the model's other weights are (`rounds_like_weights`)."""
+        return self.exact(expr, dtype) or self.rounds_like_weights(expr, dtype)
+
     def swamping_where(self, expr, dtype: str) -> tuple[relax.Call, int, float | relax.Expr] | None:
         """(where, index of its swamping branch, the other branch) for a float32 mask
         where(cond, kept, m) (either way round): m a finite scalar <= SWAMPING_MASK, kept a finite
@@ -178,7 +194,7 @@ class _MaskValues:
             if value is not None and value.size == 1:
                 if np.isfinite(value).all() and _exact_in(value, dtype):
                     return where, index, float(value.reshape(-1)[0])
-            elif self.exact(kept, dtype) or self.rounds_like_weights(kept, dtype):
+            elif self.castable(kept, dtype):
                 return where, index, kept
         return None
 
@@ -226,7 +242,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
         else:
             continue
         element = str(cast.args[0].ty.dtype)
-        if known.exact(mask, element) or known.rounds_like_weights(mask, element):
+        if known.castable(mask, element):
             adds[x] = (index, element, None)
             continue
         swamping = known.swamping_where(mask, element)
