@@ -335,12 +335,21 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
     assert _attention_launches(vm, "main", example) == (batch if family == "auto" else n // group)
 
 
-@pytest.mark.parametrize("family", ["auto", "sm80"])
-@pytest.mark.parametrize("form, batch", [("causal", 2), ("padding", 2)])
+@pytest.mark.parametrize(
+    "family, form, batch",
+    [
+        ("auto", "causal", 2),
+        ("sm80", "causal", 2),
+        ("auto", "padding", 2),
+        ("sm80", "padding", 2),
+        ("sm90", "padding", 2),
+    ],
+)
 def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family, form, batch):
     """Falcon's multi-query attention (one kv head broadcast over 8 query heads by sdpa, causal or
     with a padding mask): one region, one launch per batch (SM90) or per call (SM80),
-    against torch in float64."""
+    against torch in float64. "sm90": the padding mask as the SM90 kernel's bias
+    (select.SM90_BIAS_FIRST), read per (kv head, group) launch."""
 
     from relax_cutlass.testing.models.torch_attention import MultiQueryAttention
 
@@ -350,8 +359,10 @@ def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family
     keep[-1, s // 3 :] = False
     module = MultiQueryAttention(form)
     mod = relax_cutlass.from_torch(module, (q, k, v, keep))
-    vm, (row,) = _build(mod, **({} if family == "auto" else {"family": family}))
+    with _bias_family(family):
+        vm, (row,) = _build(mod, **({"family": family} if family == "sm80" else {}))
     assert row["attention"]["kv_heads"] == 1 and row["attention"]["heads"] == n, row
+    assert family != "sm90" or row["kernel"].endswith("_bias") and row["family"] == "sm90", row
     rng = np.random.default_rng(6)
     inputs = [rng.uniform(-1, 1, size=x.shape).astype("float16").astype("float32") for x in (q, k, v)]
     inputs.append(keep.numpy())
@@ -425,7 +436,7 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
 
 def _bias_family(family: str):
     """The attention kind's kernel for masks/biases: "sm90" (not yet the heuristic's:
-    select.SM90_BIAS_FIRST) or "sm80" (the heuristic's)."""
+    select.SM90_BIAS_FIRST) or any other (the heuristic's: SM80)."""
     if family == "sm90":
         return sm90_candidate_first("cooperative", bias_head_dims=[64, 128])
     return contextlib.nullcontext()
@@ -448,7 +459,7 @@ def _left_padded(n: int, padded: int):
     return ids, mask
 
 
-def _gpt2_on_gpu_and_in_torch(vm, module, ids, mask, reference_dtype):
+def _batch_on_gpu_and_in_torch(vm, module, ids, mask, reference_dtype):
     """(the built module's output, torch's in `reference_dtype`), float64 numpy, every row."""
     import copy
 
@@ -477,7 +488,7 @@ def test_gpt2_left_padded_batch_with_a_symbolic_length_is_right(family):
     assert len(attention) == 1 and attention[0]["attention"]["masked_rows"] == "mean", attention
     assert attention[0]["kernel"].startswith(f"{family}_"), attention
     for n in (29, 300):
-        got, want = _gpt2_on_gpu_and_in_torch(vm, module, *_left_padded(n, n // 3), torch.float64)
+        got, want = _batch_on_gpu_and_in_torch(vm, module, *_left_padded(n, n // 3), torch.float64)
         assert got.shape == want.shape and rel_error(got, want) < 1e-2, n
 
 
@@ -494,8 +505,31 @@ def test_a_bfloat16_left_padded_batch_is_right(family):
         vm, rows = _build(mod)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["kernel"].startswith(f"{family}_"), attention
-    got, want = _gpt2_on_gpu_and_in_torch(vm, module, ids, mask, torch.float32)
+    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, torch.float32)
     assert np.isfinite(got).all() and rel_error(got, want) < 4e-2
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
+    """A batched Llama prefill with left padding (4 query heads over 2 kv heads; causal and
+    padding in one (B, 1, S, S) mask): one region, its mask the kernel's bias, every kv head
+    read for its group, the padded sequence's first rows (no key to see) as torch gives them.
+    Every row against torch float64."""
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    module = last_hidden_state(small_transformer("llama", attn_implementation, layers=1))
+    ids, mask = _left_padded(96, 32)
+    mod = relax_cutlass.from_torch(module, (ids, mask))
+    with _bias_family(family):
+        vm, rows = _build(mod)
+    (attention,) = [r for r in rows if r["op"] == "attention"]
+    assert attention["kernel"].startswith(f"{family}_") and attention["kernel"].endswith("_bias"), attention
+    assert attention["attention"]["kv_heads"] == 2, attention
+    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, torch.float64)
+    assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 
 @pytest.mark.parametrize(

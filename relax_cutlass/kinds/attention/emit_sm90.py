@@ -458,7 +458,11 @@ PLAIN_MAINLOOP_ARGS = """{static_cast<const Element*>(a->q), dq, static_cast<con
 # (exp2 of -2^100 below its maximum is 0). A power of two: the softmax computes
 # exp2(fma(scale, s, -scale * max)), and scale * -2^100 is exact, so a row of masked scores gets
 # exactly exp2(0); with -1e30 the product's rounding (up to 2^73) made it exp2(-2^73) = 0, a row of
-# zeros instead of the mean (found on the H200 by a left-padded GPT-2 batch).
+# zeros instead of the mean (found on the H200 by a left-padded GPT-2 batch). A finite bias at or
+# below -2^100 (a bfloat16 mask's minimum) gives the score -2^100 exactly for the same reason: its
+# bias / scale at head dim 32 (1 / scale = 4 sqrt(2)) rounded, and the softmax's max subtraction
+# then took exp2 of that rounding error (itself huge): a left-padded bfloat16 GPT-2 batch came out non-finite
+# (found on the H200).
 BIAS_MAINLOOP = Template(
     """\
 struct RelaxBias {
@@ -512,6 +516,11 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
   using BaseParams = std::remove_cv_t<std::remove_reference_t<Params>>;
   // A consumer warp group's score tile is 64 query rows x kKeys keys over its 128 threads.
   static constexpr int kScores = 64 * kKeys / 128;
+  // A finite bias at or below this swamps every score (a bfloat16 mask holds it for the float32
+  // minimum, masks.BFLOAT16_SWAMPING_MASK): such scores are this value exactly, whatever the bias's
+  // scaling rounded (bias / scale is not a power of two at most head dims), so a row of them stays
+  // equal and comes out the mean of its values, as in the graph.
+  static constexpr float kSwamping = -0x1p100f;
 
   // The bias of this thread's scores in the next key tile, loaded while this one is computed: two
   // 16-bit values a register (each in its own would spill).
@@ -564,7 +573,7 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
     RelaxBias const& b = bias();
     const int keys = cute::get<3>(problem_shape);
     const int diagonal = RelaxMask<kCausal>::offset(problem_shape);
-    const float masked = b.masked_rows == 2 ? -0x1p100f : -INFINITY;
+    const float masked = b.masked_rows == 2 ? kSwamping : -INFINITY;
     const float inv_scale = b.inv_scale;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < kScores; i++) {
@@ -574,6 +583,7 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
       const bool hidden = (kCausal != 0 && k > q + diagonal) || value == -INFINITY;
       // selects, not branches: every score takes the same instructions
       float score = fmaf(value, inv_scale, acc_qk(i));
+      score = value <= kSwamping ? kSwamping : score;
       score = hidden ? masked : score;
       acc_qk(i) = k >= keys ? -INFINITY : score;
     }

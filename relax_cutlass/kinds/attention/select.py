@@ -91,10 +91,12 @@ SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 # mask, seq 512-8192, head dims 64 and 128, causal and not, 2026-11-28,
 # bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) the SM90 bias kernel ran 2.0-3.3x
 # the SM80 kernel in every case (0.69-0.97x torch's sdpa without a causal mask, 1.08-2.18x with one;
-# the SM80 kernel 0.32-0.83x). It waits for one GPU check: a left-padded GPT-2's fully masked rows
-# (every key at the mask's minimum) came out zeros instead of the mean of V on an earlier form, and
-# the fix (masked keys at -2^100, below any finite fp16 score + bias) has not yet run on a GPU
-# (tests/test_gpu_attention_sm90.py's test_gpt2_left_padded_batch_with_a_symbolic_length_is_right).
+# the SM80 kernel 0.32-0.83x). Fully masked rows have run right on the H200 (2026-11-28: left-padded
+# GPT-2 batches in float16 and bfloat16, the bfloat16 one after the fix of its -2^100 mask's scaling;
+# padding masks, per-query masks and per-head biases off 16-byte rows). It waits for the zoo's
+# padded models (bert_base_padded, t5_encoder_padded) built, checked and run under compute-sanitizer
+# with it, and the grouped- and multi-query forms with a bias (tests/test_gpu_attention_sm90.py's
+# test_a_left_padded_llama_batch_is_right, the multi-query test's "sm90" case), not yet run on a GPU.
 # The GPU tests and bench/attention_sdpa.py run it through sm90_candidate_first(bias_head_dims=...).
 SM90_BIAS_FIRST: set[int] = set()
 
@@ -129,8 +131,8 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
     if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
         return (
-            "additive mask/bias: the SM90 attention kernel with a bias is not yet checked on fully masked rows: "
-            "SM80 kernel"
+            "additive mask/bias: the SM90 attention kernel with a bias is not yet the default "
+            "(select.SM90_BIAS_FIRST): SM80 kernel"
         )
     if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
