@@ -1,7 +1,7 @@
 """Why an attention stayed in TVM, for the offload report's rows of its batched matmuls.
 
-An attention that no pattern matches (Gemma-2's logit soft-capping, BLOOM's ALiBi added beside the
-causal mask) leaves two batched matmuls in TVM, and the GEMM kind's reason for them ("batched ND x
+An attention that no pattern matches (Gemma-2's logit soft-capping, BLOOM's ALiBi added beside a
+padding mask) leaves two batched matmuls in TVM, and the GEMM kind's reason for them ("batched ND x
 ND matmul stays in TVM") says nothing of the attention. This module finds, in a function, each
 softmax whose input is computed from a matmul (q @ k^T, through elementwise ops and views) and
 whose output feeds a matmul's left operand (@ v), and names the ops between the scores and the

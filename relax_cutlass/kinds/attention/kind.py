@@ -26,6 +26,7 @@ from .profile import PROFILE_ATTENTION, attention_job
 from .records import CAUSAL_CODE, AttentionKernel, AttentionProblem, AttentionRegion, report_line
 from .select import attention_label, choose_attention_kernel
 from .templates import ARGS_TYPE, ATTENTION_ARGS
+from .terms import hoist_position_terms
 
 
 def _independent_inputs(_spec, ann: dict) -> list[tuple]:
@@ -99,6 +100,12 @@ KIND = RegionKind(
     ),
     # Masks computed from no input that are causal made canonical, last: each attention's mask is
     # its own binding, which a later rewrite_call would merge into one (CSE).
-    finish=(sequence_first_attention_outputs, scalar_where_fills, cast_attention_masks, constant_causal_masks),
+    finish=(
+        sequence_first_attention_outputs,
+        scalar_where_fills,
+        hoist_position_terms,
+        cast_attention_masks,
+        constant_causal_masks,
+    ),
     report_refused=True,
 )

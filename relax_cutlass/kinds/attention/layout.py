@@ -241,7 +241,7 @@ def _multi_query(tracer: Tracer, roles: dict[str, str], heads: str | None, where
 
 
 def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: bool = False) -> AttentionLayout:
-    tracer = Tracer(var2val, {}, ann.get("bias", ann.get("causal_mask")))
+    tracer = Tracer(var2val, {}, tuple(ann[name] for name in ("bias", "causal_mask") if name in ann))
     first, second = ann["root"], ann["second"]
     # q and k^T may be scaled, in float32 between casts where the scale is no power of two
     # q, k and v may each be a strided_slice of one packed projection (`packed_projection_slices`)
@@ -299,10 +299,12 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
             if axis not in (-1, len(layout) - 1) or layout[-1] != rows("T"):
                 raise NotAttention(f"softmax over axis {axis} is not over the keys")
         if "bias_add" in ann and call.same_as(ann["bias_add"]):
-            if "causal_triu" in ann:
-                causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
-            else:
+            if "bias" in ann:
                 bias, bias_rank = _bias_reads(tracer, ann["bias"], layout, call)
+            else:
+                causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
+        if "causal_add" in ann and call.same_as(ann["causal_add"]):  # a causal mask beside the bias
+            causal = _causal(tracer, ann, layout, (rows("S"), rows("T")), call)
         layout = tracer.apply(layout, call)
     if layout != score_layout:
         raise NotAttention("the probabilities reach the second matmul in another layout than the scores")

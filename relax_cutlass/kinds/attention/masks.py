@@ -9,6 +9,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from ..evaluate import input_free_vars
 from ..ir import same_shape, use_counts
 from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
 from .trace import is_op_call, known_dims, static_dim
@@ -109,7 +110,8 @@ class _MaskValues:
         """[lo, hi] holding every value of `expr`, where it is computed from weights and constants
         alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract
         and multiply of them); None where a value depends on an input's numbers, or on an op not
-        known here. A comparison's result is 0 or 1 whatever it compares."""
+        known here. A comparison's result is 0 or 1 whatever it compares; a positive base's power
+        (ALiBi's slopes) is monotonic in base and exponent."""
         try:
             return self._bounded(expr, 0)
         except _TooDeep:
@@ -135,18 +137,25 @@ class _MaskValues:
         op = value.op.name
         if op in _COMPARISONS:
             return 0.0, 1.0
-        if op in _MASK_VIEWS or op == "relax.take":  # take: rows of a table, whatever the indices
+        if op in _MASK_VIEWS or op in ("relax.take", "relax.tile"):  # take: rows of a table, any indices
             return self._bounded(value.args[0], depth + 1)
         if op == "relax.astype":
             known = self._bounded(value.args[0], depth + 1)
             return None if known is None else ((0.0, 1.0) if str(value.ty.dtype) == "bool" else known)
         if op == "relax.full":
             return self._bounded(value.args[1], depth + 1)
-        if op == "relax.arange" and all(isinstance(a, relax.PrimValue) for a in value.args[:3]):
-            start, stop, step = (a.value for a in value.args[:3])
+        if op == "relax.arange":  # start, end, step: integer literals, or none known
+            start, stop, step = value.args[:3]
             if all(isinstance(v, tvm.tirx.IntImm) for v in (start, stop, step)) and int(step.value) != 0:
                 return tuple(sorted((float(start.value), float(stop.value - step.value))))
             return None
+        if op == "relax.power":  # ALiBi's slopes, base ** (-8 h / N), base > 0: monotonic in each operand
+            parts = [self._bounded(arg, depth + 1) for arg in value.args]
+            if None in parts or parts[0][0] <= 0:
+                return None
+            with np.errstate(all="ignore"):
+                corners = [b**e for b in parts[0] for e in parts[1]]
+            return None if not np.isfinite(corners).all() else (min(corners), max(corners))
         if op not in ("relax.where", *_ARITHMETIC):
             return None
         args = value.args[1:] if op == "relax.where" else value.args
@@ -222,6 +231,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
     uses = use_counts(func)
     known = _MaskValues(var2val)
     adds, tails, own_tails = {}, {}, {}
+    free = None  # input_free_vars(func), once needed
     for var, value in var2val.items():
         if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
             continue
@@ -240,6 +250,10 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
             ):
                 break
         else:
+            free = input_free_vars(func) if free is None else free
+            term = _term_beside_causal_mask(add, var2val, known, free)
+            if term is not None:
+                adds[term[0]] = (term[1], term[2], None)
             continue
         element = str(cast.args[0].ty.dtype)
         if known.castable(mask, element):
@@ -265,6 +279,36 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
         else:
             tails[var] = keys
     return adds, tails, _nan_tails(var2val, tails), own_tails
+
+
+def _cast_scores(expr, var2val) -> str | None:
+    """The element type of scores cast to float32 (astype of a 16-bit matmul result, possibly
+    reshaped after), or None."""
+    cast = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+    if is_op_call(cast, "relax.reshape"):
+        return _cast_scores(cast.args[0], var2val)
+    if not is_op_call(cast, "relax.astype") or str(cast.args[0].ty.dtype) not in ATTENTION_DTYPES:
+        return None
+    return str(cast.args[0].ty.dtype) if is_matmul_result(cast.args[0], var2val) else None
+
+
+def _term_beside_causal_mask(add: relax.Call, var2val, known: _MaskValues, free: set) -> tuple | None:
+    """(the inner add's var, its term's index, the element type) for softmax((astype(scores, f32) +
+    term) + mask), a float32 `term` castable to the scores' type (`castable`: BLOOM's ALiBi from
+    constants) and a `mask` computed from no input (a causal mask, made canonical by
+    `constant_causal_masks` after this); None for any other add."""
+    for index in (1, 0):
+        inner_var, mask = add.args[1 - index], add.args[index]
+        inner = var2val.get(inner_var) if isinstance(inner_var, relax.Var) else None
+        no_input = isinstance(mask, tvm.ir.GenericConst) or mask in free
+        if not is_op_call(inner, "relax.add") or str(inner.ty.dtype) != "float32" or not no_input:
+            continue
+        for term_index in (1, 0):
+            element = _cast_scores(inner.args[1 - term_index], var2val)
+            term = inner.args[term_index]
+            if element is not None and str(term.ty.dtype) == "float32" and known.castable(term, element):
+                return inner_var, term_index, element
+    return None
 
 
 def _own_tail(var2val, uses: dict, logits: relax.Var, probs: relax.Var) -> relax.Var | None:

@@ -188,8 +188,8 @@ def _causal_mask(ann: dict) -> DFPattern:
 @cache
 def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     """The DFPattern of `spec`, annotated query, key, value, root (the first matmul or the op),
-    and for the decomposed form [bias] (the additive mask) or [causal_*] (a causal mask matched in
-    the region), softmax, second (the second matmul)."""
+    and for the decomposed form [bias] (the additive mask) and/or [causal_*] (a causal mask matched
+    in the region; with a bias, added after it: causal_add), softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
     q_seen, k_seen, v_seen = (_packed(x) if r in spec.packed else x for x, r in zip((q, k, v), "qkv", strict=True))
@@ -205,10 +205,16 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     ann["root"] = scores = is_op("relax.matmul")(_views(q_seen, _OPERAND_VIEWS), _views(k_seen, _OPERAND_VIEWS))
     scaled = _scaled(_views(scores, _SCORE_VIEWS[:2]))
     scaled = is_op("relax.astype")(scaled) | scaled
+    # the scores computed as (B*N, S, T) and viewed as (B, N, S, T) for the mask (BLOOM's baddbmm,
+    # its reshape moved in front of its ALiBi bias by `hoist_position_terms`)
+    scaled = is_op("relax.reshape")(scaled, wildcard()) | scaled
     ann["bias"] = bias = wildcard()
-    bias_in = _causal_mask(ann) | is_op("relax.astype")(bias) | bias
+    causal = _causal_mask(ann)
+    bias_in = causal | is_op("relax.astype")(bias) | bias
     ann["bias_add"] = add = is_op("relax.add")(scaled, bias_in) | is_op("relax.add")(bias_in, scaled)
-    logits = add | scaled
+    # a bias and then a causal mask (BLOOM's ALiBi, `hoist_position_terms`): the kernel takes both
+    ann["causal_add"] = causal_add = is_op("relax.add")(add, causal) | is_op("relax.add")(causal, add)
+    logits = causal_add | add | scaled
     logits = is_op("relax.astype")(logits) | logits
     ann["softmax"] = softmax = is_op("relax.nn.softmax")(logits)
     probs = safe_softmax_tail(logits, softmax, ann) | _nan_softmax_tail(softmax, ann) | softmax

@@ -56,10 +56,12 @@ def is_op_call(expr: relax.Expr, op: str) -> bool:
 class Tracer:
     """Follows views from one tensor to another, keeping each dimension's logical axes."""
 
-    def __init__(self, var2val, sizes: dict[str, tvm.tirx.PrimExpr], bias: relax.Expr | None = None):
+    def __init__(self, var2val, sizes: dict[str, tvm.tirx.PrimExpr], sides: tuple[relax.Expr, ...] = ()):
         self.var2val = var2val
         self.sizes = sizes
-        self.bias = bias  # the additive bias (a region input), if any: the add continues past it
+        # what is added to the scores (a bias, a region input; a causal mask): an add continues
+        # past it, through its other argument
+        self.sides = sides
         self.children: dict[str, tuple[str, str]] = {}  # axis -> its two sub-axes, once split
         # Axes a broadcast_to made by repeating data (grouped-query keys/values): axis -> the
         # times each element repeats. Only while `repeats_allowed` (the k/v of a "softmax_gqa" match).
@@ -104,11 +106,9 @@ class Tracer:
         return self.var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
     def is_side(self, expr: relax.Expr) -> bool:
-        """`expr` is the additive bias, or the cast of it."""
-        if self.bias is None:
-            return False
+        """`expr` is one of the terms added to the scores (`sides`), or the cast of one."""
         value = self.value(expr)
-        if expr.same_as(self.bias) or value.same_as(self.bias):
+        if any(expr.same_as(side) or value.same_as(side) for side in self.sides):
             return True
         return is_op_call(value, "relax.astype") and self.is_side(value.args[0])
 

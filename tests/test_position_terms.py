@@ -1,0 +1,140 @@
+"""A position bias beside a causal mask (BLOOM's ALiBi): the reshape between the two adds moved in
+front of the first (kinds/attention/terms.py), the bias cast as the weights are, and the attention
+run as one region with the bias and the kernel's causal mask; and a rewrite that raises never fails
+the pipeline."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import relax_cutlass
+from relax_cutlass.kinds.attention.terms import reshape_groups, reshaped_broadcast
+from relax_cutlass.stages.partition import RewriteSkippedWarning, guarded_rewrite
+from relax_cutlass.testing.attention import offloaded_attention_rows
+from relax_cutlass.testing.errors import rel_error
+from relax_cutlass.testing.harness import build_cpu, offload_for_cpu, run_vm, serve_regions_on_cpu
+
+
+@pytest.mark.parametrize(
+    "src, dst, groups",
+    [
+        ([8, 64, 64], [2, 4, 64, 64], [([0], [0, 1]), ([1], [2]), ([2], [3])]),  # BLOOM's (B*N, S, T)
+        ([2, 4, 64, 64], [8, 64, 64], [([0, 1], [0]), ([2], [1]), ([3], [2])]),
+        ([6, 1, 5], [6, 5], [([0], [0]), ([1, 2], [1])]),
+        ([6, 5], [6, 5, 1], [([0], [0]), ([1], [1, 2])]),
+        ([6, 10], [4, 15], [([0, 1], [0, 1])]),
+    ],
+)
+def test_a_reshape_is_grouped_into_axes_kept_split_or_merged(src, dst, groups):
+    assert [(list(a), list(b)) for a, b in reshape_groups(src, dst)] == groups
+
+
+def test_a_reshape_of_other_sizes_has_no_groups():
+    assert reshape_groups([8, 64], [8, 63]) is None
+
+
+@st.composite
+def _reshapes(draw):
+    """A shape, a reshape of it that splits or merges axes, and a term broadcast to it."""
+    src = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    dst = []
+    for size in src:  # each axis kept, split in two, or merged into the one before
+        factors = [f for f in range(2, size) if size % f == 0]
+        choice = draw(st.sampled_from(["keep", "merge", "split"] if factors else ["keep", "merge"]))
+        if choice == "split":
+            f = draw(st.sampled_from(factors))
+            dst += [f, size // f]
+        elif choice == "merge" and dst:
+            dst[-1] *= size
+        else:
+            dst.append(size)
+    term = [draw(st.sampled_from([1, size])) for size in src]
+    return src, dst, term[draw(st.integers(0, len(term))) :]
+
+
+@given(_reshapes())
+def test_a_term_reshaped_alike_keeps_its_values(case):
+    """Where `reshaped_broadcast` gives a shape, the term reshaped to it and broadcast is the term
+    broadcast and then reshaped, value for value; where it gives none, some group of axes is
+    partly broadcast."""
+    src, dst, term = case
+    values = np.arange(int(np.prod(term))).reshape(term)
+    shape = reshaped_broadcast(term, src, dst)
+    if shape is not None:
+        want = np.broadcast_to(values, src).reshape(dst)
+        np.testing.assert_array_equal(np.broadcast_to(values.reshape(shape), dst), want)
+    else:
+        padded = [1] * (len(src) - len(term)) + term
+        whole = [any(padded[k] == src[k] != 1 for k in a) for a, _ in reshape_groups(src, dst)]
+        broadcast = [any(padded[k] == 1 != src[k] for k in a) for a, _ in reshape_groups(src, dst)]
+        assert any(w and b for w, b in zip(whole, broadcast, strict=True)), (src, dst, term)
+
+
+def _bloom(attention_mask: bool, dtype: str = "float16"):
+    """A tiny random-init BLOOM (4 heads of 32; ALiBi computed from constants, or from the
+    attention_mask input), imported in `dtype`, and its inputs."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model("bloom", torch, transformers)
+    ids = torch.randint(3, TINY_VOCAB, (2, 24))
+    inputs = (ids,)
+    if attention_mask:
+        mask = torch.ones(2, 24, dtype=torch.int64)
+        mask[1, :7] = 0
+        inputs = (ids, mask)
+    return relax_cutlass.from_torch(model, inputs, dtype=dtype), [x.numpy() for x in inputs]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_alibi_beside_a_causal_mask_runs_in_the_kernel(dtype):
+    """BLOOM adds ALiBi in the (B*N, S, T) frame of its baddbmm, reshapes, then adds the causal
+    mask: one region per attention, the bias read as (B, N, 1, T) (never written out per query),
+    the causal mask the kernel's own; as TVM's build of the same graph."""
+    mod, inputs = _bloom(attention_mask=False, dtype=dtype)
+    rows = offloaded_attention_rows(mod)
+    assert sum(r["calls"] for r in rows) == 2, rows
+    for row in rows:
+        assert row["attention"]["bias"] == "BN1T" and row["attention"]["causal"] == "TopLeft", row
+        assert row["dtypes"]["bias"] == dtype and row["kernel"].endswith("_bias"), row
+    partitioned, rewritten = offload_for_cpu(mod)
+    serve_regions_on_cpu(partitioned)
+    got, want = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
+    assert np.isfinite(got).all() and rel_error(got, want) < {"float16": 2e-3, "bfloat16": 1e-2}[dtype]
+
+
+def test_alibi_beside_a_padding_mask_stays_in_tvm_and_says_why():
+    """With an attention_mask input BLOOM's ALiBi counts the positions of the kept tokens, computed
+    at run time in float32 with no bound the build can prove: both adds stay in TVM, the report
+    naming them, and the module computes what TVM's build does."""
+    mod, inputs = _bloom(attention_mask=True)
+    assert offloaded_attention_rows(mod) == []
+    partitioned, rewritten = offload_for_cpu(mod)
+    notes = [r["reasons"][0] for r in relax_cutlass.offload_report(rewritten).left_in_tvm]
+    assert len(notes) == 4 and all("2 additions there (a position bias such as ALiBi" in n for n in notes), notes
+    serve_regions_on_cpu(partitioned)
+    got, want = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
+    assert rel_error(got, want) < 2e-3
+
+
+def test_a_rewrite_that_raises_leaves_the_function_and_warns():
+    """A kind's rewrite that meets a graph it did not foresee: the function goes on unchanged, and
+    a RewriteSkippedWarning names the rewrite, the function and the error."""
+    mod, _ = _bloom(attention_mask=False)
+
+    def broken(func):
+        raise AttributeError("module 'tvm.relax' has no attribute 'PrimValue'")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert guarded_rewrite(broken, mod["main"], "main").same_as(mod["main"])
+    (warning,) = caught
+    assert warning.category is RewriteSkippedWarning
+    assert "the broken rewrite failed on function main (AttributeError: module 'tvm.relax'" in str(warning.message)
