@@ -26,6 +26,7 @@ GPU host). The phases can run in separate calls on the same machine (`--phase bu
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import statistics
@@ -36,7 +37,7 @@ import traceback
 from pathlib import Path
 
 from relax_cutlass.testing.errors import rel_error
-from relax_cutlass.testing.gpu_common import time_torch
+from relax_cutlass.testing.gpu_common import calls_per_sample, time_torch
 from relax_cutlass.testing.zoo import BUILDS, ZOO, ZooModel, error_bound, float64_reference, profile_for, table
 
 
@@ -159,8 +160,12 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
     record["error"] = {"torch_fp16_vs_fp64": rel_error(ref16, ref64)}
 
     timers = {}
+    # each library loaded in a child process first (one that kills its loader is a recorded
+    # failure, not the row's end), all at once
+    with concurrent.futures.ThreadPoolExecutor() as pool:
+        problems = dict(zip(record["libraries"], pool.map(_load_problem, record["libraries"].values()), strict=True))
     for key, path in record["libraries"].items():
-        problem = _load_problem(path)
+        problem = problems[key]
         if problem:  # one library that kills its loader is a recorded failure, not the row's end
             record.setdefault("load_errors", {})[key] = problem
             print(f"{entry.name}: {key}: {problem}", flush=True)
@@ -170,13 +175,18 @@ def time_one(entry: ZooModel, record: dict, torch_compile: bool) -> dict:
         out = vm["main"](*args)
         out = out if hasattr(out, "numpy") else out[0]
         record["error"][f"{key}_vs_torch_fp64"] = rel_error(out.numpy(), ref64)
-        evaluator = vm.time_evaluator("main", dev, number=10, repeat=10, min_repeat_ms=0)
+        probe = vm.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=0)
+        number = calls_per_sample(min(probe(*args).results) * 1e3)
+        evaluator = vm.time_evaluator("main", dev, number=number, repeat=10, min_repeat_ms=0)
         timers[key] = lambda e=evaluator, a=args: float(statistics.median(e(*a).results)) * 1e3
 
     def torch_timer(fn):
+        with torch.no_grad():
+            number = calls_per_sample(time_torch(fn, repeat=3, number=1))
+
         def run():
             with torch.no_grad():
-                return time_torch(fn, repeat=10, number=10)
+                return time_torch(fn, repeat=10, number=number)
 
         return run
 

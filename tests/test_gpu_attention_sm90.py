@@ -532,6 +532,33 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_bloom_alibi_beside_the_causal_mask_is_right(family):
+    """BLOOM's ALiBi (a (B, N, 1, T) bias, cast from float32) beside the kernel's own causal mask,
+    both in one region: every row against torch float64."""
+    import transformers
+
+    from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
+
+    torch.manual_seed(0)
+    module = tiny_model("bloom", torch, transformers)
+    ids = torch.randint(3, TINY_VOCAB, (2, 96))
+    mod = relax_cutlass.from_torch(module, (ids,))
+    with _bias_family(family):
+        vm, rows = _build(mod)
+    attention = [r for r in rows if r["op"] == "attention"]
+    assert sum(r["calls"] for r in attention) == 2, attention
+    for row in attention:
+        assert row["kernel"].startswith(f"{family}_") and row["kernel"].endswith("_bias"), row
+        assert row["attention"]["bias"] == "BN1T" and row["attention"]["causal"] == "TopLeft", row
+    out = vm["main"](tvm.runtime.tensor(ids.numpy(), tvm.cuda(0)))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = module.double()(ids)
+    want = (want[0] if isinstance(want, tuple) else want).numpy()
+    assert got.shape == want.shape and rel_error(got, want) < 1e-2
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -83,3 +83,12 @@ def test_an_onnx_entry_builds_its_torch_model_and_imports_it_through_onnx(tmp_pa
         rows.append(sorted((r["op"], r["kernel"], r["calls"]) for r in report.offloaded))
     assert rows[0] == rows[1] and len(rows[0]) == 2, rows
     assert (tmp_path / "resnet50_onnx.onnx").exists()
+
+
+@pytest.mark.parametrize("ms, calls", [(2.0, 10), (5.0, 4), (73.0, 1), (0.1, 10), (0.0, 10)])
+def test_a_timing_sample_takes_about_twenty_milliseconds_of_calls(ms, calls):
+    """bench/zoo.py's samples: ten calls of a fast model, one of a slow build (TVM's default build
+    of an 8B-shaped Llama takes 73 ms a call: a hundred of them per sample was most of its row)."""
+    from relax_cutlass.testing.gpu_common import calls_per_sample
+
+    assert calls_per_sample(ms) == calls

@@ -65,6 +65,15 @@ def time_torch(fn, repeat: int = 15, number: int = 20) -> float:
     return statistics.median(samples)
 
 
+def calls_per_sample(ms_per_call: float, target_ms: float = 20.0, most: int = 10) -> int:
+    """How many back-to-back calls one timing sample takes: enough for about `target_ms` (a
+    sample of a fast model is not one launch's jitter), at most `most`, at least one (a slow
+    build, such as TVM's default one of a large model, is timed in a second, not a minute)."""
+    if not ms_per_call > 0:
+        return most
+    return max(1, min(most, math.ceil(target_ms / ms_per_call)))
+
+
 def alternating_samples(
     timers: dict[str, Callable[[], float]], rounds: int, discard: int = 0
 ) -> dict[str, list[float]]:

@@ -100,9 +100,12 @@ def calibrate_batch_norm(model, image, torch):
     return model.eval()
 
 
-def _transformer(config_class: str, model_class: str, vocab: int, padding: bool = False, **config):
+def _transformer(
+    config_class: str, model_class: str, vocab: int, padding: bool | str = False, pad_step: int = 12, **config
+):
     """A `transformers` model with random init; `padding`: called with an attention mask whose row b
-    keeps seq - 12 * b tokens (a padded batch of sentences of different lengths)."""
+    keeps seq - pad_step * b tokens (a padded batch of sentences of different lengths), padded on
+    the right (True) or, as a decoder's batched prefill is, on the left ("left")."""
 
     def build(entry: ZooModel, torch):
         import transformers
@@ -114,9 +117,10 @@ def _transformer(config_class: str, model_class: str, vocab: int, padding: bool 
         ids = torch.randint(0, vocab, (entry.batch, entry.seq))
         if not padding:
             return last_hidden_state(model.eval()), (ids,)
-        lengths = torch.tensor([max(1, entry.seq - 12 * b) for b in range(entry.batch)])
-        mask = (torch.arange(entry.seq)[None, :] < lengths[:, None]).to(torch.int64)
-        return last_hidden_state(model.eval()), (ids, mask)
+        lengths = torch.tensor([max(1, entry.seq - pad_step * b) for b in range(entry.batch)])
+        positions = torch.arange(entry.seq)[None, :]
+        kept = positions >= entry.seq - lengths[:, None] if padding == "left" else positions < lengths[:, None]
+        return last_hidden_state(model.eval()), (ids, kept.to(torch.int64))
 
     return build
 
@@ -210,6 +214,27 @@ BUILDERS = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # a batched Llama-family prefill (llama_gqa's shapes) with left padding: causal, padding and
+    # grouped-query attention in one mask, row b keeping 512 - 64 * b tokens
+    "llama_left_padded": _transformer(
+        "LlamaConfig",
+        "LlamaModel",
+        32000,
+        padding="left",
+        pad_step=64,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_hidden_layers=4,
+        vocab_size=32000,
+    ),
+    # BLOOM-560m's layer shapes (hidden 1024, 16 heads of 64), four layers: ALiBi beside the causal mask
+    "bloom_4l": _transformer(
+        "BloomConfig", "BloomModel", 32000, hidden_size=1024, n_head=16, n_layer=4, vocab_size=32000
+    ),
+    # windowed attention with a relative position bias, and the shifted windows' mask beside it
+    "swin_t": _vision("swin_t"),
     "t5_encoder_padded": _transformer(
         "T5Config",
         "T5EncoderModel",
@@ -244,6 +269,9 @@ ZOO = (
     # a T5 encoder (t5-base's shapes) in bfloat16 on a padded batch: its position bias under the
     # padding mask on every layer's scores
     ZooModel("t5_encoder_padded", "transformer", 8, 128, dtype="bfloat16"),
+    ZooModel("llama_left_padded", "transformer", 4, 512),
+    ZooModel("bloom_4l", "transformer", 1, 512),
+    ZooModel("swin_t", "vision", 32),
     # the same models through ONNX (torch.onnx's dynamo export, then from_onnx), against their
     # from_torch builds in the same run
     ZooModel("bert_base_padded_onnx", "transformer", 8, 128, importer="onnx"),
