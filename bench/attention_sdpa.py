@@ -14,7 +14,8 @@ ping-pong 128 x 128 at head dim 64, cooperative 128 x 128 at 128; with a mask th
 a schedule name ("pingpong",
 "cooperative_locked", ...; with ":128x64" or ":128x128" a tile too, else the heuristic's tile)
 that SM90 candidate (at a head dim without an SM90 kernel of its own, e.g. `--head-dims 96`, the
-next wider head dim's, run padded), "tuned" the build with profile="auto" (every candidate timed on
+next wider head dim's, run padded; at one the heuristic does not yet run on its own SM90 tile,
+`--head-dims 256`, that tile), "tuned" the build with profile="auto" (every candidate timed on
 this GPU, the fastest used: what a user's build here does),
 "sm80" the SM80 kernel (CUTLASS examples/41) on the same GPU. Each output is checked against torch's (relative
 error). FLOPs: 4 * B * N * S * T * H (two GEMMs), half of that for causal attention (TVM's TopLeft
@@ -144,6 +145,7 @@ def run(rows: list[dict], families: list[str], masked: bool = False) -> None:
             tuple(int(x) for x in tile.split("x")) if tile else None,
             {c["head_dim"] for c in rows},
             bias_head_dims=tuple(select.SM90_ATTENTION_TILES),
+            measured_head_dims={c["head_dim"] for c in rows},
         )
         with forced if sm90 else contextlib.nullcontext():
             offloaded = relax_cutlass.offload_pipeline(arch, family=option, profile=profile)(_module(rows, masked))

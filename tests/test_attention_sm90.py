@@ -310,7 +310,28 @@ def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm
     assert sm90_unmeasured_kernels(biased, 90) == [] and sm90_unmeasured_kernels(problem, 90, family="sm80") == []
 
 
-@pytest.mark.parametrize("head_dims", [(96, 64), (100, 100), (136, 136)])
+def test_head_dim_256_keeps_the_sm80_kernel_until_its_sm90_tile_is_measured():
+    """Gemma's head dim 256: examples/88 has a 128 x 64 tile for it, not yet measured here, so the
+    heuristic keeps the SM80 kernel and says why, and profiling times the SM90 candidates (every
+    schedule) beside it; forced as if measured, the kernel is the h256 one with that tile."""
+    problem = dataclasses.replace(HD128, head_dim=256, head_dim_value=256, scale=0.0625)
+    kernel = choose_attention_kernel(problem, 90)
+    assert kernel.arch == 80 and "head dim 256: the SM90 attention kernel's tiles for it are not yet" in kernel.note
+    names = {k.name for k in sm90_unmeasured_kernels(problem, 90)}
+    assert names == {
+        f"sm90_fmha_f16_{s}_q128_k64_h256" for s in ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
+    }
+    with sm90_candidate_first("cooperative", measured_head_dims=[256]):
+        forced = choose_attention_kernel(problem, 90)
+    assert forced.name == "sm90_fmha_f16_cooperative_q128_k64_h256", forced
+    assert "using TileShape = cute::Shape<cute::_128, cute::_64, cute::_256>;" in emit_kernel(forced).text
+    assert choose_attention_kernel(problem, 90).arch == 80  # restored
+    # a head dim between 128 and 256 runs padded to 256 only where profiling measures it faster
+    padded = dataclasses.replace(problem, head_dim=192, head_dim_value=192)
+    assert choose_attention_kernel(padded, 90).arch == 80 and sm90_unmeasured_kernels(padded, 90)
+
+
+@pytest.mark.parametrize("head_dims", [(96, 64), (100, 100), (264, 264)])
 def test_no_padded_sm90_kernel_for_unequal_unaligned_or_too_wide_head_dims(head_dims):
     problem = dataclasses.replace(HD96, head_dim=head_dims[0], head_dim_value=head_dims[1])
     assert sm90_attention_kernels(problem, 90) == []

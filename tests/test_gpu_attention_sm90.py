@@ -203,6 +203,28 @@ def test_head_dims_without_their_own_sm90_kernel_run_padded(schedule):
         _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
 
 
+# Gemma's head dim 256 on examples/88's 128 x 64 tile (select.SM90_UNMEASURED_HEAD_DIMS: not
+# yet the heuristic's)
+HEAD_DIM_256_CASES = [
+    ("float16", 256, None, 2, 4, 333, 333),
+    ("bfloat16", 256, "TopLeft", 1, 8, 1024, 1024),
+    ("float16", 256, "BottomRight", 2, 2, 77, 500),
+]
+
+
+@pytest.mark.parametrize("schedule", ["cooperative", "pingpong", "cooperative_locked", "pingpong_locked"])
+def test_head_dim_256_runs_on_its_sm90_tile(schedule):
+    """Every schedule of the head-dim-256 kernel forced first, against torch's float64 sdpa."""
+    from relax_cutlass.kinds.attention import select
+
+    with select.sm90_candidate_first(schedule, measured_head_dims=[256]):
+        vm, rows = _build(_module(HEAD_DIM_256_CASES))
+    assert all(r["family"] == "sm90" and f"_{schedule}_q128_k64_h256" in r["kernel"] for r in rows), rows
+    rng = np.random.default_rng(8)
+    for i, case in enumerate(HEAD_DIM_256_CASES):
+        _check(vm, f"f{i}", _inputs(case, rng), case[2], case[0])
+
+
 def test_profiling_times_the_padded_sm90_kernels_beside_the_sm80_one(tmp_path):
     """profile="auto" on a head dim 112 attention: one record (the SM80 family's key) holding the
     SM80 kernel's tile and every padded SM90 candidate, each checked against the reference (a

@@ -306,6 +306,28 @@ def test_fused_attention_exports(tmp_path, arch, kernel):
     assert "attention_kernel_batched_impl" not in symbols  # the kernel stays private to the library
 
 
+@pytest.mark.slow
+def test_head_dim_256_sm90_attention_exports(tmp_path):
+    """Gemma's head dim 256 on examples/88's 128 x 64 tile (forced: not yet the heuristic's), causal,
+    through nvcc into an exported library."""
+    from tvm import relax
+
+    from relax_cutlass.kinds.attention.select import sm90_candidate_first
+
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(name, relax.TensorType((1, 256, 4, 256), "float16")) for name in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.attention(q, k, v, causal_mask="TopLeft"))
+        bb.emit_func_output(out)
+    with sm90_candidate_first("cooperative", measured_head_dims=[256]):
+        offloaded = relax_cutlass.offload_pipeline("sm_90a", profile="never")(bb.get())
+    (row,) = relax_cutlass.offload_report(offloaded).offloaded
+    assert row["kernel"] == "sm90_fmha_f16_cooperative_q128_k64_h256_causal_tl", row
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}, host="llvm"))
+    ex.export_library(str(tmp_path / "attention_h256.so"))
+
+
 def test_fused_attention_with_a_mask_exports(tmp_path):
     """transformers' sdpa attention (padding mask, safe softmax): the kernel built with CUTLASS's
     attention bias and the fix-up of fully masked rows, through nvcc into an exported library."""

@@ -25,9 +25,13 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 # CUTLASS examples/88 (Hopper FMHA forward, fp16/bf16): the warp-specialized CTA tiles
 # (queries, keys) per head dim (q/k and v alike), the heuristic's first. At head dim 128 the
 # runner's 128 x 128; at head dim 64 FlashAttention 3's 128 x 128 (half the softmax rescales per
-# key) before the runner's 128 x 64. Its head dims 32 and 256 (one cooperative 128 x 64 tile each)
-# are not taken: never run here.
-SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),)}
+# key) before the runner's 128 x 64; at head dim 256 (Gemma) the runner's one tile, 128 x 64 (its
+# 128 x 128 is built for FP8 only). Its head dim 32 is not taken (32 runs padded to 64, measured).
+SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),), 256: ((128, 64),)}
+# Head dims with SM90 tiles of their own that the heuristic does not yet run on the SM90 kernel:
+# the SM80 kernel, with the SM90 candidates timed beside it when profiling (as for the padded head
+# dims outside SM90_PADDED_FIRST), until measured faster.
+SM90_UNMEASURED_HEAD_DIMS: set[int] = {256}
 # emit_sm90.SM90_SCHEDULES' names; profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
 # The heuristic's schedule per head dim, as measured on the H100 (fp16, seq 4096 and 8192, causal
@@ -49,18 +53,21 @@ def sm90_candidate_first(
     tile: tuple[int, int] | None = None,
     padded_head_dims: Iterable[int] = (),
     bias_head_dims: Iterable[int] = (),
+    measured_head_dims: Iterable[int] = (),
 ) -> Iterator[None]:
     """Within the block, `schedule` (one of SM90_ATTENTION_SCHEDULES, at every head dim) and `tile`
     (at the head dims that have it; elsewhere the heuristic's tile) come first among the SM90
     candidates, so the heuristic takes them, `padded_head_dims` run on the SM90 kernel padded
-    (as if in SM90_PADDED_FIRST) and attention with a bias at `bias_head_dims` on the SM90 kernel
-    (as if in SM90_BIAS_FIRST): how the GPU tests and bench/attention_sdpa.py run one candidate
-    without profiling."""
+    (as if in SM90_PADDED_FIRST), attention with a bias at `bias_head_dims` on the SM90 kernel
+    (as if in SM90_BIAS_FIRST) and the head dims `measured_head_dims` on their own SM90 tiles (as
+    if out of SM90_UNMEASURED_HEAD_DIMS): how the GPU tests and bench/attention_sdpa.py run one
+    candidate without profiling."""
     firsts, tiles = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES)
-    padded, biased = set(SM90_PADDED_FIRST), set(SM90_BIAS_FIRST)
+    padded, biased, unmeasured = set(SM90_PADDED_FIRST), set(SM90_BIAS_FIRST), set(SM90_UNMEASURED_HEAD_DIMS)
     SM90_ATTENTION_FIRST_SCHEDULE.update({hd: schedule for hd in tiles})
     SM90_PADDED_FIRST.update(padded_head_dims)
     SM90_BIAS_FIRST.update(bias_head_dims)
+    SM90_UNMEASURED_HEAD_DIMS.difference_update(measured_head_dims)
     if tile is not None:
         SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
     try:
@@ -73,6 +80,8 @@ def sm90_candidate_first(
         SM90_PADDED_FIRST.update(padded)
         SM90_BIAS_FIRST.clear()
         SM90_BIAS_FIRST.update(biased)
+        SM90_UNMEASURED_HEAD_DIMS.clear()
+        SM90_UNMEASURED_HEAD_DIMS.update(unmeasured)
 
 
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
@@ -134,6 +143,11 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
             "additive mask/bias: the SM90 attention kernel with a bias is not yet the default "
             "(select.SM90_BIAS_FIRST): SM80 kernel"
         )
+    if kernel_head_dim == p.head_dim and p.head_dim in SM90_UNMEASURED_HEAD_DIMS:
+        return (
+            f"head dim {p.head_dim}: the SM90 attention kernel's tiles for it are not yet measured faster "
+            "(profiling times both): SM80 kernel"
+        )
     if kernel_head_dim == p.head_dim or (kernel_head_dim is not None and p.head_dim in SM90_PADDED_FIRST):
         return None
     dims = "/".join(str(d) for d in SM90_ATTENTION_TILES)
@@ -188,9 +202,10 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
 
 def sm90_unmeasured_kernels(problem: AttentionProblem, arch: int, family: str = "auto") -> list[AttentionKernel]:
     """The SM90 kernels profiling times beside the SM80 kernel's tiles where the heuristic keeps the
-    SM80 kernel although the SM90 one can run the problem at a head dim it runs padded (not in
-    `SM90_PADDED_FIRST`); on sm_90a with the family free. Not for a problem with a bias: the
-    profiler calls kernels without one, which would time the SM90 bias kernel without its cost."""
+    SM80 kernel although the SM90 one can run the problem, at a head dim it runs padded (not in
+    `SM90_PADDED_FIRST`) or one of SM90_UNMEASURED_HEAD_DIMS; on sm_90a with the family free. Not
+    for a problem with a bias: the profiler calls kernels without one, which would time the SM90
+    bias kernel without its cost."""
     if native_family(arch) != 90 or resolve_family(family, arch) != "auto" or _sm90_blocker(problem):
         return []
     if problem.bias_reads is not None:
