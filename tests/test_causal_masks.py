@@ -194,3 +194,40 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
     serve_regions_on_cpu(partitioned)
     got = run_vm(build_cpu(rewritten), [ids.numpy()])
     assert rel_error(got, expected) < 1e-2
+
+
+@pytest.mark.parametrize("family, left_padded", [("llama", True), ("llama", False), ("qwen2", True)])
+def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, left_padded):
+    """transformers' sdpa mask of a padded decoder batch is and(causal, attention_mask) in one
+    (B, 1, S, T) boolean: the causal part (computed from no input) becomes the kernel's own causal
+    mask and the attention_mask a (B, 1, 1, T) bias, instead of a (B, 1, S, T) one. Every row,
+    the left-padded sequence's first queries (no key to see: zeros, torch's safe softmax) included,
+    as TVM's build of the graph computes it."""
+    transformers = pytest.importorskip("transformers")
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer("llama", "sdpa", layers=2))
+    if family == "qwen2":
+        config = transformers.Qwen2Config(
+            hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+            num_hidden_layers=2, vocab_size=512, attn_implementation="sdpa",
+        )  # fmt: skip
+        model = last_hidden_state(transformers.Qwen2Model(config).eval())
+    ids = torch.randint(0, 512, (2, 48))
+    mask = torch.ones(2, 48, dtype=torch.int64)
+    if left_padded:
+        mask[1, :17] = 0
+    else:
+        mask[1, 31:] = 0
+    mod = relax_cutlass.from_torch(model, (ids, mask))
+    rows, partitioned, rewritten = attention_rows_after_offload(mod)
+    assert sum(r["calls"] for r in rows) == 2, rows
+    for row in rows:
+        assert row["attention"]["bias"] == "B11T" and row["attention"]["causal"] == "TopLeft", row
+        assert row["attention"]["kv_heads"] == 2 and row["attention"]["masked_rows"] == "zero", row
+    serve_regions_on_cpu(partitioned)
+    inputs = [ids.numpy(), mask.numpy()]
+    got, own = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
+    assert np.isfinite(got).all() and rel_error(got, own) < 1e-3

@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..evaluate import evaluate_input_free, input_free_vars
-from ..ir import rewrite_planned_bindings, static_shape
+from ..ir import planned_rewrite, rewrite_planned_bindings, static_shape
 from .masks import SWAMPING_MASK
 from .trace import is_op_call
 
@@ -134,3 +134,83 @@ def constant_causal_masks(func: relax.Function) -> relax.Function:
     if not planned:
         return func
     return rewrite_planned_bindings(func, planned, _canonical_mask)
+
+
+_AND_OPS = ("relax.bitwise_and", "relax.logical_and")
+
+
+def _causal_and_padding(cond, var2val, free) -> tuple[relax.Expr, relax.Expr] | None:
+    """(the input-free part, the other part) of a boolean `cond` = and(causal, padding) (through a
+    broadcast_to), the other part read once per key (size 1 on the query axis); None otherwise."""
+    value = var2val.get(cond, cond) if isinstance(cond, relax.Var) else cond
+    if is_op_call(value, "relax.broadcast_to"):
+        return _causal_and_padding(value.args[0], var2val, free)
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _AND_OPS):
+        return None
+    is_free = [isinstance(a, relax.Var) and a in free for a in value.args]
+    if is_free.count(True) != 1:
+        return None
+    causal, padding = value.args[is_free.index(True)], value.args[is_free.index(False)]
+    dims = static_shape(padding)
+    if dims is None or len(dims) < 2 or dims[-2] != 1:
+        return None
+    return causal, padding
+
+
+def _plan_split(func: relax.Function) -> dict:
+    """{softmax's add var: (index of the mask, the padding part, (rows, keys, offset, dtype))} for
+    each softmax(scores + where(and(causal, padding), 0, -inf)) whose causal part is computed from
+    no input and causal in value."""
+    var2val = get_var2val(func)
+    free = input_free_vars(func)
+    planned = {}
+    for value in var2val.values():
+        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+            continue
+        x = value.args[0]
+        add = var2val.get(x)
+        if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
+            continue
+        for index in (1, 0):
+            mask = add.args[index]
+            where = var2val.get(mask) if isinstance(mask, relax.Var) else None
+            if not is_op_call(where, "relax.where"):
+                continue
+            kept, masked = (a.value.numpy() if isinstance(a, tvm.ir.GenericConst) else None for a in where.args[1:])
+            if kept is None or masked is None or kept.size != 1 or masked.size != 1:
+                continue
+            if kept.reshape(-1)[0] != 0 or not np.isneginf(masked.reshape(-1)[0]):
+                continue
+            parts = _causal_and_padding(where.args[0], var2val, free)
+            if parts is None:
+                continue
+            values = evaluate_input_free(func, parts[0], free)
+            rows, keys = static_shape(add)[-2:]
+            if values is None or values.dtype != np.bool_:
+                continue
+            additive = np.where(values, np.float32(0), np.float32(-np.inf))
+            offset = causal_offset(additive, rows, keys, float32_add=False)
+            if offset is not None:
+                planned[x] = (index, parts[1], (rows, keys, offset, str(where.ty.dtype)))
+                break
+    return planned
+
+
+def _split(mutator, binding, planned) -> relax.Expr:
+    index, padding, causal = planned
+    emit = mutator.builder_.emit
+    dtype = causal[3]
+    kept = relax.const(0.0, dtype)
+    padded = emit(relax.op.where(mutator.visit_expr(padding), kept, relax.const(-np.inf, dtype)))
+    scores = mutator.visit_expr(binding.value.args[1 - index])
+    return emit(relax.op.add(emit(relax.op.add(scores, padded)), emit(causal_mask_expr(*causal))))
+
+
+def split_padding_from_causal_masks(func: relax.Function) -> relax.Function:
+    """softmax(scores + where(and(causal, padding), 0, -inf)) -> softmax((scores + where(padding, 0,
+    -inf)) + canonical causal mask), where the causal part is computed from no input and causal in
+    value and the padding part is one row of keys per sequence (transformers' sdpa mask of a padded
+    decoder batch: causal and the attention_mask in one boolean (B, 1, S, T)). The same values:
+    a key masked by either is -inf either way. The region then reads a (B, 1, 1, T) bias and masks
+    causally in the kernel (which skips the hidden tiles), instead of reading a (B, 1, S, T) one."""
+    return planned_rewrite(func, _plan_split, _split)

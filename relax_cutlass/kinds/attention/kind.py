@@ -8,7 +8,7 @@ import tvm
 from .. import Profiling, RegionKind
 from ..ir import rules_at
 from ..profiling import ProfileJob
-from .causal import constant_causal_masks
+from .causal import constant_causal_masks, split_padding_from_causal_masks
 from .diagnose import explain_left_in_tvm
 from .emit import attention_glue_function, emit_attention_kernel
 from .masks import cast_attention_masks, scalar_where_fills
@@ -104,6 +104,7 @@ KIND = RegionKind(
         sequence_first_attention_outputs,
         scalar_where_fills,
         hoist_position_terms,
+        split_padding_from_causal_masks,
         cast_attention_masks,
         constant_causal_masks,
     ),
