@@ -99,7 +99,7 @@ def test_an_additive_bias_can_run_on_the_sm90_kernel(bias, head_dim, causal):
     passes no bias); SM90_BIAS_FIRST (here through sm90_candidate_first) makes it the heuristic's,
     and then profiling times its schedules."""
     base = HD64 if head_dim == 64 else HD128
-    problem = dataclasses.replace(base, bias_reads=BIASES[bias], masked_rows="mean", causal=causal)
+    problem = dataclasses.replace(base, bias_reads=BIASES[bias], masked_rows="zero", causal=causal)
     assert "additive mask/bias" in sm90_attention_fallback_reason(problem) and attention_family(problem, 90) == 80
     fallback = choose_attention_kernel(problem, 90)
     assert fallback.arch == 80 and fallback.bias and "not yet the default" in fallback.note
@@ -308,6 +308,19 @@ def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm
         assert other is None or all(k.arch == 80 for k, _ in other.candidates)
     biased = dataclasses.replace(problem, bias_reads=((0, 1), None, None, (3, 1)), causal=None)
     assert sm90_unmeasured_kernels(biased, 90) == [] and sm90_unmeasured_kernels(problem, 90, family="sm80") == []
+
+
+def test_mean_rows_beside_a_causal_mask_stay_on_the_sm80_kernel():
+    """A fully masked row that gives the mean of all the values (eager's finite mask) beside the
+    kernel's causal mask: the SM90 kernel averages the keys its loop visits, which stops at the
+    diagonal, so the SM80 kernel (whose fix-up averages every key) runs it, and says why; zero
+    rows (sdpa's safe softmax) run on the SM90 kernel."""
+    problem = dataclasses.replace(HD64, causal="TopLeft", bias_reads=((0, 1), None, None, (3, 1)), masked_rows="mean")
+    with sm90_candidate_first("cooperative", bias_head_dims=[64]):
+        kernel = choose_attention_kernel(problem, 90)
+        zero = choose_attention_kernel(dataclasses.replace(problem, masked_rows="zero"), 90)
+    assert kernel.arch == 80 and "causal loop stops at the diagonal" in kernel.note, kernel
+    assert zero.name == "sm90_fmha_f16_cooperative_q128_k128_h64_causal_tl_bias", zero
 
 
 def test_head_dim_256_keeps_the_sm80_kernel_until_its_sm90_tile_is_measured():

@@ -196,19 +196,30 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
     assert rel_error(got, expected) < 1e-2
 
 
-@pytest.mark.parametrize("family, left_padded", [("llama", True), ("llama", False), ("qwen2", True)])
-def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, left_padded):
-    """transformers' sdpa mask of a padded decoder batch is and(causal, attention_mask) in one
+@pytest.mark.parametrize(
+    "family, impl, left_padded",
+    [
+        ("llama", "sdpa", True),
+        ("llama", "sdpa", False),
+        ("qwen2", "sdpa", True),
+        ("llama", "eager", True),
+        ("gpt2", "eager", True),
+    ],
+)
+def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, impl, left_padded):
+    """transformers' mask of a padded decoder batch is and(causal, attention_mask) in one
     (B, 1, S, T) boolean: the causal part (computed from no input) becomes the kernel's own causal
-    mask and the attention_mask a (B, 1, 1, T) bias, instead of a (B, 1, S, T) one. Every row,
-    the left-padded sequence's first queries (no key to see: zeros, torch's safe softmax) included,
-    as TVM's build of the graph computes it."""
+    mask and the attention_mask a (B, 1, 1, T) bias, instead of a (B, 1, S, T) one; sdpa's -inf
+    mask, and eager's finfo.min one once cast to float16 (-inf, and a tail keeping a fully masked
+    row's mean). Every row, the left-padded sequence's first queries (no key to see: zeros with
+    sdpa's safe softmax, the mean of the values with eager's finite mask) included, as TVM's build
+    of the graph computes it."""
     transformers = pytest.importorskip("transformers")
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
-    model = last_hidden_state(small_transformer("llama", "sdpa", layers=2))
+    model = last_hidden_state(small_transformer("gpt2" if family == "gpt2" else "llama", impl, layers=2))
     if family == "qwen2":
         config = transformers.Qwen2Config(
             hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
@@ -226,7 +237,8 @@ def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, left_
     assert sum(r["calls"] for r in rows) == 2, rows
     for row in rows:
         assert row["attention"]["bias"] == "B11T" and row["attention"]["causal"] == "TopLeft", row
-        assert row["attention"]["kv_heads"] == 2 and row["attention"]["masked_rows"] == "zero", row
+        assert row["attention"]["masked_rows"] == ("zero" if impl == "sdpa" else "mean"), row
+        assert family == "gpt2" or row["attention"]["kv_heads"] == 2, row
     serve_regions_on_cpu(partitioned)
     inputs = [ids.numpy(), mask.numpy()]
     got, own = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)

@@ -535,9 +535,9 @@ def test_a_bfloat16_left_padded_batch_is_right(family):
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
 def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     """A batched Llama prefill with left padding (4 query heads over 2 kv heads; causal and
-    padding in one (B, 1, S, S) mask): one region, its mask the kernel's bias, every kv head
-    read for its group, the padded sequence's first rows (no key to see) as torch gives them.
-    Every row against torch float64."""
+    padding in one (B, 1, S, S) mask): one region, the causal part the kernel's causal mask and
+    the padding a (B, 1, 1, T) bias, every kv head read for its group, the padded sequence's first
+    rows (no key to see) as torch gives them. Every row against torch float64."""
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
@@ -548,8 +548,12 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     with _bias_family(family):
         vm, rows = _build(mod)
     (attention,) = [r for r in rows if r["op"] == "attention"]
-    assert attention["kernel"].startswith(f"{family}_") and attention["kernel"].endswith("_bias"), attention
-    assert attention["attention"]["kv_heads"] == 2, attention
+    # the causal part runs as the kernel's causal mask beside a (B, 1, 1, T) bias; eager's fully
+    # masked rows give the mean of every value, which only the SM80 kernel's fix-up computes
+    kernel = "sm80" if attn_implementation == "eager" else family
+    assert attention["kernel"].startswith(f"{kernel}_") and attention["kernel"].endswith("_bias"), attention
+    assert attention["attention"]["kv_heads"] == 2 and attention["attention"]["causal"] == "TopLeft", attention
+    assert attention["attention"]["bias"] == "B11T", attention
     got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, torch.float64)
     assert got.shape == want.shape and rel_error(got, want) < 1e-2
 

@@ -172,8 +172,7 @@ def _plan_split(func: relax.Function) -> dict:
         if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
             continue
         for index in (1, 0):
-            mask = add.args[index]
-            where = var2val.get(mask) if isinstance(mask, relax.Var) else None
+            where, casts = _under_casts(add.args[index], var2val)
             if not is_op_call(where, "relax.where"):
                 continue
             kept, masked = (a.value.numpy() if isinstance(a, tvm.ir.GenericConst) else None for a in where.args[1:])
@@ -191,17 +190,31 @@ def _plan_split(func: relax.Function) -> dict:
             additive = np.where(values, np.float32(0), np.float32(-np.inf))
             offset = causal_offset(additive, rows, keys, float32_add=False)
             if offset is not None:
-                planned[x] = (index, parts[1], (rows, keys, offset, str(where.ty.dtype)))
+                mask_dtype = str(where.ty.dtype)
+                planned[x] = (index, parts[1], mask_dtype, casts, (rows, keys, offset, str(add.ty.dtype)))
                 break
     return planned
 
 
+def _under_casts(expr, var2val) -> tuple[relax.Expr | None, list[str]]:
+    """(the value under `expr`'s chain of astypes, the chain's dtypes, innermost first): a mask
+    `cast_attention_masks` cast to the scores' type and back to float32."""
+    casts: list[str] = []
+    value = var2val.get(expr) if isinstance(expr, relax.Var) else expr
+    while is_op_call(value, "relax.astype"):
+        casts.insert(0, str(value.attrs.dtype))
+        inner = value.args[0]
+        value = var2val.get(inner) if isinstance(inner, relax.Var) else inner
+    return value, casts
+
+
 def _split(mutator, binding, planned) -> relax.Expr:
-    index, padding, causal = planned
+    index, padding, mask_dtype, casts, causal = planned
     emit = mutator.builder_.emit
-    dtype = causal[3]
-    kept = relax.const(0.0, dtype)
-    padded = emit(relax.op.where(mutator.visit_expr(padding), kept, relax.const(-np.inf, dtype)))
+    kept, masked = relax.const(0.0, mask_dtype), relax.const(-np.inf, mask_dtype)
+    padded = emit(relax.op.where(mutator.visit_expr(padding), kept, masked))
+    for dtype in casts:  # the mask's casts, as they were
+        padded = emit(relax.op.astype(padded, dtype))
     scores = mutator.visit_expr(binding.value.args[1 - index])
     return emit(relax.op.add(emit(relax.op.add(scores, padded)), emit(causal_mask_expr(*causal))))
 
@@ -209,8 +222,10 @@ def _split(mutator, binding, planned) -> relax.Expr:
 def split_padding_from_causal_masks(func: relax.Function) -> relax.Function:
     """softmax(scores + where(and(causal, padding), 0, -inf)) -> softmax((scores + where(padding, 0,
     -inf)) + canonical causal mask), where the causal part is computed from no input and causal in
-    value and the padding part is one row of keys per sequence (transformers' sdpa mask of a padded
-    decoder batch: causal and the attention_mask in one boolean (B, 1, S, T)). The same values:
-    a key masked by either is -inf either way. The region then reads a (B, 1, 1, T) bias and masks
+    value and the padding part is one row of keys per sequence (transformers' mask of a padded
+    decoder batch: causal and the attention_mask in one boolean (B, 1, S, T); its sdpa form, or
+    its eager finfo.min form as `cast_attention_masks` leaves it in float16: -inf and a tail that
+    keeps a fully masked row's mean), the mask's casts kept. The same values: a key masked by
+    either is -inf either way. The region then reads a (B, 1, 1, T) bias and masks
     causally in the kernel (which skips the hidden tiles), instead of reading a (B, 1, S, T) one."""
     return planned_rewrite(func, _plan_split, _split)

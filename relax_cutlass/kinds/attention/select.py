@@ -126,6 +126,13 @@ def _sm90_blocker(problem: AttentionProblem) -> str | None:
     """Why the SM90 kernel cannot run `problem` at any head dim, or None."""
     if not problem.scale > 0:
         return f"scale {problem.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
+    if problem.causal is not None and problem.bias_reads is not None and problem.masked_rows == "mean":
+        # its masked rows take the mean of the keys its loop visits, which a causal mask stops at
+        # the diagonal; the SM80 kernel's fix-up averages every key
+        return (
+            "a causal mask beside a mask/bias whose fully masked rows give the mean of all the values: "
+            "the SM90 attention kernel's causal loop stops at the diagonal: SM80 kernel"
+        )
     return None
 
 
