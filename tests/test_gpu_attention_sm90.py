@@ -447,13 +447,17 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["seq_q"] == "dynamic", attention
     for n in (7, 300):
-        ids = torch.randint(0, 512, (1, n))
-        out = vm["main"](tvm.runtime.tensor(ids.numpy(), tvm.cuda(0)))
-        got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
-        with torch.no_grad():
-            want = module.double()(ids)
-        want = (want[0] if isinstance(want, tuple) else want).numpy()
+        got, want = _ids_on_gpu_and_in_torch(vm, module, torch.randint(0, 512, (1, n)))
         assert got.shape == want.shape and rel_error(got, want) < 1e-2
+
+
+def _ids_on_gpu_and_in_torch(vm, module, ids):
+    """(the built module's output for token `ids`, torch's in float64), float64 numpy."""
+    out = vm["main"](tvm.runtime.tensor(ids.numpy(), tvm.cuda(0)))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    with torch.no_grad():
+        want = module.double()(ids)
+    return got, (want[0] if isinstance(want, tuple) else want).numpy()
 
 
 def _bias_family(family: str):
@@ -577,11 +581,7 @@ def test_bloom_alibi_beside_the_causal_mask_is_right(family):
     for row in attention:
         assert row["kernel"].startswith(f"{family}_") and row["kernel"].endswith("_bias"), row
         assert row["attention"]["bias"] == "BN1T" and row["attention"]["causal"] == "TopLeft", row
-    out = vm["main"](tvm.runtime.tensor(ids.numpy(), tvm.cuda(0)))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
-    with torch.no_grad():
-        want = module.double()(ids)
-    want = (want[0] if isinstance(want, tuple) else want).numpy()
+    got, want = _ids_on_gpu_and_in_torch(vm, module, ids)
     assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 

@@ -125,6 +125,16 @@ def _transformer(
     return build
 
 
+# a Llama with grouped-query attention (32 query heads over 8 kv heads), four layers of 2048
+LLAMA_GQA = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_hidden_layers=4,
+    vocab_size=32000,
+)
+
 BUILDERS = {
     "resnet50": _vision("resnet50"),
     "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case
@@ -150,17 +160,7 @@ BUILDERS = {
         intermediate_size=4096,
     ),
     "gpt2": _transformer("GPT2Config", "GPT2Model", 50000),
-    "llama_gqa": _transformer(
-        "LlamaConfig",
-        "LlamaModel",
-        32000,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_hidden_layers=4,
-        vocab_size=32000,
-    ),
+    "llama_gqa": _transformer("LlamaConfig", "LlamaModel", 32000, **LLAMA_GQA),
     # Llama-3-8B's layer shapes (hidden 4096, 32 query / 8 kv heads, SiLU-gated MLP 14336), two
     # layers, 1 x 2048 prefill
     "llama_8b_2l": _transformer(
@@ -216,19 +216,7 @@ BUILDERS = {
     ),
     # a batched Llama-family prefill (llama_gqa's shapes) with left padding: causal, padding and
     # grouped-query attention in one mask, row b keeping 512 - 64 * b tokens
-    "llama_left_padded": _transformer(
-        "LlamaConfig",
-        "LlamaModel",
-        32000,
-        padding="left",
-        pad_step=64,
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        num_hidden_layers=4,
-        vocab_size=32000,
-    ),
+    "llama_left_padded": _transformer("LlamaConfig", "LlamaModel", 32000, padding="left", pad_step=64, **LLAMA_GQA),
     # BLOOM-560m's layer shapes (hidden 1024, 16 heads of 64), four layers: ALiBi beside the causal mask
     "bloom_4l": _transformer(
         "BloomConfig", "BloomModel", 32000, hidden_size=1024, n_head=16, n_layer=4, vocab_size=32000

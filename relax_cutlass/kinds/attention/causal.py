@@ -26,7 +26,7 @@ from tvm.relax.analysis import get_var2val
 from ..evaluate import evaluate_input_free, input_free_vars
 from ..ir import planned_rewrite, rewrite_planned_bindings, static_shape
 from .masks import SWAMPING_MASK
-from .trace import is_op_call
+from .trace import is_op_call, softmax_adds
 
 
 def causal_offset(mask: np.ndarray, rows: int, keys: int, float32_add: bool) -> int | None:
@@ -164,12 +164,8 @@ def _plan_split(func: relax.Function) -> dict:
     var2val = get_var2val(func)
     free = input_free_vars(func)
     planned = {}
-    for value in var2val.values():
-        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
-            continue
-        x = value.args[0]
-        add = var2val.get(x)
-        if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
+    for x, add in softmax_adds(var2val):
+        if static_shape(add) is None or len(static_shape(add)) < 2:
             continue
         for index in (1, 0):
             where, casts = _under_casts(add.args[index], var2val)

@@ -17,7 +17,7 @@ from tvm.relax.analysis import get_var2val
 
 from ..ir import planned_rewrite, static_shape, use_counts
 from .masks import is_matmul_result
-from .trace import is_op_call
+from .trace import is_op_call, softmax_adds
 
 
 def reshape_groups(src: list[int], dst: list[int]) -> list[tuple[range, range]] | None:
@@ -70,13 +70,7 @@ def _plan(func: relax.Function) -> dict:
     var2val = get_var2val(func)
     uses = use_counts(func)
     planned = {}
-    for value in var2val.values():
-        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
-            continue
-        x = value.args[0]
-        add = var2val.get(x)
-        if not is_op_call(add, "relax.add"):
-            continue
+    for x, add in softmax_adds(var2val):
         for index in (1, 0):
             viewed, mask = add.args[1 - index], add.args[index]
             reshape = var2val.get(viewed) if isinstance(viewed, relax.Var) else None

@@ -4,6 +4,7 @@ attention axis each dimension holds."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import tvm
 from tvm import relax
@@ -51,6 +52,17 @@ def static_dim(dim) -> int | None:
 
 def is_op_call(expr: relax.Expr, op: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
+
+
+def softmax_adds(var2val) -> Iterator[tuple[relax.Var, relax.Call]]:
+    """(x, its add) for each softmax(x) whose input x is a var bound to an add: where the mask
+    rewrites find the scores and what is added to them."""
+    for value in var2val.values():
+        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
+            continue
+        add = var2val.get(value.args[0])
+        if is_op_call(add, "relax.add"):
+            yield value.args[0], add
 
 
 class Tracer:
