@@ -219,11 +219,11 @@ def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, impl,
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
     torch.manual_seed(0)
-    model = last_hidden_state(small_transformer("gpt2" if family == "gpt2" else "llama", impl, layers=2))
+    model = last_hidden_state(small_transformer("gpt2" if family == "gpt2" else "llama", impl, layers=1))
     if family == "qwen2":
         config = transformers.Qwen2Config(
             hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
-            num_hidden_layers=2, vocab_size=512, attn_implementation="sdpa",
+            num_hidden_layers=1, vocab_size=512, attn_implementation="sdpa",
         )  # fmt: skip
         model = last_hidden_state(transformers.Qwen2Model(config).eval())
     ids = torch.randint(0, 512, (2, 48))
@@ -234,7 +234,7 @@ def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, impl,
         mask[1, 31:] = 0
     mod = relax_cutlass.from_torch(model, (ids, mask))
     rows, partitioned, rewritten = attention_rows_after_offload(mod)
-    assert sum(r["calls"] for r in rows) == 2, rows
+    assert sum(r["calls"] for r in rows) == 1, rows
     for row in rows:
         assert row["attention"]["bias"] == "B11T" and row["attention"]["causal"] == "TopLeft", row
         assert row["attention"]["masked_rows"] == ("zero" if impl == "sdpa" else "mean"), row
