@@ -198,13 +198,7 @@ def test_decoders_attention_runs_causal_with_no_mask_tensor(family, impl):
 
 @pytest.mark.parametrize(
     "family, impl, left_padded",
-    [
-        ("llama", "sdpa", True),
-        ("llama", "sdpa", False),
-        ("qwen2", "sdpa", True),
-        ("llama", "eager", True),
-        ("gpt2", "eager", True),
-    ],
+    [("llama", "sdpa", True), ("qwen2", "sdpa", False), ("llama", "eager", True), ("gpt2", "eager", True)],
 )
 def test_a_padded_decoder_batch_runs_its_causal_mask_in_the_kernel(family, impl, left_padded):
     """transformers' mask of a padded decoder batch is and(causal, attention_mask) in one
