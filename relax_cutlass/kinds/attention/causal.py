@@ -164,7 +164,7 @@ def _plan_split(func: relax.Function) -> dict:
     var2val = get_var2val(func)
     free = input_free_vars(func)
     planned = {}
-    for x, add in softmax_adds(var2val):
+    for _, x, add in softmax_adds(var2val):
         if static_shape(add) is None or len(static_shape(add)) < 2:
             continue
         for index in (1, 0):

@@ -12,7 +12,7 @@ from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from ..evaluate import input_free_vars
 from ..ir import same_shape, use_counts
 from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
-from .trace import is_op_call, known_dims, static_dim
+from .trace import is_op_call, known_dims, softmax_adds, static_dim
 
 # A finite mask value at or below this swamps any float16 score in a float32 add: fl32(s + m) == m
 # for |s| <= 65504 once ulp(m) / 2 > 65504, i.e. |m| >= 2**40 (finfo(float32).min, which Hugging
@@ -232,22 +232,12 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
     known = _MaskValues(var2val)
     adds, tails, own_tails = {}, {}, {}
     free = None  # input_free_vars(func), once needed
-    for var, value in var2val.items():
-        if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
-            continue
-        x = value.args[0]
-        add = var2val.get(x)
-        if not is_op_call(add, "relax.add") or str(add.ty.dtype) != "float32":
+    for var, x, add in softmax_adds(var2val):
+        if str(add.ty.dtype) != "float32":
             continue
         for index in (1, 0):
-            scores, mask = add.args[1 - index], add.args[index]
-            cast = known.value(scores)
-            if (
-                is_op_call(cast, "relax.astype")
-                and str(cast.args[0].ty.dtype) in ATTENTION_DTYPES
-                and str(mask.ty.dtype) == "float32"
-                and is_matmul_result(cast.args[0], var2val)
-            ):
+            mask, element = add.args[index], _cast_scores(add.args[1 - index], var2val)
+            if element is not None and str(mask.ty.dtype) == "float32":
                 break
         else:
             free = input_free_vars(func) if free is None else free
@@ -255,7 +245,6 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
             if term is not None:
                 adds[term[0]] = (term[1], term[2], None)
             continue
-        element = str(cast.args[0].ty.dtype)
         if known.castable(mask, element):
             adds[x] = (index, element, None)
             continue
@@ -265,7 +254,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
             continue
         dims = known_dims(x)
         keys = static_dim(dims[-1]) if dims else None
-        if swamping is None or not dims or int(value.attrs.axis) not in (-1, len(dims) - 1):
+        if swamping is None or not dims or int(var2val[var].attrs.axis) not in (-1, len(dims) - 1):
             continue
         # float16: -inf, and a tail that keeps a full row's mean: the graph's own safe-softmax
         # tail (which never fired with the finite mask) given that fill, else one written
@@ -282,11 +271,8 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
 
 
 def _cast_scores(expr, var2val) -> str | None:
-    """The element type of scores cast to float32 (astype of a 16-bit matmul result, possibly
-    reshaped after), or None."""
+    """The element type of scores cast to float32 (astype of a 16-bit matmul result), or None."""
     cast = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
-    if is_op_call(cast, "relax.reshape"):
-        return _cast_scores(cast.args[0], var2val)
     if not is_op_call(cast, "relax.astype") or str(cast.args[0].ty.dtype) not in ATTENTION_DTYPES:
         return None
     return str(cast.args[0].ty.dtype) if is_matmul_result(cast.args[0], var2val) else None
@@ -304,8 +290,10 @@ def _term_beside_causal_mask(add: relax.Call, var2val, known: _MaskValues, free:
         if not is_op_call(inner, "relax.add") or str(inner.ty.dtype) != "float32" or not no_input:
             continue
         for term_index in (1, 0):
-            element = _cast_scores(inner.args[1 - term_index], var2val)
-            term = inner.args[term_index]
+            scores, term = known.value(inner.args[1 - term_index]), inner.args[term_index]
+            if is_op_call(scores, "relax.reshape"):  # BLOOM's, moved in front of its ALiBi
+                scores = scores.args[0]
+            element = _cast_scores(scores, var2val)
             if element is not None and str(term.ty.dtype) == "float32" and known.castable(term, element):
                 return inner_var, term_index, element
     return None

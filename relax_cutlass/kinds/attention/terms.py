@@ -70,7 +70,7 @@ def _plan(func: relax.Function) -> dict:
     var2val = get_var2val(func)
     uses = use_counts(func)
     planned = {}
-    for x, add in softmax_adds(var2val):
+    for _, x, add in softmax_adds(var2val):
         for index in (1, 0):
             viewed, mask = add.args[1 - index], add.args[index]
             reshape = var2val.get(viewed) if isinstance(viewed, relax.Var) else None

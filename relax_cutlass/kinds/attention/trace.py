@@ -54,15 +54,15 @@ def is_op_call(expr: relax.Expr, op: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
 
 
-def softmax_adds(var2val) -> Iterator[tuple[relax.Var, relax.Call]]:
-    """(x, its add) for each softmax(x) whose input x is a var bound to an add: where the mask
-    rewrites find the scores and what is added to them."""
-    for value in var2val.values():
+def softmax_adds(var2val) -> Iterator[tuple[relax.Var, relax.Var, relax.Call]]:
+    """(the softmax's var, x, its add) for each softmax(x) whose input x is a var bound to an add:
+    where the mask rewrites find the scores and what is added to them."""
+    for var, value in var2val.items():
         if not is_op_call(value, "relax.nn.softmax") or not isinstance(value.args[0], relax.Var):
             continue
         add = var2val.get(value.args[0])
         if is_op_call(add, "relax.add"):
-            yield value.args[0], add
+            yield var, value.args[0], add
 
 
 class Tracer:
