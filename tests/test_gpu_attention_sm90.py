@@ -212,9 +212,10 @@ HEAD_DIM_256_CASES = [
 ]
 
 
-@pytest.mark.parametrize("schedule", ["cooperative", "pingpong", "cooperative_locked", "pingpong_locked"])
+@pytest.mark.parametrize("schedule", ["cooperative", "cooperative_locked"])
 def test_head_dim_256_runs_on_its_sm90_tile(schedule):
-    """Every schedule of the head-dim-256 kernel forced first, against torch's float64 sdpa."""
+    """Every schedule of the head-dim-256 kernel forced first (select.SM90_HEAD_DIM_SCHEDULES: the
+    cooperative ones), against torch's float64 sdpa."""
     from relax_cutlass.kinds.attention import select
 
     with select.sm90_candidate_first(schedule, measured_head_dims=[256]):
@@ -550,7 +551,9 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     ids, mask = _left_padded(96, 32)
     mod = relax_cutlass.from_torch(module, (ids, mask))
     with _bias_family(family):
-        vm, rows = _build(mod)
+        # the positions count the kept tokens (a cumsum of the mask): the rotary table is computed
+        # from an input, so its float32 outer product stays in TVM
+        vm, rows = _build(mod, left_in_tvm_ok=_rotary_table)
     (attention,) = [r for r in rows if r["op"] == "attention"]
     # the causal part runs as the kernel's causal mask beside a (B, 1, 1, T) bias; eager's fully
     # masked rows give the mean of every value, which only the SM80 kernel's fix-up computes

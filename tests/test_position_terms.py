@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import relax_cutlass
 from relax_cutlass.kinds.attention.terms import reshape_groups, reshaped_broadcast
 from relax_cutlass.stages.partition import RewriteSkippedWarning, guarded_rewrite
-from relax_cutlass.testing.attention import offloaded_attention_rows
+from relax_cutlass.testing.attention import check_regions_against_kernel_model, offloaded_attention_rows
 from relax_cutlass.testing.errors import rel_error
 from relax_cutlass.testing.harness import build_cpu, offload_for_cpu, run_vm, serve_regions_on_cpu
 
@@ -122,6 +122,65 @@ def test_alibi_beside_a_padding_mask_stays_in_tvm_and_says_why():
     serve_regions_on_cpu(partitioned)
     got, want = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
     assert rel_error(got, want) < 2e-3
+
+
+def _bloom_as_older_transformers_export_it(heads: int = 4, seq: int = 16, head_dim: int = 8):
+    """BLOOM's attention as transformers 5.17 under torch 2.11 exports it (the GPU host's zoo
+    import): ALiBi counts key positions with cumsum over a constant all-ones attention mask, and
+    the causal mask is and(arange causal, index_tensor of that mask) filled with finfo(float32).min
+    -- all computed from no input, in float32. Inputs q, k, v: (1, S, N, H) float16."""
+    from tvm import relax
+
+    f16, f32 = "float16", "float32"
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((1, seq, heads, head_dim), f16)) for n in "qkv")
+    ones = relax.const(np.ones((1, seq), f32))
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            e = bb.emit
+            slopes = e(relax.op.power(relax.const(0.5, f32), e(relax.op.astype(e(relax.op.arange(1, heads + 1, 1, "int32")), f32))))
+            positions = e(relax.op.multiply(e(relax.op.subtract(e(relax.op.cumsum(ones, axis=-1)), relax.const(1.0, f32))), ones))
+            alibi = e(relax.op.multiply(e(relax.op.expand_dims(slopes, [1])), e(relax.op.expand_dims(positions, [1]))))
+            alibi = e(relax.op.reshape(alibi, (heads, 1, seq)))
+            batch = e(relax.op.arange(0, 1, 1, "int64"))
+            for axis in (1, 2, 3):
+                batch = e(relax.op.expand_dims(batch, [axis]))
+            keys = e(relax.op.expand_dims(e(relax.op.expand_dims(e(relax.op.add(e(relax.op.arange(0, seq, 1, "int64")), relax.const(0, "int64"))), [0])), [1]))
+            rows, cols = e(relax.op.expand_dims(keys, [3])), e(relax.op.expand_dims(keys, [2]))
+            causal = e(relax.op.bitwise_and(relax.const(True), e(relax.op.less_equal(cols, rows))))
+            kept = e(relax.op.index_tensor(relax.const(np.ones((1, seq), bool)), relax.Tuple([batch, cols])))
+            keep = e(relax.op.broadcast_to(e(relax.op.bitwise_and(causal, kept)), (1, 1, seq, seq)))
+            mask = e(relax.op.where(keep, relax.const(0.0, f32), relax.const(float(np.finfo(f32).min), f32)))
+            q3, k3, v3 = (
+                e(relax.op.reshape(e(relax.op.permute_dims(x, [0, 2, 1, 3])), (heads, seq, head_dim))) for x in (q, k, v)
+            )
+            kt = e(relax.op.permute_dims(k3, [0, 2, 1]))
+            scores = e(relax.op.astype(e(relax.op.matmul(q3, kt, out_dtype=f32)), f16))
+            scores = e(relax.op.astype(e(relax.op.multiply(scores, relax.const(head_dim**-0.5, f16))), f32))
+            logits = e(relax.op.add(e(relax.op.reshape(e(relax.op.add(alibi, scores)), (1, heads, seq, seq))), mask))
+            probs = e(relax.op.astype(e(relax.op.reshape(e(relax.op.nn.softmax(logits, -1)), (heads, seq, seq))), f16))
+            out = e(relax.op.matmul(probs, v3, out_dtype=f32))
+            gv = bb.emit_output(e(relax.op.astype(out, f16)))
+        bb.emit_func_output(gv)
+    rng = np.random.default_rng(0)
+    return bb.get(), [rng.standard_normal((1, seq, heads, head_dim)).astype(f16) for _ in range(3)]
+
+
+def test_alibi_counted_by_cumsum_over_a_constant_mask_runs_in_the_kernel():
+    """Regression (bloom_4l on the GPU host, transformers 5.17): ALiBi's key positions came from a
+    cumsum, which had no bound, so the float32 bias could not be read in float16 and every BLOOM
+    attention stayed in TVM. A running sum is bounded by its terms and the axis length; the
+    attention is now one region with the bias (B, N, 1, T) and the kernel's causal mask."""
+    mod, inputs = _bloom_as_older_transformers_export_it()
+    (row,) = offloaded_attention_rows(mod)
+    # batch 1: the (B*N, S, T) frame reads as batch N of one head each, the bias one row per batch
+    assert row["attention"]["bias"] == "B11T" and row["attention"]["causal"] == "TopLeft", row
+    assert row["dtypes"]["bias"] == "float16" and row["kernel"].endswith("_bias"), row
+    partitioned, rewritten = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1  # the kernel's strided reads
+    serve_regions_on_cpu(partitioned)
+    got, want = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
+    assert np.isfinite(got).all() and rel_error(got, want) < 2e-3
 
 
 def test_a_rewrite_that_raises_leaves_the_function_and_warns():

@@ -10,7 +10,7 @@ from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..evaluate import input_free_vars
-from ..ir import same_shape, use_counts
+from ..ir import same_shape, static_shape, use_counts
 from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
 from .trace import is_op_call, known_dims, softmax_adds, static_dim
 
@@ -108,8 +108,8 @@ class _MaskValues:
 
     def bounds(self, expr) -> tuple[float, float] | None:
         """[lo, hi] holding every value of `expr`, where it is computed from weights and constants
-        alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract
-        and multiply of them); None where a value depends on an input's numbers, or on an op not
+        alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract,
+        multiply and running sums of them); None where a value depends on an input's numbers, or on an op not
         known here. A comparison's result is 0 or 1 whatever it compares; a positive base's power
         (ALiBi's slopes) is monotonic in base and exponent."""
         try:
@@ -149,6 +149,8 @@ class _MaskValues:
             if all(isinstance(v, tvm.tirx.IntImm) for v in (start, stop, step)) and int(step.value) != 0:
                 return tuple(sorted((float(start.value), float(stop.value - step.value))))
             return None
+        if op == "relax.cumsum":  # BLOOM's key positions, counted from its attention mask
+            return self._cumsum_bounds(value, depth)
         if op == "relax.power":  # ALiBi's slopes, base ** (-8 h / N), base > 0: monotonic in each operand
             parts = [self._bounded(arg, depth + 1) for arg in value.args]
             if None in parts or parts[0][0] <= 0:
@@ -171,6 +173,18 @@ class _MaskValues:
             return a_lo - b_hi, a_hi - b_lo
         products = [a * b for a in (a_lo, a_hi) for b in (b_lo, b_hi)]
         return None if any(np.isnan(products)) else (min(products), max(products))
+
+    def _cumsum_bounds(self, value: relax.Call, depth: int) -> tuple[float, float] | None:
+        """A running sum of k <= n terms in [lo, hi] (n: the summed axis's length, or the size
+        when it sums the flattened tensor) lies in [min(lo, n lo), max(hi, n hi)]."""
+        known = self._bounded(value.args[0], depth + 1)
+        shape = static_shape(value.args[0])
+        if known is None or shape is None:
+            return None
+        axis = value.attrs.axis
+        n = int(np.prod(shape)) if axis is None else shape[int(axis)]
+        lo, hi = known
+        return min(lo, n * lo), max(hi, n * hi)
 
     def rounds_like_weights(self, expr, dtype: str) -> bool:
         """The values of `expr` are computed from weights and constants (`bounds`) and lie within

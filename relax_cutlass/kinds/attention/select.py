@@ -42,9 +42,18 @@ SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pi
 SM90_ATTENTION_FIRST_SCHEDULE = {64: "pingpong", 128: "cooperative"}
 
 
+# The schedules a head dim's kernel fits in shared memory with: at head dim 256 only the
+# cooperative ones (as examples/88 builds it); its ping-pong kernels need more than the 227 KiB a
+# CTA may opt in to on an H100/H200 (cudaFuncSetAttribute fails, measured on the H200).
+SM90_HEAD_DIM_SCHEDULES = {256: ("cooperative", "cooperative_locked")}
+
+
 def _schedules(head_dim: int) -> tuple[str, ...]:
-    first = SM90_ATTENTION_FIRST_SCHEDULE.get(head_dim, SM90_ATTENTION_SCHEDULES[0])
-    return (first, *(s for s in SM90_ATTENTION_SCHEDULES if s != first))
+    """The head dim's schedules that fit, the heuristic's (or the forced) first."""
+    fits = SM90_HEAD_DIM_SCHEDULES.get(head_dim, SM90_ATTENTION_SCHEDULES)
+    first = SM90_ATTENTION_FIRST_SCHEDULE.get(head_dim, fits[0])
+    ordered = (first, *(s for s in SM90_ATTENTION_SCHEDULES if s != first))
+    return tuple(s for s in ordered if s in fits)
 
 
 @contextmanager
