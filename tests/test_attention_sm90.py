@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 from relax_cutlass import offload_report
+from relax_cutlass.kinds.attention import select
 from relax_cutlass.kinds.attention.emit_sm90 import SM90_BIAS_SCHEDULES
 from relax_cutlass.kinds.attention.profile import attention_job
 from relax_cutlass.kinds.attention.records import CAUSAL_CODE, AttentionProblem, attention_key
@@ -91,31 +92,30 @@ BIASES = {"b11t": ((0, 1), None, None, (3, 1)), "1nst": (None, (1, 1), (2, 1), (
 @pytest.mark.parametrize("bias", BIASES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [None, "BottomRight"])
-def test_an_additive_bias_can_run_on_the_sm90_kernel(bias, head_dim, causal):
-    """A padding mask or a position bias on the scores: the SM90 kernel can run it, with the bias
-    read per CTA (a schedule of one block per CTA, the example's block order even when causal) and
-    its own kernel name. Measured faster, but not yet checked on the zoo's padded models, so
-    the heuristic keeps the SM80 kernel and says why; profiling does not time it (the profiler
-    passes no bias); SM90_BIAS_FIRST (here through sm90_candidate_first) makes it the heuristic's,
-    and then profiling times its schedules."""
+def test_an_additive_bias_runs_on_the_sm90_kernel(bias, head_dim, causal, monkeypatch):
+    """A padding mask or a position bias on the scores: the heuristic runs it on the SM90 kernel
+    (select.SM90_BIAS_FIRST), with the bias read per CTA (a schedule of one block per CTA, the
+    example's block order even when causal) and its own kernel name; profiling times its schedules
+    against each other (the profiler passes no bias). With SM90_BIAS_FIRST emptied the SM80 kernel
+    runs it and the report says why."""
     base = HD64 if head_dim == 64 else HD128
     problem = dataclasses.replace(base, bias_reads=BIASES[bias], masked_rows="zero", causal=causal)
-    assert "additive mask/bias" in sm90_attention_fallback_reason(problem) and attention_family(problem, 90) == 80
-    fallback = choose_attention_kernel(problem, 90)
-    assert fallback.arch == 80 and fallback.bias and "not yet the default" in fallback.note
+    assert sm90_attention_fallback_reason(problem) is None and attention_family(problem, 90) == 90
+    kernel = choose_attention_kernel(problem, 90)
+    plain = choose_attention_kernel(dataclasses.replace(problem, bias_reads=None), 90)
     job = attention_job(problem, 90)
-    assert job is None or all(k.arch == 80 for k, _ in job.candidates)
-    assert sm90_unmeasured_kernels(problem, 90) == []
-    with sm90_candidate_first("cooperative", bias_head_dims=[head_dim]):
-        assert sm90_attention_fallback_reason(problem) is None and attention_family(problem, 90) == 90
-        kernel = choose_attention_kernel(problem, 90)
-        plain = choose_attention_kernel(dataclasses.replace(problem, bias_reads=None), 90)
-        job = attention_job(problem, 90)
     assert job.key == attention_key(problem, 90, 90)
     assert {k.schedule for k, _ in job.candidates} == set(SM90_BIAS_SCHEDULES) == {"cooperative", "cooperative_locked"}
     assert kernel.arch == 90 and kernel.bias and kernel.schedule == "cooperative" and kernel.name.endswith("_bias")
-    assert kernel.name == plain.name + "_bias"
-    assert attention_family(problem, 90) == 80  # restored
+    # the plain kernel's name with the bias's schedule (head dim 64's first, ping-pong, is persistent)
+    assert kernel.name == dataclasses.replace(plain, schedule="cooperative").name + "_bias"
+    assert sm90_unmeasured_kernels(problem, 90) == []
+    monkeypatch.setattr(select, "SM90_BIAS_FIRST", set())
+    assert "additive mask/bias" in sm90_attention_fallback_reason(problem) and attention_family(problem, 90) == 80
+    fallback = choose_attention_kernel(problem, 90)
+    assert fallback.arch == 80 and fallback.bias and f"not the default at head dim {head_dim}" in fallback.note
+    job = attention_job(problem, 90)
+    assert job is None or all(k.arch == 80 for k, _ in job.candidates)
     text = emit_kernel(kernel).text
     assert "struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Params>" in text
     assert f"RelaxBiasMask<{CAUSAL_CODE[causal]}, {kernel.keys_per_block}>" in text
@@ -159,7 +159,7 @@ def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
         (torch_export_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
         (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_pingpong", ""),
         (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
-        (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias"),
+        (sdpa_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k128_h64_bias", ""),
     ],
 )
 def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):

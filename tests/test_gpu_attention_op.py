@@ -9,7 +9,6 @@ without TVM's causal masks, through the SM80 kernel and, on Hopper, the SM90 ker
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -19,7 +18,6 @@ pytestmark = pytest.mark.gpu
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import arch_name, local_gpu_arch  # noqa: E402
-from relax_cutlass.kinds.attention.select import sm90_candidate_first  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
@@ -96,8 +94,7 @@ def test_attention_op_with_a_bias(bias_shape, causal, arch):
     SM90 one reads them as they are)."""
     mod = _module(2, 200, 333, 8, 64, causal=causal, bias_shape=bias_shape)
     sm90 = arch == arch_name(90)
-    # on Hopper the SM90 kernel with the bias (not yet the heuristic's choice: select.SM90_BIAS_FIRST)
-    with sm90_candidate_first("cooperative", bias_head_dims=[64]) if sm90 else contextlib.nullcontext():
-        row = _build_and_check(mod, arch, 1 / 8, causal, bias_shape)
+    # on Hopper the SM90 kernel with the bias (the heuristic's: select.SM90_BIAS_FIRST)
+    row = _build_and_check(mod, arch, 1 / 8, causal, bias_shape)
     assert row["composite"] == "relax_cutlass.attention_op_bias" and row["kernel"].endswith("_bias"), row
     assert row["kernel"].startswith("sm90_" if sm90 else "sm80_"), row

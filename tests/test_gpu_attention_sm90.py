@@ -12,8 +12,6 @@ on the next wider one, and the SM80 fallback (family="sm80") with causal masks.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -21,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
-from relax_cutlass.kinds.attention.select import sm90_candidate_first  # noqa: E402
+from relax_cutlass.kinds.attention.select import sm90_bias_head_dims  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
@@ -371,8 +369,8 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
 def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family, form, batch):
     """Falcon's multi-query attention (one kv head broadcast over 8 query heads by sdpa, causal or
     with a padding mask): one region, one launch per batch (SM90) or per call (SM80),
-    against torch in float64. "sm90": the padding mask as the SM90 kernel's bias
-    (select.SM90_BIAS_FIRST), read per (kv head, group) launch."""
+    against torch in float64. "sm90" (and "auto", the heuristic's): the padding mask as the SM90
+    kernel's bias (select.SM90_BIAS_FIRST), read per (kv head, group) launch."""
 
     from relax_cutlass.testing.models.torch_attention import MultiQueryAttention
 
@@ -462,11 +460,9 @@ def _ids_on_gpu_and_in_torch(vm, module, ids):
 
 
 def _bias_family(family: str):
-    """The attention kind's kernel for masks/biases: "sm90" (not yet the heuristic's:
-    select.SM90_BIAS_FIRST) or any other (the heuristic's: SM80)."""
-    if family == "sm90":
-        return sm90_candidate_first("cooperative", bias_head_dims=[64, 128])
-    return contextlib.nullcontext()
+    """The attention kind's kernel for masks/biases: "sm90" (the heuristic's at head dims 64 and
+    128: select.SM90_BIAS_FIRST) or any other (the SM80 kernel, SM90_BIAS_FIRST emptied)."""
+    return sm90_bias_head_dims((64, 128) if family == "sm90" else ())
 
 
 def _gpt2_one_layer():

@@ -93,6 +93,21 @@ def sm90_candidate_first(
         SM90_UNMEASURED_HEAD_DIMS.update(unmeasured)
 
 
+@contextmanager
+def sm90_bias_head_dims(head_dims: Iterable[int]) -> Iterator[None]:
+    """Within the block, the heuristic runs attention with a mask/bias on the SM90 kernel at the
+    kernel head dims `head_dims` only (none: the SM80 kernel runs every one), as SM90_BIAS_FIRST
+    would: how the GPU tests check both kernels on one graph."""
+    saved = set(SM90_BIAS_FIRST)
+    SM90_BIAS_FIRST.clear()
+    SM90_BIAS_FIRST.update(head_dims)
+    try:
+        yield
+    finally:
+        SM90_BIAS_FIRST.clear()
+        SM90_BIAS_FIRST.update(saved)
+
+
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
 # padded (`sm90_padded_head_dim`), as measured on the H100 (fp16, bench/attention_sdpa.py, seq 512
 # to 4096, causal and not; bench/results/2026-11-27-attention-sdpa-padded-nvidia-h100.json):
@@ -105,18 +120,16 @@ def sm90_candidate_first(
 SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 
 # Kernel head dims (64, 128) at which the heuristic runs attention with an additive mask/bias on the
-# SM90 kernel. None yet, though it is measured faster: on the H200 (fp16, a (B, 1, 1, T) padding
-# mask, seq 512-8192, head dims 64 and 128, causal and not, 2026-11-28,
-# bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json) the SM90 bias kernel ran 2.0-3.3x
-# the SM80 kernel in every case (0.69-0.97x torch's sdpa without a causal mask, 1.08-2.18x with one;
-# the SM80 kernel 0.32-0.83x). Fully masked rows have run right on the H200 (2026-11-28: left-padded
-# GPT-2 batches in float16 and bfloat16, the bfloat16 one after the fix of its -2^100 mask's scaling;
-# padding masks, per-query masks and per-head biases off 16-byte rows). It waits for the zoo's
-# padded models (bert_base_padded, t5_encoder_padded) built, checked and run under compute-sanitizer
-# with it, and the grouped- and multi-query forms with a bias (tests/test_gpu_attention_sm90.py's
-# test_a_left_padded_llama_batch_is_right, the multi-query test's "sm90" case), not yet run on a GPU.
-# The GPU tests and bench/attention_sdpa.py run it through sm90_candidate_first(bias_head_dims=...).
-SM90_BIAS_FIRST: set[int] = set()
+# SM90 kernel (a head dim it runs padded counts as its kernel's). Measured on the H200 (fp16, a
+# (B, 1, 1, T) padding mask, seq 512-8192, causal and not,
+# bench/results/2026-11-28-attention-sdpa-padding-nvidia-h200.json): 2.0-3.3x the SM80 kernel in
+# every case (0.69-0.97x torch's sdpa without a causal mask, 1.08-2.18x with one; the SM80 kernel
+# 0.32-0.83x). Checked on the H200 (bench/results/*-gpu-tests-nvidia-h200.json): fully masked rows
+# (left-padded GPT-2 in float16 and bfloat16), padding masks, per-query masks, per-head biases off
+# 16-byte rows, grouped- and multi-query attention with a padding mask, BLOOM's ALiBi beside the
+# causal mask. Emptied, the SM80 kernel runs every mask (the GPU tests force each family with
+# sm90_candidate_first(bias_head_dims=...) or family="sm80").
+SM90_BIAS_FIRST: set[int] = {64, 128}
 
 
 def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
@@ -156,8 +169,8 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
     if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
         return (
-            "additive mask/bias: the SM90 attention kernel with a bias is not yet the default "
-            "(select.SM90_BIAS_FIRST): SM80 kernel"
+            f"additive mask/bias: the SM90 attention kernel with a bias is not the default at head dim "
+            f"{kernel_head_dim} (select.SM90_BIAS_FIRST): SM80 kernel"
         )
     if kernel_head_dim == p.head_dim and p.head_dim in SM90_UNMEASURED_HEAD_DIMS:
         return (
