@@ -128,6 +128,25 @@ def test_an_additive_bias_runs_on_the_sm90_kernel(bias, head_dim, causal, monkey
     assert "score = value <= kSwamping ? kSwamping : score;" in text
 
 
+@pytest.mark.parametrize("seq_q, family", [(49, 80), (127, 80), (128, 90), (4096, 90), (None, 90)])
+def test_a_bias_on_fewer_queries_than_the_sm90_tile_runs_on_the_sm80_kernel(seq_q, family):
+    """Swin-T's 49-token windows ran slower on the SM90 bias kernel's 128-query tile than on the
+    SM80 kernel's 64-query one (H200): a mask/bias on fewer than SM90_BIAS_MIN_QUERIES queries
+    keeps the SM80 kernel, the report saying why; a symbolic length takes the SM90 kernel; forced
+    (the GPU tests' "sm90" family), any length runs on it."""
+    problem = dataclasses.replace(HD64, bias_reads=BIASES["1nst"], masked_rows="nan", seq_q=seq_q)
+    assert attention_family(problem, 90) == family
+    if family == 80:
+        reason = sm90_attention_fallback_reason(problem)
+        assert f"additive mask/bias on {seq_q} queries, fewer than the SM90 attention kernel's 128" in reason
+        assert reason in choose_attention_kernel(problem, 90).note
+    with select.sm90_bias_head_dims((64,), 0):
+        assert attention_family(problem, 90) == 90
+    with sm90_candidate_first("cooperative", bias_head_dims=[64]):
+        assert attention_family(problem, 90) == 90
+    assert attention_family(problem, 90) == family  # restored
+
+
 def test_a_tuning_record_can_choose_the_sm90_bias_kernel(tmp_path):
     problem = dataclasses.replace(HD64, bias_reads=BIASES["1nst"], masked_rows="nan")
     db = TuningDatabase(tmp_path / "t.jsonl")
@@ -159,7 +178,8 @@ def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
         (torch_export_attention, {"h": 64}, "sm90_fmha_f16_pingpong_q128_k128_h64", ""),
         (torch_export_attention, {"h": 64, "dtype": "bfloat16"}, "sm90_fmha_bf16_pingpong", ""),
         (op_attention, {"h": 8, "causal": "TopLeft"}, "sm80_fmha", "head dims 8/8"),
-        (sdpa_attention, {"h": 64}, "sm90_fmha_f16_cooperative_q128_k128_h64_bias", ""),
+        (sdpa_attention, {"h": 64, "s": 128}, "sm90_fmha_f16_cooperative_q128_k128_h64_bias", ""),
+        (sdpa_attention, {"h": 64}, "sm80_fmha", "additive mask/bias on 16 queries"),
     ],
 )
 def test_report_names_the_family_and_the_reason(builder, kwargs, kernel, note):

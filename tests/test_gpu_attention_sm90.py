@@ -461,8 +461,9 @@ def _ids_on_gpu_and_in_torch(vm, module, ids):
 
 def _bias_family(family: str):
     """The attention kind's kernel for masks/biases: "sm90" (the heuristic's at head dims 64 and
-    128: select.SM90_BIAS_FIRST) or any other (the SM80 kernel, SM90_BIAS_FIRST emptied)."""
-    return sm90_bias_head_dims((64, 128) if family == "sm90" else ())
+    128 from 128 queries on: select.SM90_BIAS_FIRST; here at any length) or any other (the SM80
+    kernel, SM90_BIAS_FIRST emptied)."""
+    return sm90_bias_head_dims((64, 128), 0) if family == "sm90" else sm90_bias_head_dims(())
 
 
 def _gpt2_one_layer():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ...arch import family_note, native_family, resolve_family
 from ..gemm.select import stage_record, under_fills
@@ -68,44 +68,49 @@ def sm90_candidate_first(
     (at the head dims that have it; elsewhere the heuristic's tile) come first among the SM90
     candidates, so the heuristic takes them, `padded_head_dims` run on the SM90 kernel padded
     (as if in SM90_PADDED_FIRST), attention with a bias at `bias_head_dims` on the SM90 kernel
-    (as if in SM90_BIAS_FIRST) and the head dims `measured_head_dims` on their own SM90 tiles (as
-    if out of SM90_UNMEASURED_HEAD_DIMS): how the GPU tests and bench/attention_sdpa.py run one
-    candidate without profiling."""
+    (as if in SM90_BIAS_FIRST, at any number of queries) and the head dims `measured_head_dims` on
+    their own SM90 tiles (as if out of SM90_UNMEASURED_HEAD_DIMS): how the GPU tests and
+    bench/attention_sdpa.py run one candidate without profiling."""
     firsts, tiles = dict(SM90_ATTENTION_FIRST_SCHEDULE), dict(SM90_ATTENTION_TILES)
-    padded, biased, unmeasured = set(SM90_PADDED_FIRST), set(SM90_BIAS_FIRST), set(SM90_UNMEASURED_HEAD_DIMS)
+    padded, unmeasured = set(SM90_PADDED_FIRST), set(SM90_UNMEASURED_HEAD_DIMS)
     SM90_ATTENTION_FIRST_SCHEDULE.update({hd: schedule for hd in tiles})
     SM90_PADDED_FIRST.update(padded_head_dims)
-    SM90_BIAS_FIRST.update(bias_head_dims)
     SM90_UNMEASURED_HEAD_DIMS.difference_update(measured_head_dims)
     if tile is not None:
         SM90_ATTENTION_TILES.update({hd: tuple(sorted(ts, key=lambda t: t != tile)) for hd, ts in tiles.items()})
+    bias_head_dims = set(bias_head_dims)
+    biased = sm90_bias_head_dims(SM90_BIAS_FIRST | bias_head_dims, 0) if bias_head_dims else nullcontext()
     try:
-        yield
+        with biased:
+            yield
     finally:
         SM90_ATTENTION_FIRST_SCHEDULE.clear()
         SM90_ATTENTION_FIRST_SCHEDULE.update(firsts)
         SM90_ATTENTION_TILES.update(tiles)
         SM90_PADDED_FIRST.clear()
         SM90_PADDED_FIRST.update(padded)
-        SM90_BIAS_FIRST.clear()
-        SM90_BIAS_FIRST.update(biased)
         SM90_UNMEASURED_HEAD_DIMS.clear()
         SM90_UNMEASURED_HEAD_DIMS.update(unmeasured)
 
 
 @contextmanager
-def sm90_bias_head_dims(head_dims: Iterable[int]) -> Iterator[None]:
+def sm90_bias_head_dims(head_dims: Iterable[int], min_queries: int | None = None) -> Iterator[None]:
     """Within the block, the heuristic runs attention with a mask/bias on the SM90 kernel at the
     kernel head dims `head_dims` only (none: the SM80 kernel runs every one), as SM90_BIAS_FIRST
-    would: how the GPU tests check both kernels on one graph."""
-    saved = set(SM90_BIAS_FIRST)
+    would, and from `min_queries` queries on (as SM90_BIAS_MIN_QUERIES; 0: any number): how the
+    GPU tests check both kernels on one graph."""
+    global SM90_BIAS_MIN_QUERIES
+    saved, saved_min = set(SM90_BIAS_FIRST), SM90_BIAS_MIN_QUERIES
     SM90_BIAS_FIRST.clear()
     SM90_BIAS_FIRST.update(head_dims)
+    if min_queries is not None:
+        SM90_BIAS_MIN_QUERIES = min_queries
     try:
         yield
     finally:
         SM90_BIAS_FIRST.clear()
         SM90_BIAS_FIRST.update(saved)
+        SM90_BIAS_MIN_QUERIES = saved_min
 
 
 # Head dims without an SM90 kernel of their own that the heuristic runs on the next wider one,
@@ -127,9 +132,15 @@ SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 # 0.32-0.83x). Checked on the H200 (bench/results/*-gpu-tests-nvidia-h200.json): fully masked rows
 # (left-padded GPT-2 in float16 and bfloat16), padding masks, per-query masks, per-head biases off
 # 16-byte rows, grouped- and multi-query attention with a padding mask, BLOOM's ALiBi beside the
-# causal mask. Emptied, the SM80 kernel runs every mask (the GPU tests force each family with
-# sm90_candidate_first(bias_head_dims=...) or family="sm80").
+# causal mask. In the zoo on the H200 (2026-11-28) the left-padded Llama batch (4 x 512) went from
+# 2.46 to 1.66 ms and the padded BERT-base (8 x 128) from 0.91 to 0.81 ms, within their error bounds.
+# Emptied, the SM80 kernel runs every mask (the GPU tests check each kernel with sm90_bias_head_dims).
 SM90_BIAS_FIRST: set[int] = {64, 128}
+# ... for at least this many queries (a whole query tile of the SM90 kernel's): with fewer, the
+# SM80 kernel's 64-query tile wastes less. Measured on the H200 (zoo, 2026-11-28): Swin-T's
+# 49-token windows with their position bias (head dim 32) took 5.67 ms on the SM90 bias kernel
+# against 5.12 ms on the SM80 kernel; BERT-base's 128 padded tokens 0.807 ms against 0.911.
+SM90_BIAS_MIN_QUERIES = 128
 
 
 def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
@@ -167,6 +178,11 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     if blocker:
         return blocker
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
+    if p.bias_reads is not None and p.seq_q is not None and p.seq_q < SM90_BIAS_MIN_QUERIES:
+        return (
+            f"additive mask/bias on {p.seq_q} queries, fewer than the SM90 attention kernel's "
+            f"{SM90_BIAS_MIN_QUERIES}-query tile (select.SM90_BIAS_MIN_QUERIES): SM80 kernel"
+        )
     if p.bias_reads is not None and kernel_head_dim is not None and kernel_head_dim not in SM90_BIAS_FIRST:
         return (
             f"additive mask/bias: the SM90 attention kernel with a bias is not the default at head dim "
