@@ -39,7 +39,7 @@ SCALE = float(os.environ.get("RELAX_CUTLASS_GRAPH_EXAMPLES", "1"))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
-@settings(max_examples=int(30 * SCALE), deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=int(20 * SCALE), deadline=None, suppress_health_check=HEALTH)
 @given(**GEMM_GRAPH)
 def test_random_gemm_graphs(batch, rows, features, layers, bind):
     mod = gemm_graph(batch, rows, features, layers)
@@ -48,7 +48,7 @@ def test_random_gemm_graphs(batch, rows, features, layers, bind):
     _check_offload(mod, b=2)
 
 
-@settings(max_examples=int(18 * SCALE), deadline=None, suppress_health_check=HEALTH)
+@settings(max_examples=int(12 * SCALE), deadline=None, suppress_health_check=HEALTH)
 @given(**CONV_GRAPH)
 def test_random_conv_graphs(batch, size, channels, layers):
     _check_offload(conv_graph(batch, size, channels, layers), n=2)

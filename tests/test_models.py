@@ -327,14 +327,19 @@ def _bf16_models(torch):
 
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models import torch_models
-    from relax_cutlass.testing.models.torch_models import mobilenet_v3
+    from relax_cutlass.testing.models.torch_models import MOBILENET_V3_LARGE, mobilenet_v3
     from relax_cutlass.testing.models.torch_transformers import TINY_VOCAB, tiny_model
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
     return {
         "mlp": (mlp, (torch.randn(16, 64),)),
-        "mobilenet_v3": (mobilenet_v3(width_mult=0.5), (torch.randn(2, 3, 64, 64),)),
+        # the block kinds of mobilenet_v3_large (relu and hardswish, with and without
+        # squeeze-excitation, strided), one of each, not all fifteen
+        "mobilenet_v3": (
+            mobilenet_v3(width_mult=0.5, blocks=tuple(MOBILENET_V3_LARGE[i] for i in (0, 1, 3, 6, 10))),
+            (torch.randn(2, 3, 64, 64),),
+        ),
         "llama": (last_hidden_state(small_transformer("llama", layers=1)), (torch.randint(0, 512, (1, 64)),)),
         # layer_norm on a float16 value (its embedding projection's): TVM has no bfloat16 layer_norm
         "albert": (tiny_model("albert", torch, transformers), (torch.randint(3, TINY_VOCAB, (1, 24)),)),
