@@ -196,3 +196,65 @@ def test_a_rewrite_that_raises_leaves_the_function_and_warns():
     (warning,) = caught
     assert warning.category is RewriteSkippedWarning
     assert "the broken rewrite failed on function main (AttributeError: module 'tvm.relax'" in str(warning.message)
+
+
+def _shifted_window_attention(mask_is_input: bool = False, batch=2, windows=4, heads=2, seq=16, head_dim=16):
+    """torchvision's Swin shifted-window attention as from_torch imports it (float16): the scores of
+    every window (B*nW, N, S, S) plus the relative position bias (N, S, S), viewed as (B, nW, N, S,
+    S) plus the shift mask (1, nW, 1, S, S) of 0 / -100, viewed back, softmax in float32. The mask a
+    constant, or (`mask_is_input`) a parameter. -> (module, inputs)"""
+    from tvm import relax
+
+    f16, op = "float16", relax.op
+    rng = np.random.default_rng(0)
+    frame = (batch * windows, heads, seq, head_dim)
+    q, k, v = (relax.Var(n, relax.TensorType(frame, f16)) for n in "qkv")
+    shift = np.where(rng.random((1, windows, 1, seq, seq)) < 0.3, -100.0, 0.0).astype(f16)
+    mask = relax.Var("mask", relax.TensorType(shift.shape, f16)) if mask_is_input else relax.const(shift)
+    position = relax.const(rng.uniform(-2, 2, (heads, seq, seq)).astype(f16))
+    bb = relax.BlockBuilder()
+    params = [q, k, v, mask] if mask_is_input else [q, k, v]
+    with bb.function("main", params):
+        with bb.dataflow():
+            e = bb.emit
+            qs = e(op.reshape(q, (batch * windows * heads, seq, head_dim)))
+            kt = e(op.reshape(e(op.permute_dims(k, [0, 1, 3, 2])), (batch * windows * heads, head_dim, seq)))
+            scores = e(op.reshape(e(op.astype(e(op.matmul(qs, kt, out_dtype="float32")), f16)), frame[:2] + (seq, seq)))
+            biased = e(op.reshape(e(op.add(scores, position)), (batch, windows, heads, seq, seq)))
+            logits = e(op.reshape(e(op.add(biased, mask)), frame[:2] + (seq, seq)))
+            probs = e(op.nn.softmax(e(op.astype(logits, "float32")), 3))
+            probs = e(op.astype(e(op.reshape(probs, (batch * windows * heads, seq, seq))), f16))
+            vs = e(op.reshape(v, (batch * windows * heads, seq, head_dim)))
+            out = e(op.astype(e(op.matmul(probs, vs, out_dtype="float32")), f16))
+            # (B*nW, N, S, H) -> (B*nW, S, N*H), as the block's projection reads it
+            out = e(op.permute_dims(e(op.reshape(out, frame[:2] + (seq, head_dim))), [0, 2, 1, 3]))
+            gv = bb.emit_output(e(op.reshape(out, (batch * windows, seq, heads * head_dim))))
+        bb.emit_func_output(gv)
+    inputs = [rng.standard_normal(frame).astype(f16) for _ in range(3)]
+    return bb.get(), inputs + ([shift] if mask_is_input else [])
+
+
+def test_swin_window_terms_become_one_bias_the_kernel_reads():
+    """Regression (torchvision's swin_t in the zoo: its five shifted-window attentions stayed in
+    TVM, 2 additions around a view): the position bias and the shift mask, both constants, are
+    added into one (B*nW, N, S, S) bias, and the attention is one region reading it; the kernel's
+    strided reads and the module's values as TVM's build of the original."""
+    mod, inputs = _shifted_window_attention()
+    (row,) = offloaded_attention_rows(mod)
+    assert row["attention"]["bias"] == "BNST" and row["kernel"].endswith("_bias"), row
+    partitioned, rewritten = offload_for_cpu(mod)
+    assert check_regions_against_kernel_model(partitioned) == 1
+    serve_regions_on_cpu(partitioned)
+    got, want = run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)
+    assert np.isfinite(got).all() and rel_error(got, want) < 2e-3
+
+
+def test_window_terms_from_an_input_stay_in_tvm_and_say_why():
+    """A shift mask given at run time cannot be added ahead: both adds stay in TVM, as before."""
+    mod, inputs = _shifted_window_attention(mask_is_input=True)
+    assert offloaded_attention_rows(mod) == []
+    partitioned, rewritten = offload_for_cpu(mod)
+    notes = [r["reasons"][0] for r in relax_cutlass.offload_report(rewritten).left_in_tvm]
+    assert notes and all("2 additions there" in n for n in notes), notes
+    serve_regions_on_cpu(partitioned)
+    assert rel_error(run_vm(build_cpu(rewritten), inputs), run_vm(build_cpu(mod), inputs)) < 1e-3

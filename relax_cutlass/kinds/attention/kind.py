@@ -26,7 +26,7 @@ from .profile import PROFILE_ATTENTION, attention_job
 from .records import CAUSAL_CODE, AttentionKernel, AttentionProblem, AttentionRegion, report_line
 from .select import attention_label, choose_attention_kernel
 from .templates import ARGS_TYPE, ATTENTION_ARGS
-from .terms import hoist_position_terms
+from .terms import hoist_position_terms, merge_window_terms
 
 
 def _independent_inputs(_spec, ann: dict) -> list[tuple]:
@@ -107,6 +107,7 @@ KIND = RegionKind(
         cast_attention_masks,
         split_padding_from_causal_masks,
         constant_causal_masks,
+        merge_window_terms,
     ),
     report_refused=True,
 )

@@ -6,15 +6,24 @@ frame its baddbmm computes in, reshapes them to (B, N, S, T) and then adds the c
 attention pattern reads a bias and a causal mask added in one frame, so `hoist_position_terms`
 moves the reshape in front of the first add, reshaping the bias alike (its (B*N) axis split into
 (B, N), its broadcast axes kept broadcast): the bias stays a (B, N, 1, T) tensor the kernel reads
-with stride 0 across the queries, never written out at (B, N, S, T)."""
+with stride 0 across the queries, never written out at (B, N, S, T).
+
+torchvision's Swin adds its relative position bias (1, N, S, S) to the scores of every window
+(B*nW, N, S, S), views them as (B, nW, N, S, S) to add the shifted windows' mask (1, nW, 1, S, S),
+and views them back. Both terms are computed from no input, but no stride pattern reads their sum
+in the (B*nW) frame (the mask repeats every nW windows), so `merge_window_terms` adds them into one
+bias of the scores' shape (broadcast over B), which TVM computes (or folds into a constant): the
+attention then reads one dense (B*nW, N, S, S) bias instead of staying in TVM."""
 
 from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
+from ..evaluate import input_free_vars
 from ..ir import planned_rewrite, static_shape, use_counts
 from .masks import is_matmul_result
 from .trace import is_op_call, softmax_adds
@@ -107,3 +116,73 @@ def hoist_position_terms(func: relax.Function) -> relax.Function:
     where the term's reshape' keeps its broadcast axes (`reshaped_broadcast`); other graphs as they
     are. The same values in the same float32 adds, in the same order."""
     return planned_rewrite(func, _plan, _hoisted)
+
+
+def _plan_window_terms(func: relax.Function) -> dict:
+    """{the view back's var: (the scores, the first term, the window frame's shape, the second
+    term)} for each softmax([astype] reshape(reshape(scores + term) + term2)) whose terms are
+    computed from no input, whose views go from the scores' shape and back, and whose inner
+    values nothing else reads."""
+    var2val = get_var2val(func)
+    uses = use_counts(func)
+    free = input_free_vars(func)
+    planned = {}
+
+    def value(expr):
+        return var2val.get(expr) if isinstance(expr, relax.Var) else None
+
+    def input_free(expr) -> bool:
+        return isinstance(expr, tvm.ir.GenericConst) or (isinstance(expr, relax.Var) and expr in free)
+
+    for softmax in var2val.values():
+        if not is_op_call(softmax, "relax.nn.softmax"):
+            continue
+        back_var = softmax.args[0]
+        if is_op_call(value(back_var), "relax.astype"):
+            back_var = value(back_var).args[0]
+        back = value(back_var)
+        if not is_op_call(back, "relax.reshape") or uses.get(back_var) != 1:
+            continue
+        outer = value(back.args[0])
+        if not is_op_call(outer, "relax.add") or uses.get(back.args[0]) != 1:
+            continue
+        for index in (1, 0):
+            view_var, term2 = outer.args[1 - index], outer.args[index]
+            view, inner = value(view_var), None
+            if is_op_call(view, "relax.reshape") and uses.get(view_var) == 1 and input_free(term2):
+                inner = value(view.args[0])
+            if not is_op_call(inner, "relax.add") or uses.get(view.args[0]) != 1:
+                continue
+            scores = [is_matmul_result(arg, var2val) for arg in inner.args]
+            if scores.count(True) != 1 or not input_free(inner.args[scores.index(False)]):
+                continue
+            score, term = inner.args[scores.index(True)], inner.args[scores.index(False)]
+            src, mid = static_shape(inner), static_shape(view)
+            if src is None or mid is None or static_shape(back) != src or static_shape(score) != src:
+                continue
+            if len({str(e.ty.dtype) for e in (score, term, term2, outer)}) != 1:
+                continue
+            term_dims = static_shape(term)
+            shape = None if term_dims is None else reshaped_broadcast(term_dims, src, mid)
+            if shape is not None and static_shape(outer) == mid:
+                planned[back_var] = (score, term, shape, mid, term2, index)
+                break
+    return planned
+
+
+def _merged(mutator, binding, planned) -> relax.Expr:
+    score, term, shape, mid, term2, index = planned
+    emit = mutator.builder_.emit
+    src = static_shape(binding.var)
+    terms = [emit(relax.op.reshape(mutator.visit_expr(term), shape)), mutator.visit_expr(term2)]
+    summed = emit(relax.op.add(*(terms if index == 1 else terms[::-1])))
+    bias = emit(relax.op.reshape(emit(relax.op.broadcast_to(summed, mid)), src))
+    return emit(relax.op.add(mutator.visit_expr(score), bias))
+
+
+def merge_window_terms(func: relax.Function) -> relax.Function:
+    """softmax(reshape(reshape(scores + term) + term2)), both terms computed from no input and the
+    reshapes a view and its inverse (Swin's windows) -> softmax(scores + bias), bias = the two
+    terms added in the window frame, broadcast to it and viewed in the scores' shape: one term the
+    attention pattern reads. The same sums up to the order of the two rounded adds."""
+    return planned_rewrite(func, _plan_window_terms, _merged)
