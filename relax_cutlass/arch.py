@@ -26,6 +26,27 @@ SM_COUNT = {
 }
 
 
+# Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
+# capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
+SMEM_LIMIT = {
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    103: 227 * 1024,
+    110: 227 * 1024,
+    120: 99 * 1024,
+    121: 99 * 1024,
+}
+
+
+def smem_limit(arch: int) -> int:
+    """The shared memory a CTA of `arch` may opt in to (bytes)."""
+    return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
+
+
 def parse_arch(arch: str | int) -> int:
     """'sm_80' / 'sm_90a' / 'sm_100f' / '120' / 121 / '10.0' / 'auto' -> 80 / 90 / 100 / 120 / 121 / 100 ...
 

@@ -134,7 +134,8 @@ def test_report_names_target_family_and_why():
 
 def test_blackwell_tiles_fit_its_shared_memory():
     """sm_120 / sm_121 have 99 KB per CTA (the A100's 163 KB tiles would not launch); sm_100 227 KB."""
-    from relax_cutlass.kinds.gemm.select import smem_limit, tile_smem_bytes
+    from relax_cutlass.arch import smem_limit
+    from relax_cutlass.kinds.gemm.select import tile_smem_bytes
 
     for sm, limit in ((120, 99), (121, 99), (100, 227), (103, 227)):
         assert smem_limit(sm) == limit * 1024

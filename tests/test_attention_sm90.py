@@ -359,7 +359,10 @@ def test_head_dim_256_keeps_the_sm80_kernel_until_its_sm90_tile_is_measured():
     assert forced.name == "sm90_fmha_f16_cooperative_q128_k64_h256", forced
     with sm90_candidate_first("pingpong_locked", measured_head_dims=[256]):
         assert choose_attention_kernel(problem, 90).name == forced.name
-    assert "using TileShape = cute::Shape<cute::_128, cute::_64, cute::_256>;" in emit_kernel(forced).text
+    text = emit_kernel(forced).text
+    assert "using TileShape = cute::Shape<cute::_128, cute::_64, cute::_256>;" in text
+    # a kernel over the shared memory a CTA may have fails in nvcc, not at its first launch
+    assert "static_assert(Kernel::SharedStorageSize <= 232448," in text
     assert choose_attention_kernel(problem, 90).arch == 80  # restored
     # a head dim between 128 and 256 runs padded to 256 only where profiling measures it faster
     padded = dataclasses.replace(problem, head_dim=192, head_dim_value=192)

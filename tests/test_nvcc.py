@@ -328,6 +328,29 @@ def test_head_dim_256_sm90_attention_exports(tmp_path):
     ex.export_library(str(tmp_path / "attention_h256.so"))
 
 
+@pytest.mark.slow
+def test_an_sm90_attention_kernel_over_the_shared_memory_limit_fails_in_nvcc():
+    """Head dim 256's ping-pong kernel needs more shared memory than an H100/H200 CTA may opt in
+    to (it failed at launch on the H200): its static_assert stops nvcc with the kernel's name,
+    while the cooperative kernel of the same tile compiles."""
+    import dataclasses
+
+    from relax_cutlass.kinds.attention.records import AttentionProblem
+    from relax_cutlass.kinds.attention.select import sm90_attention_kernels, sm90_candidate_first
+    from relax_cutlass.toolkit.compile import compile_all
+
+    problem = AttentionProblem(2, 4, 333, 333, 256, 256, 0.0625)
+    with sm90_candidate_first("cooperative", measured_head_dims=[256]):
+        (cooperative,) = [k for k in sm90_attention_kernels(problem, 90) if k.schedule == "cooperative"]
+    pingpong = dataclasses.replace(cooperative, schedule="pingpong")
+    failures: dict[str, Exception] = {}
+    built = compile_all([emit_kernel(pingpong), emit_kernel(cooperative)], 90, failures=failures)
+    assert list(built) == [cooperative.name]
+    assert f"{pingpong.name} needs more shared memory than a CTA may opt in to (232448 bytes)" in str(
+        failures[pingpong.name]
+    )
+
+
 def test_fused_attention_with_a_mask_exports(tmp_path):
     """transformers' sdpa attention (padding mask, safe softmax): the kernel built with CUTLASS's
     attention bias and the fix-up of fully masked rows, through nvcc into an exported library."""

@@ -1,8 +1,9 @@
 """Kernel choice: candidates come from cutlass_library; the heuristic is legal and deterministic."""
 
+from relax_cutlass.arch import SMEM_LIMIT
 from relax_cutlass.kinds.epilogue import Epilogue
 from relax_cutlass.kinds.gemm.records import GemmProblem
-from relax_cutlass.kinds.gemm.select import SMEM_LIMIT, candidate_tiles, choose_kernel, estimate_cost, tile_smem_bytes
+from relax_cutlass.kinds.gemm.select import candidate_tiles, choose_kernel, estimate_cost, tile_smem_bytes
 
 
 def test_candidates_are_cutlass_library_sm80_tiles():

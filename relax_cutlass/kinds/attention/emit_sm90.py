@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from string import Template
 
+from ...arch import smem_limit
 from ...toolkit.compile import Source
 from ...toolkit.dtypes import CUTLASS_ELEMENT
 from ...toolkit.glue import check_device
@@ -287,6 +288,11 @@ struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typ
 struct Kernel : cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, $scheduler$options> {};
 using Operation = cutlass::device::Universal<Kernel>;
 constexpr int kHeadDim = $head_dim;
+// A kernel whose shared storage is more than a CTA may opt in to fails at its first launch (head
+// dim 256's ping-pong kernels did on the H200): nvcc refuses it here instead, and the region stays
+// in TVM with this message in the offload report.
+static_assert(Kernel::SharedStorageSize <= $smem_limit,
+              "$name needs more shared memory than a CTA may opt in to ($smem_limit bytes)");
 
 // The example's device_kernel (what Operation::run launches) with griddepcontrol.wait ahead of the
 // kernel's first global memory access, launched as a programmatic dependent (PDL) like the SM90
@@ -703,6 +709,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
         scheduler=scheduler,
         grouped=grouped,
         check_device=check_device(kernel),
+        smem_limit=smem_limit(kernel.target),
         **pieces,
     )
     return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")

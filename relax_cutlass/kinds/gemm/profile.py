@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from string import Template
 
+from ...arch import smem_limit
 from ..epilogue import Epilogue
 from .records import SPLIT_K_MIN_ITERATIONS, GemmProblem, TileConfig
 from .select import (
@@ -16,7 +17,6 @@ from .select import (
     estimate_cost,
     rank_sm80,
     sm90_large_tile,
-    smem_limit,
     tile_smem_bytes,
     under_fills,
 )

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import math
 
-from ...arch import SM_COUNT, family_note, native_family, resolve_family
+from ...arch import SM_COUNT, family_note, native_family, resolve_family, smem_limit
 from ...toolkit.dtypes import DTYPE_BITS
 from ...toolkit.settings import DEFAULT_M_HINT
 from ...toolkit.tuning import m_bucket, parse_label
@@ -32,25 +32,6 @@ from ..epilogue import Epilogue, epilogue_key
 from .generators import generated_gemms, stable_order
 from .records import GemmKernel, GemmProblem, TileConfig, gemm_key
 from .sm100 import candidate_tiles_sm100, choose_sm100
-
-# Shared memory a CTA may use, per SM (bytes): the CUDA programming guide's table of compute
-# capabilities. SMs not listed get the smallest (`smem_limit`), so no tile fails to launch.
-SMEM_LIMIT = {
-    80: 163 * 1024,
-    86: 99 * 1024,
-    87: 163 * 1024,
-    89: 99 * 1024,
-    90: 227 * 1024,
-    100: 227 * 1024,
-    103: 227 * 1024,
-    110: 227 * 1024,
-    120: 99 * 1024,
-    121: 99 * 1024,
-}
-
-
-def smem_limit(arch: int) -> int:
-    return SMEM_LIMIT.get(arch, min(SMEM_LIMIT.values()))
 
 
 def sm80_tile(op, swizzle: int = 8) -> TileConfig:
