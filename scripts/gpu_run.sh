@@ -18,6 +18,8 @@
 #   time    the zoo's time phase (one model at a time, nothing else running) and its table, then the
 #           suite benchmarks (bench/gpu_suite.py --phase run: $OUT/gpu_results.json for bench/publish.py)
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
+#   memcheck  one inference of each built ZOO_MODELS library under compute-sanitizer memcheck
+#           (scripts/memcheck_zoo.py: $OUT/memcheck.json)
 #   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
 # profile= for the zoo (ZOO_TORCH_COMPILE=0: no torch.compile columns): never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
@@ -171,6 +173,14 @@ run_time() {
   summary+=("time stage: $((SECONDS - t0)) s")
 }
 
+run_memcheck() {
+  # one inference of each ZOO_MODELS library (built by the build stage) under compute-sanitizer
+  local t0=$SECONDS names
+  IFS=',' read -ra names <<< "$models"
+  python3 scripts/memcheck_zoo.py build/zoo "${names[@]}" --json "$out/memcheck.json" > "$out/memcheck.log" 2>&1
+  summary+=("memcheck: $(tail -1 "$out/memcheck.log") ($((SECONDS - t0)) s)")
+}
+
 run_bench() {
   # BENCH: commands separated by ';', run one after another (nothing else on the GPU while timing)
   local t0=$SECONDS i=0 cmd
@@ -191,6 +201,7 @@ for stage in "$@"; do
     time) run_time ;;
     zoo) run_build; run_time ;;
     bench) run_bench ;;
+    memcheck) run_memcheck ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   # after every stage, so that a call cut off later still brings the tuning back

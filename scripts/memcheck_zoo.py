@@ -51,7 +51,10 @@ def run_once(library: str, inputs: str) -> None:
 def check(name: str, zoo_dir: Path, library: str, timeout: int) -> dict:
     from relax_cutlass.testing.zoo import ZOO
 
-    record = json.loads((zoo_dir / name / "record.json").read_text())
+    record_path = zoo_dir / name / "record.json"
+    if not record_path.is_file():  # a model the build stage did not reach, or a misspelled name
+        return {"model": name, "ok": False, "problem": f"no build record {record_path} (bench/zoo.py --phase build)"}
+    record = json.loads(record_path.read_text())
     path = record.get("libraries", {}).get(library)
     if path is None:
         return {"model": name, "ok": False, "problem": f"no {library} library in {zoo_dir / name}"}
@@ -102,13 +105,13 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("zoo_dir", type=Path)
-    ap.add_argument("names", nargs="+")
+    ap.add_argument("names", nargs="+", help="zoo entries (separate words, or comma-separated)")
     ap.add_argument("--library", default="relax_cutlass")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per model")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
-    for name in args.names:
+    for name in [n for word in args.names for n in word.split(",") if n]:
         row = check(name, args.zoo_dir, args.library, args.timeout)
         rows.append(row)
         verdict = "ok" if row["ok"] else "FAILED " + (row.get("problem") or row["first_error"])
