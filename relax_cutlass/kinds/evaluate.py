@@ -51,6 +51,11 @@ def input_free_vars(func: relax.Function) -> set:
     return free
 
 
+def is_input_free(expr: relax.Expr, free: set) -> bool:
+    """`expr` is a constant, or a var computed from no input (`free`: `input_free_vars(func)`)."""
+    return isinstance(expr, tvm.ir.GenericConst) or (isinstance(expr, relax.Var) and expr in free)
+
+
 def input_free_bindings(func: relax.Function, var: relax.Var, free: set | None = None) -> list[relax.VarBinding] | None:
     """The bindings input-free `var` depends on, in the function's order; None when `var` reads a
     parameter (`free`: `input_free_vars(func)`, when the caller already has it)."""

@@ -47,6 +47,12 @@ def is_call(expr: relax.Expr, op: str) -> bool:
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op
 
 
+def bound_value(expr: relax.Expr, var2val) -> relax.Expr:
+    """What `expr` is bound to, where it is a var with a binding in `var2val`; else `expr` itself
+    (a parameter, a constant)."""
+    return var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+
 def constant_value(expr: relax.Expr):
     """The numpy value of a constant; None for anything else."""
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None

@@ -23,8 +23,8 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..evaluate import evaluate_input_free, input_free_vars
-from ..ir import planned_rewrite, rewrite_planned_bindings, static_shape
+from ..evaluate import evaluate_input_free, input_free_vars, is_input_free
+from ..ir import bound_value, planned_rewrite, rewrite_planned_bindings, static_shape
 from .masks import SWAMPING_MASK
 from .trace import is_op_call, softmax_adds
 
@@ -80,7 +80,7 @@ def _plan(func: relax.Function) -> dict:
         if not is_op_call(add, "relax.add") or static_shape(add) is None or len(static_shape(add)) < 2:
             continue
         # an input-free binding, or a constant (an imported graph's mask, folded already)
-        is_free = [arg in free or isinstance(arg, tvm.ir.GenericConst) for arg in add.args]
+        is_free = [is_input_free(arg, free) for arg in add.args]
         if is_free.count(True) != 1:
             continue
         index = is_free.index(True)
@@ -142,7 +142,7 @@ _AND_OPS = ("relax.bitwise_and", "relax.logical_and")
 def _causal_and_padding(cond, var2val, free) -> tuple[relax.Expr, relax.Expr] | None:
     """(the input-free part, the other part) of a boolean `cond` = and(causal, padding) (through a
     broadcast_to), the other part read once per key (size 1 on the query axis); None otherwise."""
-    value = var2val.get(cond, cond) if isinstance(cond, relax.Var) else cond
+    value = bound_value(cond, var2val)
     if is_op_call(value, "relax.broadcast_to"):
         return _causal_and_padding(value.args[0], var2val, free)
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _AND_OPS):
@@ -196,11 +196,10 @@ def _under_casts(expr, var2val) -> tuple[relax.Expr | None, list[str]]:
     """(the value under `expr`'s chain of astypes, the chain's dtypes, innermost first): a mask
     `cast_attention_masks` cast to the scores' type and back to float32."""
     casts: list[str] = []
-    value = var2val.get(expr) if isinstance(expr, relax.Var) else expr
+    value = bound_value(expr, var2val)
     while is_op_call(value, "relax.astype"):
         casts.insert(0, str(value.attrs.dtype))
-        inner = value.args[0]
-        value = var2val.get(inner) if isinstance(inner, relax.Var) else inner
+        value = bound_value(value.args[0], var2val)
     return value, casts
 
 

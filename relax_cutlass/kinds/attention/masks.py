@@ -9,8 +9,8 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
-from ..evaluate import input_free_vars
-from ..ir import same_shape, static_shape, use_counts
+from ..evaluate import input_free_vars, is_input_free
+from ..ir import bound_value, same_shape, static_shape, use_counts
 from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
 from .trace import is_op_call, known_dims, softmax_adds, static_dim
 
@@ -108,10 +108,10 @@ class _MaskValues:
 
     def bounds(self, expr) -> tuple[float, float] | None:
         """[lo, hi] holding every value of `expr`, where it is computed from weights and constants
-        alone (tables read by take, constant masks, comparisons, views, casts, where, add, subtract,
-        multiply and running sums of them); None where a value depends on an input's numbers, or on an op not
-        known here. A comparison's result is 0 or 1 whatever it compares; a positive base's power
-        (ALiBi's slopes) is monotonic in base and exponent."""
+        alone (tables read by take, constant masks, comparisons, views, casts, where, add,
+        subtract, multiply and running sums of them); None where a value depends on an input's
+        numbers, or on an op not known here. A comparison's result is 0 or 1 whatever it compares;
+        a positive base's power (ALiBi's slopes) is monotonic in base and exponent."""
         try:
             return self._bounded(expr, 0)
         except _TooDeep:
@@ -286,7 +286,7 @@ def _plan_masks(func: relax.Function) -> tuple[dict, dict, dict, dict]:
 
 def _cast_scores(expr, var2val) -> str | None:
     """The element type of scores cast to float32 (astype of a 16-bit matmul result), or None."""
-    cast = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+    cast = bound_value(expr, var2val)
     if not is_op_call(cast, "relax.astype") or str(cast.args[0].ty.dtype) not in ATTENTION_DTYPES:
         return None
     return str(cast.args[0].ty.dtype) if is_matmul_result(cast.args[0], var2val) else None
@@ -299,9 +299,8 @@ def _term_beside_causal_mask(add: relax.Call, var2val, known: _MaskValues, free:
     `constant_causal_masks` after this); None for any other add."""
     for index in (1, 0):
         inner_var, mask = add.args[1 - index], add.args[index]
-        inner = var2val.get(inner_var) if isinstance(inner_var, relax.Var) else None
-        no_input = isinstance(mask, tvm.ir.GenericConst) or mask in free
-        if not is_op_call(inner, "relax.add") or str(inner.ty.dtype) != "float32" or not no_input:
+        inner = bound_value(inner_var, var2val)
+        if not is_op_call(inner, "relax.add") or str(inner.ty.dtype) != "float32" or not is_input_free(mask, free):
             continue
         for term_index in (1, 0):
             scores, term = known.value(inner.args[1 - term_index]), inner.args[term_index]

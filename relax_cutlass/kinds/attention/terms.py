@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import math
 
-import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..evaluate import input_free_vars
-from ..ir import planned_rewrite, static_shape, use_counts
+from ..evaluate import input_free_vars, is_input_free
+from ..ir import bound_value, planned_rewrite, static_shape, use_counts
 from .masks import is_matmul_result
 from .trace import is_op_call, softmax_adds
 
@@ -73,8 +72,8 @@ def reshaped_broadcast(term: list[int], src: list[int], dst: list[int]) -> list[
 
 
 def _plan(func: relax.Function) -> dict:
-    """{the softmax's add var: (index of its mask, the reshape, the scores, the term, the term's new
-    shape)} for each softmax(reshape(scores + term) + mask) whose reshape and inner add nothing
+    """{the softmax's add var: (index of its mask, the reshape's shape, the scores, the term, the
+    term's new shape)} for each softmax(reshape(scores + term) + mask) whose reshape and inner add nothing
     else reads."""
     var2val = get_var2val(func)
     uses = use_counts(func)
@@ -82,10 +81,10 @@ def _plan(func: relax.Function) -> dict:
     for _, x, add in softmax_adds(var2val):
         for index in (1, 0):
             viewed, mask = add.args[1 - index], add.args[index]
-            reshape = var2val.get(viewed) if isinstance(viewed, relax.Var) else None
+            reshape = bound_value(viewed, var2val)
             if not is_op_call(reshape, "relax.reshape") or is_matmul_result(mask, var2val):
                 continue
-            inner = var2val.get(reshape.args[0]) if isinstance(reshape.args[0], relax.Var) else None
+            inner = bound_value(reshape.args[0], var2val)
             if not is_op_call(inner, "relax.add") or uses.get(viewed) != 1 or uses.get(reshape.args[0]) != 1:
                 continue
             scores = [is_matmul_result(arg, var2val) for arg in inner.args]
@@ -119,42 +118,36 @@ def hoist_position_terms(func: relax.Function) -> relax.Function:
 
 
 def _plan_window_terms(func: relax.Function) -> dict:
-    """{the view back's var: (the scores, the first term, the window frame's shape, the second
-    term)} for each softmax([astype] reshape(reshape(scores + term) + term2)) whose terms are
-    computed from no input, whose views go from the scores' shape and back, and whose inner
-    values nothing else reads."""
+    """{the view back's var: (the scores, the first term, its shape in the window frame, the window
+    frame's shape, the second term, its index in its add)} for each softmax([astype]
+    reshape(reshape(scores + term) + term2)) whose terms are computed from no input, whose views go
+    from the scores' shape and back, and whose inner values nothing else reads."""
     var2val = get_var2val(func)
     uses = use_counts(func)
     free = input_free_vars(func)
     planned = {}
-
-    def value(expr):
-        return var2val.get(expr) if isinstance(expr, relax.Var) else None
-
-    def input_free(expr) -> bool:
-        return isinstance(expr, tvm.ir.GenericConst) or (isinstance(expr, relax.Var) and expr in free)
-
     for softmax in var2val.values():
         if not is_op_call(softmax, "relax.nn.softmax"):
             continue
         back_var = softmax.args[0]
-        if is_op_call(value(back_var), "relax.astype"):
-            back_var = value(back_var).args[0]
-        back = value(back_var)
+        if is_op_call(bound_value(back_var, var2val), "relax.astype"):
+            back_var = bound_value(back_var, var2val).args[0]
+        back = bound_value(back_var, var2val)
         if not is_op_call(back, "relax.reshape") or uses.get(back_var) != 1:
             continue
-        outer = value(back.args[0])
+        outer = bound_value(back.args[0], var2val)
         if not is_op_call(outer, "relax.add") or uses.get(back.args[0]) != 1:
             continue
         for index in (1, 0):
             view_var, term2 = outer.args[1 - index], outer.args[index]
-            view, inner = value(view_var), None
-            if is_op_call(view, "relax.reshape") and uses.get(view_var) == 1 and input_free(term2):
-                inner = value(view.args[0])
+            view = bound_value(view_var, var2val)
+            if not is_op_call(view, "relax.reshape") or uses.get(view_var) != 1 or not is_input_free(term2, free):
+                continue
+            inner = bound_value(view.args[0], var2val)
             if not is_op_call(inner, "relax.add") or uses.get(view.args[0]) != 1:
                 continue
             scores = [is_matmul_result(arg, var2val) for arg in inner.args]
-            if scores.count(True) != 1 or not input_free(inner.args[scores.index(False)]):
+            if scores.count(True) != 1 or not is_input_free(inner.args[scores.index(False)], free):
                 continue
             score, term = inner.args[scores.index(True)], inner.args[scores.index(False)]
             src, mid = static_shape(inner), static_shape(view)
