@@ -201,7 +201,25 @@ def _torch_cumsum(node, importer) -> tvm.ir.Expr:
     return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
 
 
-CONVERTERS = {"cumsum.default": _torch_cumsum}
+# The op relax_cutlass.parallel inserts after a row-parallel projection: the sum of its input over the
+# tensor-parallel group (torch.library op "relax_cutlass::tensor_parallel_sum").
+TENSOR_PARALLEL_SUM = "tensor_parallel_sum"
+
+
+def _tensor_parallel_sum(node, importer) -> tvm.ir.Expr:
+    """relax_cutlass::tensor_parallel_sum -> R.ccl.allreduce (TVM's disco runs it with the group's
+    collective backend)."""
+    from tvm import relax
+
+    # TVM gives the op no mixed-precision policy, so ToMixedPrecision would sum in float32 and send
+    # twice the bytes: it sums in its input's precision, as torch's all-reduce does ("follow").
+    if tvm.ir.Op.get("relax.ccl.allreduce").get_attr("TMixedPrecisionPolicy") is None:
+        tvm.ir.register_op_attr("relax.ccl.allreduce", "TMixedPrecisionPolicy", 1)
+    return importer.block_builder.emit(relax.op.ccl.allreduce(importer.env[node.args[0]], op_type="sum"))
+
+
+# torch.export names custom ops by "<op>.<overload>", without their namespace
+CONVERTERS = {"cumsum.default": _torch_cumsum, f"{TENSOR_PARALLEL_SUM}.default": _tensor_parallel_sum}
 
 
 def import_float32(

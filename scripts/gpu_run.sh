@@ -20,6 +20,8 @@
 #   zoo     build then time, for ZOO_MODELS only (a quick re-run after a fix)
 #   memcheck  one inference of each built ZOO_MODELS library under compute-sanitizer memcheck
 #           (scripts/memcheck_zoo.py: $OUT/memcheck.json)
+#   parallel  tensor parallelism over this host's GPUs: tests/test_gpu_parallel.py, then
+#           bench/tensor_parallel.py (TP_ARGS; $OUT/tensor_parallel.json)
 #   bench   the commands in BENCH (';'-separated), one after another, each logged to $out/bench-N.log
 # Environment: ZOO_MODELS, ZOO_JOBS, ZOO_BUILDS (which TVM builds), ZOO_PROFILE (relax_cutlass's
 # profile= for the zoo (ZOO_TORCH_COMPILE=0: no torch.compile columns): never (default), auto, which tunes on the GPU (use ZOO_JOBS=1), or auto:a+b to tune models a, b only), GPU_SUITE=0 (no suite prewarm,
@@ -181,6 +183,19 @@ run_memcheck() {
   summary+=("memcheck: $(tail -1 "$out/memcheck.log") ($((SECONDS - t0)) s)")
 }
 
+run_parallel() {
+  # tensor parallelism over this host's GPUs (a multi-GPU kind): the GPU tests in a pytest of their
+  # own (a failing disco worker ends its process), then bench/tensor_parallel.py (TP_ARGS: its options)
+  local t0=$SECONDS
+  export NCCL_NVLS_ENABLE=0
+  python3 -m pytest -q -m gpu tests/test_gpu_parallel.py -p no:cacheprovider > "$out/parallel-pytest.log" 2>&1
+  summary+=("parallel pytest: $(tail -1 "$out/parallel-pytest.log")")
+  python3 bench/tensor_parallel.py ${TP_ARGS:-} --out "$out/tensor_parallel.json" > "$out/tensor-parallel.log" 2>&1 \
+    && summary+=("tensor parallel bench: ok") || summary+=("tensor parallel bench: FAILED (tensor-parallel.log)")
+  sed -n '/^| shape/,$p' "$out/tensor-parallel.log"
+  summary+=("parallel stage: $((SECONDS - t0)) s")
+}
+
 run_bench() {
   # BENCH: commands separated by ';', run one after another (nothing else on the GPU while timing)
   local t0=$SECONDS i=0 cmd
@@ -202,6 +217,7 @@ for stage in "$@"; do
     zoo) run_build; run_time ;;
     bench) run_bench ;;
     memcheck) run_memcheck ;;
+    parallel) run_parallel ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
   # after every stage, so that a call cut off later still brings the tuning back

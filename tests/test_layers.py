@@ -17,21 +17,22 @@ ABOVE = {
     "relax_cutlass.toolkit": (
         "relax_cutlass.kinds", "relax_cutlass.stages", "relax_cutlass.rewrites", "relax_cutlass.pipeline",
         "relax_cutlass.transform", "relax_cutlass.frontend", "relax_cutlass.extend", "relax_cutlass.tune",
-        "relax_cutlass.prepare", "relax_cutlass.onnx_frontend", "relax_cutlass.testing",
+        "relax_cutlass.prepare", "relax_cutlass.onnx_frontend", "relax_cutlass.testing", "relax_cutlass.parallel",
     ),
     "relax_cutlass.kinds": (
         "relax_cutlass.stages", "relax_cutlass.rewrites", "relax_cutlass.pipeline", "relax_cutlass.transform",
         "relax_cutlass.frontend", "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.prepare",
-        "relax_cutlass.onnx_frontend", "relax_cutlass.testing",
+        "relax_cutlass.onnx_frontend", "relax_cutlass.testing", "relax_cutlass.parallel",
     ),
     "relax_cutlass.stages": (
         "relax_cutlass.pipeline", "relax_cutlass.transform", "relax_cutlass.frontend", "relax_cutlass.extend",
         "relax_cutlass.tune", "relax_cutlass.prepare", "relax_cutlass.onnx_frontend", "relax_cutlass.testing",
+        "relax_cutlass.parallel",
     ),
     "relax_cutlass.rewrites": (
         "relax_cutlass.stages", "relax_cutlass.pipeline", "relax_cutlass.transform", "relax_cutlass.frontend",
         "relax_cutlass.extend", "relax_cutlass.tune", "relax_cutlass.prepare", "relax_cutlass.onnx_frontend",
-        "relax_cutlass.testing",
+        "relax_cutlass.testing", "relax_cutlass.parallel",
     ),
 }  # fmt: skip
 

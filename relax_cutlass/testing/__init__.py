@@ -7,6 +7,8 @@
 - `gpu_*`, `suite_cases`: the GPU suite's cases, builds and checks (torch on the GPU host).
 - `zoo`: the model zoo's registry (real torchvision and transformers models) and how its results
   are judged.
+- `parallel`: a tensor-parallel group simulated on the CPU (a thread per rank, the all-reduces
+  summed in numpy).
 - `gelu16`: the fit of the 16-bit GELU's polynomial, and its error over every fp16 input.
 
 The library never imports this package (tests/test_layers.py checks it).

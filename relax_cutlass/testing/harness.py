@@ -8,6 +8,8 @@ is checked against the untouched module without a GPU.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import tvm
 import tvm_ffi
@@ -50,9 +52,11 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
 
         outputs = len(composite.ret_ty.fields) if isinstance(composite.ret_ty, relax.TupleType) else 1
 
-        def serve(*args, _vm=vm, _outputs=outputs):
-            # DPS: the outputs follow the inputs; a region with extra outputs returns a tuple
-            result = _vm["main"](*args[:-_outputs])
+        def serve(*args, _vm=vm, _outputs=outputs, _lock=threading.Lock()):  # noqa: B008 - one lock per region
+            # DPS: the outputs follow the inputs; a region with extra outputs returns a tuple. One
+            # call at a time: a VM is not reentrant (testing.parallel runs ranks in threads).
+            with _lock:
+                result = _vm["main"](*args[:-_outputs])
             results = list(result) if _outputs > 1 else [result]
             for out, value in zip(args[-_outputs:], results, strict=True):
                 out.copyfrom(value)

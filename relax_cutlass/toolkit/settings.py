@@ -19,6 +19,8 @@ __all__ = [
     "env_flag",
     "env_jobs",
     "jobs_setting",
+    "NCCL_HOME_ENV",
+    "nccl_home_setting",
     "positive_int",
 ]
 
@@ -104,3 +106,21 @@ def env_flag(name: str, default: bool) -> bool:
     if value.strip().lower() in _FALSE:
         return False
     raise SettingError(f"{name}={value!r}: use one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+NCCL_HOME_ENV = "RELAX_CUTLASS_NCCL_HOME"
+
+
+def nccl_home_setting() -> str | None:
+    """RELAX_CUTLASS_NCCL_HOME, checked: a directory with include/nccl.h and lib/libnccl.so.2 (an
+    NCCL install, or the `nvidia/nccl` folder of the nvidia-nccl-cu12/-cu13 wheels); None where unset."""
+    value = os.environ.get(NCCL_HOME_ENV, "").strip()
+    if not value:
+        return None
+    missing = [p for p in ("include/nccl.h", "lib/libnccl.so.2") if not os.path.exists(os.path.join(value, p))]
+    if missing:
+        raise SettingError(
+            f"{NCCL_HOME_ENV}={value!r} has no {' and no '.join(missing)}: point it at an NCCL install (a folder "
+            "with include/nccl.h and lib/libnccl.so.2), or unset it to use the nvidia-nccl-cu13 wheel"
+        )
+    return value
