@@ -97,7 +97,8 @@ def _torch_rank(rank: int, world_size: int, layers: int, small: bool, queue) -> 
         full = transformers.LlamaModel(config(layers, small))
     shard = shard_model(full, rank, world_size)
     shard = shard.to_empty(device=f"cuda:{rank}").half()
-    shard.rotary_emb = type(shard.rotary_emb)(config=shard.config, device=f"cuda:{rank}")
+    with torch.device(f"cuda:{rank}"):  # its frequencies, which a meta model leaves unset (float32)
+        shard.rotary_emb = type(shard.rotary_emb)(config=shard.config)
     with torch.no_grad():
         for p in shard.parameters():
             p.normal_(0, 0.02)

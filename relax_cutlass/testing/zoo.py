@@ -145,6 +145,8 @@ BUILDERS = {
     "resnext50_32x4d": _vision("resnext50_32x4d"),
     # depthwise convs, squeeze-excitation, SiLU
     "efficientnet_b0": _vision("efficientnet_b0"),
+    # pre-activation BN-ReLU before each conv, on channel concatenations of every earlier output
+    "densenet121": _vision("densenet121"),
     "bert_base": _transformer("BertConfig", "BertModel", 30000),  # default (sdpa) attention
     # a padded batch: the attention mask a tokenizer gives sentences of different lengths
     "bert_base_padded": _transformer("BertConfig", "BertModel", 30000, padding=True),
@@ -251,6 +253,7 @@ ZOO = (
     ZooModel("convnext_tiny", "vision", 32),
     ZooModel("resnext50_32x4d", "vision", 32),
     ZooModel("efficientnet_b0", "vision", 32),
+    ZooModel("densenet121", "vision", 32),
     ZooModel("falcon_mq", "transformer", 1, 512),
     ZooModel("gpt_neox", "transformer", 1, 512),
     ZooModel("phi3", "transformer", 1, 512),
