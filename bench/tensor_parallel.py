@@ -7,7 +7,10 @@ else eager.
 
     python bench/tensor_parallel.py [--world-sizes 1,2,4] [--layers 4] [--out tp.json]
 
-Shapes: a prefill of 1 x 2048 tokens and a decode-sized batch of 32 sequences of one token. Per
+Shapes (`--shapes`): a prefill of 1 x 2048 tokens and a decode-sized batch of 32 sequences of one
+token. Each world size and shape is its own build: every rank's shard imported and offloaded on the
+CPU (about 50 s per 0.35 B parameters on 2 cores), so the full 4-layer stack takes many minutes;
+`--small` or `--layers 1` first. Per
 world size: relax_cutlass's output against the unsharded model in float32 on GPU 0 (relative
 error), its median ms (TVM's CUDA-graph build, disco's dispatch included) and the scaling
 efficiency t(1) / (n * t(n)), torch's median ms. NCCL_NVLS_ENABLE=0 (NVLink multicast off on the
@@ -155,8 +158,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--small", action="store_true", help="hidden 1024: the same code path, quickly")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--out", type=Path, default=Path("tensor_parallel.json"))
     args = ap.parse_args()
+    unknown = set(args.shapes.split(",")) - set(SHAPES)
+    if unknown:
+        ap.error(f"--shapes: unknown {sorted(unknown)}; use names from {list(SHAPES)}")
+    for name in set(SHAPES) - set(args.shapes.split(",")):
+        del SHAPES[name]
     import torch
     import tvm
 
