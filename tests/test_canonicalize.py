@@ -294,3 +294,36 @@ def test_a_concat_of_one_tensor_is_that_tensor():
         bb.emit_func_output(out)
     fixed = FixTvmCudaForms()(bb.get())
     assert _ops(fixed) == ["relax.permute_dims"], _ops(fixed)
+
+
+def test_a_rewrite_with_the_weights_hidden_gives_the_rewrite_with_them_shown():
+    """rewrite_call_weights_hidden: the same function as rewrite_call, the weights the very same
+    constants (put back, not copied), scalars seen by the pattern as constants; nothing changed
+    returns the function itself."""
+    from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+    from relax_cutlass.kinds.ir import rewrite_call_weights_hidden
+
+    weight = relax.const(np.arange(12, dtype="float16").reshape(3, 4))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, weight))
+            z = bb.emit(relax.op.power(y, relax.const(2.0, "float16")))
+            out = bb.emit_output(relax.op.add(z, relax.const(np.ones(4, "float16"))))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    base, exponent = wildcard(), is_const()
+    pattern = is_op("relax.power")(base, exponent)
+    square = lambda orig, m: relax.op.multiply(m[base], m[base])  # noqa: E731
+    hidden = rewrite_call_weights_hidden(pattern, square, func)
+    shown = rewrite_call(pattern, square, func)
+    tvm.ir.assert_structural_equal(hidden, shown)
+    constants = []
+    relax.analysis.post_order_visit(
+        hidden.body, lambda e: constants.append(e) if isinstance(e, tvm.ir.GenericConst) else None
+    )
+    assert any(c.same_as(weight) for c in constants)
+    untouched = rewrite_call_weights_hidden(is_op("relax.nn.conv2d")(wildcard(), wildcard()), square, func)
+    tvm.ir.assert_structural_equal(untouched, func)

@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..kinds.ir import same_shape, static_int, static_shape, tensor_dims
+from ..kinds.ir import rewrite_call_weights_hidden, same_shape, static_int, static_shape, tensor_dims
 from .shapes import bound_symbolic_shapes
 
 
@@ -65,7 +65,7 @@ def _rewrite(func: relax.Function) -> relax.Function:
             y = relax.op.add(y, b)
         return y
 
-    return rewrite_call(out, rewriter, func)
+    return rewrite_call_weights_hidden(out, rewriter, func)
 
 
 def _broadcast_source(weight: relax.Expr, batch_dims: int) -> relax.Expr | None:
@@ -170,7 +170,7 @@ def accumulate_in_float32(func: relax.Function) -> relax.Function:
             return orig
         return relax.op.astype(ACCUMULATING_OPS[orig.op.name](orig, "float32"), out)
 
-    return rewrite_call(pattern, rewriter, func)
+    return rewrite_call_weights_hidden(pattern, rewriter, func)
 
 
 def fold_float32_accumulation(func: relax.Function) -> relax.Function:
@@ -188,7 +188,7 @@ def fold_float32_accumulation(func: relax.Function) -> relax.Function:
             return orig
         return ACCUMULATING_OPS[call.op.name](call, out)
 
-    return relax.analysis.remove_all_unused(rewrite_call(pattern, rewriter, func))
+    return relax.analysis.remove_all_unused(rewrite_call_weights_hidden(pattern, rewriter, func))
 
 
 def relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
@@ -260,7 +260,7 @@ def drop_identity_broadcasts(func: relax.Function) -> relax.Function:
         same = same_shape(list(before.shape.values), list(after.shape.values))
         return m[x] if same and before.dtype == after.dtype else orig
 
-    return rewrite_call(pattern, rewriter, func)
+    return rewrite_call_weights_hidden(pattern, rewriter, func)
 
 
 def fold_scalar_casts(func: relax.Function) -> relax.Function:
@@ -329,7 +329,7 @@ def expand_integer_powers(func: relax.Function) -> relax.Function:
             product = relax.op.multiply(product, base)
         return product if c > 0 else relax.op.divide(relax.const(1.0, dtype), product)
 
-    return rewrite_call(pattern, rewriter, func)
+    return rewrite_call_weights_hidden(pattern, rewriter, func)
 
 
 def positive_slice_axes(func: relax.Function) -> relax.Function:
@@ -354,7 +354,7 @@ def positive_slice_axes(func: relax.Function) -> relax.Function:
             x, positive, list(begin.fields), list(end.fields), list(strides.fields), orig.attrs.assume_inbound
         )
 
-    return rewrite_call(pattern, rewriter, func)
+    return rewrite_call_weights_hidden(pattern, rewriter, func)
 
 
 def drop_empty_concat_operands(func: relax.Function) -> relax.Function:
