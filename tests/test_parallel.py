@@ -203,3 +203,14 @@ def test_a_wrong_nccl_home_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv("RELAX_CUTLASS_NCCL_HOME", str(tmp_path))
     with pytest.raises(SettingError, match=r"RELAX_CUTLASS_NCCL_HOME=.* has no include/nccl.h and no lib/libnccl.so.2"):
         find_nccl()
+
+
+def test_a_packed_projection_the_plan_does_not_name_is_refused():
+    """Phi-3 packs q|k|v and gate|up into one projection each: the plan's split would leave them whole
+    while the config divides the heads, so the shard is refused by name, not built wrong."""
+    config = transformers.Phi3Config(
+        hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=1, vocab_size=512, pad_token_id=0, eos_token_id=1, bos_token_id=1,
+    )  # fmt: skip
+    with pytest.raises(TypeError, match=r"does not split Phi3Model .*qkv_proj\.weight \(256, 128\) where the shard"):
+        shard_model(transformers.Phi3Model(config).eval(), 0, 2)

@@ -85,6 +85,15 @@ def shard_model(model: torch.nn.Module, rank: int, world_size: int, plan: ShardP
     with torch.device("meta"):
         shard = type(model)(sharded)
     state = {name: _split(name, t, roles[name], rank, world_size) for name, t in model.state_dict().items()}
+    expected = shard.state_dict()
+    wrong = [f"{n} {tuple(t.shape)} where the shard has {tuple(expected[n].shape)}" for n, t in state.items()
+             if n in expected and t.shape != expected[n].shape]  # fmt: skip
+    if wrong:
+        raise TypeError(
+            f"shard_model: the plan does not split {type(model).__name__} as its {world_size}-way config does: "
+            f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''} (a packed projection the plan does not "
+            "name?); give a ShardPlan that covers these modules"
+        )
     shard.load_state_dict(state, assign=True, strict=True)
     # buffers outside the state dict (rotary frequencies) are the same for every rank
     for name, buffer in model.named_buffers():
