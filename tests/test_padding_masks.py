@@ -139,3 +139,36 @@ def test_gpt2_padded_batch_with_a_symbolic_length_fuses_its_attention():
             expected = copy.deepcopy(model).double()(ids, mask).numpy()
         got = run_vm(vm, [ids.numpy(), mask.numpy()])
         assert np.isfinite(got).all() and rel_error(got, expected) < 1e-2, n
+
+
+def test_the_safe_softmax_fills_become_scalars_with_the_weights_hidden():
+    """scalar_where_fills reads only the where-fills' constants, so it runs with every other weight
+    standing in as a Var (import cost): the zeros tensors of torch's safe softmax still become
+    scalars, and the weights come back as the same constants."""
+    import tvm
+    from tvm import relax
+
+    from relax_cutlass.kinds.attention.masks import scalar_where_fills
+    from relax_cutlass.kinds.ir import bound_value
+
+    mod = relax_cutlass.from_torch(small_transformer("llama"), (torch.randint(0, 512, (2, 16)),))
+
+    def tensor_fills_and_constants(func):
+        var2val, fills, constants = relax.analysis.get_var2val(func), [], []
+
+        def visit(expr):
+            if isinstance(expr, tvm.ir.GenericConst):
+                constants.append(expr)
+            if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.where":
+                fill = bound_value(expr.args[1], var2val)
+                if isinstance(fill, tvm.ir.GenericConst) and len(fill.value.shape) > 0:
+                    fills.append(fill)
+
+        relax.analysis.post_order_visit(func.body, visit)
+        return fills, constants
+
+    before, weights = tensor_fills_and_constants(mod["main"])
+    after, kept = tensor_fills_and_constants(scalar_where_fills(mod["main"]))
+    assert len(before) == 2 and not after
+    big = [w for w in weights if np.prod(w.value.shape) > 1 and not any(w.same_as(f) for f in before)]
+    assert big and all(any(w.same_as(k) for k in kept) for w in big)

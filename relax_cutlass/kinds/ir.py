@@ -184,12 +184,13 @@ def rules_at(pattern_of, rules, spec, call: relax.Call, var2val) -> list[str] | 
 class _WeightsAsVars(relax.PyExprMutator):
     """Each non-scalar constant -> one Var of its type (the same Var wherever it recurs)."""
 
-    def __init__(self):
+    def __init__(self, visible=()):
         super().__init__()
         self.stand_ins: list[tuple[relax.Var, relax.Expr]] = []
+        self.visible = list(visible)
 
     def visit_generic_const_(self, const):
-        if math.prod(const.value.shape) == 1:
+        if math.prod(const.value.shape) == 1 or any(v.same_as(const) for v in self.visible):
             return const
         for var, seen in self.stand_ins:
             if seen.same_as(const):
@@ -199,14 +200,15 @@ class _WeightsAsVars(relax.PyExprMutator):
         return var
 
 
-def rewrite_call_weights_hidden(pattern, rewriter, func: relax.Function) -> relax.Function:
+def rewrite_call_weights_hidden(pattern, rewriter, func: relax.Function, visible=()) -> relax.Function:
     """`relax.dpl.rewrite_call(pattern, rewriter, func)` with func's non-scalar constants standing in
     as Vars of the same type during the rewrite, and put back after. A rewrite that changes
     something costs TVM a structural hash of the whole function, weights' bytes included: about
     2 s per rewrite for one Llama-8B-shaped layer, 500 times what the same rewrite takes with
     the weights hidden (bench/import_cost.py). Only for patterns and rewriters that never look at
-    a non-scalar constant's value or at whether an operand is one (scalars stay constants)."""
-    hider = _WeightsAsVars()
+    a non-scalar constant's value or at whether an operand is one, except the constants in
+    `visible`, which stay (as do scalars)."""
+    hider = _WeightsAsVars(visible)
     body = hider.visit_expr(func.body)
     if not hider.stand_ins:
         return relax.dpl.rewrite_call(pattern, rewriter, func)

@@ -7,10 +7,10 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
 from ..evaluate import input_free_vars, is_input_free
-from ..ir import bound_value, same_shape, static_shape, use_counts
+from ..ir import bound_value, rewrite_call_weights_hidden, same_shape, static_shape, use_counts
 from .patterns import ATTENTION_DTYPES, VIEW_OPS, safe_softmax_tail
 from .trace import is_op_call, known_dims, softmax_adds, static_dim
 
@@ -496,4 +496,12 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
             return orig
         return relax.op.where(m[cond], relax.const(value, str(value.dtype)), m[x])
 
-    return rewrite_call(pattern, rewriter, func)
+    # only the fills' own constants are read: every other weight may stand in as a Var
+    fills = []
+
+    def collect(expr):
+        if is_op_call(expr, "relax.where") and isinstance(bound_value(expr.args[1], var2val), tvm.ir.GenericConst):
+            fills.append(bound_value(expr.args[1], var2val))
+
+    relax.analysis.post_order_visit(func.body, collect)
+    return rewrite_call_weights_hidden(pattern, rewriter, func, fills)
