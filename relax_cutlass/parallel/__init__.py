@@ -8,13 +8,13 @@ disco, every rank running the offloaded CUTLASS kernels, NCCL between them.
 
 `shard`: each rank's PyTorch module (Megatron-style column/row splits, an all-reduce after each
 row-parallel projection); `build`: one offloaded module for all ranks, the weights lifted to
-parameters; `nccl`: disco's NCCL backend, built from the source the wheel ships; `session`: the
+parameters; `nccl`: disco's NCCL backend, built from the source the wheel ships; `group`: the
 disco process group that runs it.
 """
 
 from .build import TensorParallelBuild, lift_weights, offload_tensor_parallel
+from .group import TensorParallelModule, disco
 from .nccl import find_nccl, load_nccl_backend, nccl_backend
-from .session import TensorParallelModule, disco
 from .shard import LLAMA_FAMILY, ShardPlan, shard_model
 
 __all__ = [

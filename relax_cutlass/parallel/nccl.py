@@ -5,7 +5,7 @@ and the source of its NCCL backend (`tvm/src/runtime/extra/disco/nccl/nccl.cc`),
 compiled: no `runtime.disco.nccl.*` function exists, so `Session.init_ccl("nccl", ...)` fails. This
 module compiles that shipped source with the host compiler against NCCL (the nvidia-nccl-cu13 wheel,
 or RELAX_CUTLASS_NCCL_HOME) into a shared library in the object cache, once per machine, and loads
-it. Loaded in a process, it registers `runtime.disco.nccl.*` there (see `parallel.session` for the
+it. Loaded in a process, it registers `runtime.disco.nccl.*` there (see `parallel.group` for the
 workers).
 
 Three headers that source includes are not in the wheel; the stand-ins written here hold what it

@@ -57,8 +57,8 @@ class TensorParallelModule:
             # loading the backend's library as a module runs its registrations in every worker
             self.session.load_vm_module(str(load_nccl_backend()))
             self.session.init_ccl("nccl", *range(world_size))
-        self.module = self.session.load_vm_module(str(library), None if device == "cuda" else tvm.cpu())
-        self._device = None if device == "cuda" else tvm.cpu()
+        self._device = None if device == "cuda" else tvm.cpu()  # None: each worker's own GPU
+        self.module = self.session.load_vm_module(str(library), self._device)
         self.weights = [self._scatter([p[i] for p in params]) for i in range(len(params[0]))]
 
     def _scatter(self, values: Sequence[np.ndarray]):
@@ -71,9 +71,13 @@ class TensorParallelModule:
             ref.debug_copy_from(rank, np.ascontiguousarray(value))
         return ref
 
+    def _replicated(self, inputs: Sequence[np.ndarray]) -> list:
+        """Each input on every worker (the same values)."""
+        return [self._scatter([np.asarray(x)] * self.world_size) for x in inputs]
+
     def __call__(self, *inputs: np.ndarray) -> np.ndarray:
         """main(inputs) on every rank (inputs replicated); worker 0's output."""
-        args = [self._scatter([np.asarray(x)] * self.world_size) for x in inputs]
+        args = self._replicated(inputs)
         out = self.module["main"](*args, *self.weights)
         value = out.debug_get_from_remote(0)
         if not hasattr(value, "numpy"):  # frontends return a 1-tuple
@@ -82,7 +86,7 @@ class TensorParallelModule:
 
     def run_only(self, *inputs: np.ndarray, repeat: int = 1) -> None:
         """main(inputs) `repeat` times on every rank, waiting for all workers (for timing)."""
-        args = [self._scatter([np.asarray(x)] * self.world_size) for x in inputs]
+        args = self._replicated(inputs)
         for _ in range(repeat):
             self.module["main"](*args, *self.weights)
         self.synchronize()
