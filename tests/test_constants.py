@@ -5,8 +5,9 @@ import tvm
 from tvm import relax
 
 import relax_cutlass
+from relax_cutlass.kinds.ir import is_scalar_constant
 from relax_cutlass.prepare import bind_weights
-from relax_cutlass.stages.constants import composite_of, is_scalar_constant, offloaded_functions
+from relax_cutlass.stages.constants import composite_of, offloaded_functions
 from relax_cutlass.testing.models import dense_epilogue_model, random_weights
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 

@@ -180,23 +180,29 @@ def rules_at(pattern_of, rules, spec, call: relax.Call, var2val) -> list[str] | 
     return rules(spec, ann, call, var2val)
 
 
-@relax.expr_functor.mutator
-class _WeightsAsVars(relax.PyExprMutator):
-    """Each non-scalar constant -> one Var of its type (the same Var wherever it recurs)."""
+def is_scalar_constant(expr: relax.Expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and math.prod(expr.value.shape) == 1
 
-    def __init__(self, visible=()):
-        super().__init__()
-        self.stand_ins: list[tuple[relax.Var, relax.Expr]] = []
+
+@relax.expr_functor.mutator
+class ConstantsToParams(relax.PyExprMutator):
+    """Replace tensor constants with fresh Vars (one per constant, wherever it recurs), remembering
+    which Var stands for which constant; scalars, and the constants in `visible`, stay."""
+
+    def __init__(self, mod=None, name=lambda index, const: f"const_{index}", visible=()):
+        super().__init__(mod)
+        self.lifted: list[tuple[relax.Var, relax.Expr]] = []
+        self.name = name
         self.visible = list(visible)
 
     def visit_generic_const_(self, const):
-        if math.prod(const.value.shape) == 1 or any(v.same_as(const) for v in self.visible):
+        if is_scalar_constant(const) or any(v.same_as(const) for v in self.visible):
             return const
-        for var, seen in self.stand_ins:
+        for var, seen in self.lifted:
             if seen.same_as(const):
                 return var
-        var = relax.Var(f"weight_stand_in{len(self.stand_ins)}", const.ty)
-        self.stand_ins.append((var, const))
+        var = relax.Var(self.name(len(self.lifted), const), const.ty)
+        self.lifted.append((var, const))
         return var
 
 
@@ -208,14 +214,12 @@ def rewrite_call_weights_hidden(pattern, rewriter, func: relax.Function, visible
     the weights hidden (bench/import_cost.py). Only for patterns and rewriters that never look at
     a non-scalar constant's value or at whether an operand is one, except the constants in
     `visible`, which stay (as do scalars)."""
-    hider = _WeightsAsVars(visible)
+    hider = ConstantsToParams(name=lambda index, _const: f"weight_stand_in{index}", visible=visible)
     body = hider.visit_expr(func.body)
-    if not hider.stand_ins:
+    if not hider.lifted:
         return relax.dpl.rewrite_call(pattern, rewriter, func)
-    stand_ins = [var for var, _ in hider.stand_ins]
-    hidden = relax.Function([*func.params, *stand_ins], body, func.ret_ty, func.is_pure, func.attrs, func.span)
-    rewritten = relax.dpl.rewrite_call(pattern, rewriter, hidden)
-    if rewritten.same_as(hidden):
-        return func
-    restored = rewritten.bind_params({var: const for var, const in hider.stand_ins})
+    hidden = relax.Function(
+        [*func.params, *(var for var, _ in hider.lifted)], body, func.ret_ty, func.is_pure, func.attrs, func.span
+    )
+    restored = relax.dpl.rewrite_call(pattern, rewriter, hidden).bind_params(dict(hider.lifted))
     return relax.Function(list(func.params), restored.body, restored.ret_ty, func.is_pure, func.attrs, func.span)

@@ -19,8 +19,8 @@ import tvm_ffi
 from tvm import relax
 
 from ..frontend import from_torch
+from ..kinds.ir import ConstantsToParams
 from ..pipeline import offload_pipeline
-from ..stages.constants import ConstantsToParams
 from .shard import LLAMA_FAMILY, ShardPlan, shard_model
 
 __all__ = ["TensorParallelBuild", "lift_weights", "offload_tensor_parallel"]

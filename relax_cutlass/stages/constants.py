@@ -9,37 +9,12 @@ stay in the composite: codegen folds them into the kernel as literals.
 
 from __future__ import annotations
 
-import math
-
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kinds import CODEGEN
-
-
-def is_scalar_constant(expr: relax.Expr) -> bool:
-    return isinstance(expr, tvm.ir.GenericConst) and math.prod(expr.value.shape) == 1
-
-
-@mutator
-class ConstantsToParams(PyExprMutator):
-    """Replace tensor constants with fresh Vars, remembering which Var stands for which constant."""
-
-    def __init__(self, mod=None, name=lambda index, const: f"const_{index}"):
-        super().__init__(mod)
-        self.lifted: list[tuple[relax.Var, relax.Expr]] = []
-        self.name = name
-
-    def visit_generic_const_(self, const):
-        if is_scalar_constant(const):
-            return const
-        for var, seen in self.lifted:
-            if seen.same_as(const):
-                return var
-        var = relax.Var(self.name(len(self.lifted), const), const.ty)
-        self.lifted.append((var, const))
-        return var
+from ..kinds.ir import ConstantsToParams
 
 
 def _lift_function(func: relax.Function) -> tuple[relax.Function, list[relax.Expr]]:

@@ -16,8 +16,8 @@ from tvm import relax
 
 import relax_cutlass
 import relax_cutlass.arch
+from relax_cutlass.kinds.ir import ConstantsToParams
 from relax_cutlass.prepare import bind_float16
-from relax_cutlass.stages.constants import ConstantsToParams
 
 from .gpu_common import random_array
 from .models import conv2d_epilogue_model

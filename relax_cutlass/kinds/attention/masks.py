@@ -471,7 +471,7 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
 
     def fill_value(expr) -> np.ndarray | None:
         """The one value of a fill: a constant of one repeated value, or full/full_like of a scalar constant."""
-        value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+        value = bound_value(expr, var2val)
         if isinstance(value, tvm.ir.GenericConst):
             values = value.value.numpy()
         elif is_op_call(value, "relax.full_like") or is_op_call(value, "relax.full"):
@@ -500,8 +500,9 @@ def scalar_where_fills(func: relax.Function) -> relax.Function:
     fills = []
 
     def collect(expr):
-        if is_op_call(expr, "relax.where") and isinstance(bound_value(expr.args[1], var2val), tvm.ir.GenericConst):
-            fills.append(bound_value(expr.args[1], var2val))
+        fill = bound_value(expr.args[1], var2val) if is_op_call(expr, "relax.where") else None
+        if isinstance(fill, tvm.ir.GenericConst):
+            fills.append(fill)
 
     relax.analysis.post_order_visit(func.body, collect)
     return rewrite_call_weights_hidden(pattern, rewriter, func, fills)
