@@ -6,8 +6,6 @@ disco's NCCL backend built from the source the TVM wheel ships."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -27,7 +25,7 @@ from relax_cutlass.parallel import (  # noqa: E402
 from relax_cutlass.parallel.collectives import summing_with  # noqa: E402
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 from relax_cutlass.testing.harness import CPU, offload_for_cpu, partition_for_cpu, serve_regions_on_cpu  # noqa: E402
-from relax_cutlass.testing.parallel import run_ranks_on_cpu  # noqa: E402
+from relax_cutlass.testing.parallel import SummingGroup, run_ranks_on_cpu  # noqa: E402
 from relax_cutlass.toolkit.settings import SettingError  # noqa: E402
 
 ARCH = "sm_90a"
@@ -51,27 +49,14 @@ def _ids(batch: int = 2, seq: int = 16):
 
 def _run_shards_in_torch(shards, ids) -> list[torch.Tensor]:
     """Each rank's torch module in its own thread, their tensor_parallel_sums exchanged."""
-    world_size = len(shards)
-    barrier, slots, local, results = threading.Barrier(world_size, timeout=60), {}, threading.local(), {}
-
-    def total(x):
-        slots[(local.rank, local.step)] = x
-        barrier.wait()
-        summed = sum(slots[(r, local.step)] for r in range(world_size))
-        barrier.wait()
-        local.step += 1
-        return summed
+    group = SummingGroup(len(shards))
 
     def rank_forward(rank):
-        local.rank, local.step = rank, 0
         with torch.no_grad():
-            results[rank] = shards[rank](ids).last_hidden_state
+            return shards[rank](ids).last_hidden_state
 
-    with summing_with(total):
-        threads = [threading.Thread(target=rank_forward, args=(r,)) for r in range(world_size)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-    return [results[r] for r in range(world_size)]
+    with summing_with(group.total):
+        return group.run(rank_forward)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

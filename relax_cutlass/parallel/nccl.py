@@ -17,17 +17,19 @@ stream class is declared, not defined).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import importlib.util
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ..toolkit.compile import cache_dir
 from ..toolkit.settings import NCCL_HOME_ENV, nccl_home_setting
-from ..toolkit.toolchain import CompileError, package_dir, toolchain
+from ..toolkit.toolchain import CompileError, package_dir, toolchain, write_atomically
 
 __all__ = ["NcclInstall", "find_nccl", "load_nccl_backend", "nccl_backend", "nccl_backend_source"]
 
@@ -75,14 +77,12 @@ _SHIMS = {
 _RELATIVE_ROOT = ("d", "d", "d", "d")
 
 
+@dataclasses.dataclass(frozen=True)
 class NcclInstall:
     """Where nccl.h and libnccl.so.2 are."""
 
-    def __init__(self, include: Path, lib: Path):
-        self.include, self.lib = include, lib
-
-    def __repr__(self) -> str:
-        return f"NcclInstall(include={str(self.include)!r}, lib={str(self.lib)!r})"
+    include: Path
+    lib: Path
 
 
 def find_nccl() -> NcclInstall:
@@ -94,12 +94,11 @@ def find_nccl() -> NcclInstall:
     spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
     roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     roots += [Path("/usr/local/cuda"), Path("/usr"), Path("/usr/local")]
+    system_lib = Path("/usr/lib/x86_64-linux-gnu/libnccl.so.2")  # Debian's and Ubuntu's packages
     for root in roots:
-        header = root / "include" / "nccl.h"
-        libs = [root / "lib" / "libnccl.so.2", root / "lib64" / "libnccl.so.2"]
-        libs.append(Path("/usr/lib/x86_64-linux-gnu/libnccl.so.2"))
+        libs = [root / "lib" / "libnccl.so.2", root / "lib64" / "libnccl.so.2", system_lib]
         lib = next((p for p in libs if p.exists()), None)
-        if header.exists() and lib:
+        if (root / "include" / "nccl.h").exists() and lib:
             return NcclInstall(root / "include", lib)
     raise RuntimeError(
         "NCCL was not found: pip install 'relax_cutlass[parallel]' (the nvidia-nccl-cu13 wheel; -cu12 for a "
@@ -123,11 +122,7 @@ def _write_shims(root: Path) -> Path:
     for name, text in _SHIMS.items():
         path = root / name
         if not path.exists() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            write_atomically(path, text)
     relative = root.joinpath(*_RELATIVE_ROOT)
     relative.mkdir(parents=True, exist_ok=True)
     return relative
@@ -140,9 +135,8 @@ def _loaded_libstdcxx() -> str | None:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    found = [line.split()[-1] for line in maps.splitlines() if line.rstrip().endswith("/libstdc++.so.6")]
-    found += [line.split()[-1] for line in maps.splitlines() if "/libstdc++.so.6." in line]
-    return found[0] if found else None
+    found = re.search(r"(/\S*/libstdc\+\+\.so\.6[.\d]*)$", maps, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def backend_command(install: NcclInstall, out: Path) -> list[str]:
@@ -176,15 +170,15 @@ def backend_command(install: NcclInstall, out: Path) -> list[str]:
 def nccl_backend() -> Path:
     """The backend's shared library, built on first use (a few seconds) and cached by content."""
     install = find_nccl()
-    probe = backend_command(install, Path("OUT"))
+    cmd = backend_command(install, Path("OUT"))
     text = nccl_backend_source().read_text() + (install.include / "nccl.h").read_text()
-    key = hashlib.sha256("\0".join([text, *probe, toolchain().fingerprint()]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([text, *cmd, toolchain().fingerprint()]).encode()).hexdigest()[:32]
     out = cache_dir() / f"disco_nccl-{key}.so"
     if out.exists():
         return out
     fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".so.tmp")
     os.close(fd)
-    cmd = backend_command(install, Path(tmp))
+    cmd[cmd.index("OUT")] = tmp  # the same command, writing beside the cache entry
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

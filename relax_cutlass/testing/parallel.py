@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import tvm
@@ -23,25 +23,55 @@ from .harness import CPU
 ALLREDUCE = "runtime.disco.allreduce"
 
 
-class _Group:
-    """The ranks' pending contributions to each all-reduce, matched by their order in each rank."""
+class SummingGroup:
+    """`world_size` ranks, one thread each, that exchange values: `total(x)` waits for every rank's
+    x of the same step (the ranks' calls matched by their order in each rank) and gives each the
+    sum. Numpy arrays or torch tensors alike."""
 
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.barrier = threading.Barrier(world_size, timeout=60)
-        self.slots: dict[tuple[int, int], np.ndarray] = {}
+        self.slots: dict[tuple[int, int], object] = {}
         self.local = threading.local()
 
+    def total(self, x):
+        rank, step = self.local.rank, self.local.step
+        self.slots[(rank, step)] = x
+        self.barrier.wait()
+        summed = sum(self.slots[(r, step)] for r in range(self.world_size))
+        self.barrier.wait()
+        self.local.step += 1
+        return summed
+
     def allreduce(self, send, kind, _in_group, recv) -> None:
+        """`runtime.disco.allreduce`'s signature: the sum (kind 0), accumulated in float64."""
         if tuple(kind) != (0,):
             raise NotImplementedError(f"only the sum is simulated, not reduction kind {tuple(kind)}")
-        rank, step = self.local.rank, self.local.step
-        self.slots[(rank, step)] = send.numpy()
-        self.barrier.wait()
-        total = sum(self.slots[(r, step)].astype(np.float64) for r in range(self.world_size))
-        self.barrier.wait()
-        recv.copyfrom(total.astype(self.slots[(rank, step)].dtype))
-        self.local.step += 1
+        value = send.numpy()
+        recv.copyfrom(self.total(value.astype(np.float64)).astype(value.dtype))
+
+    def run(self, rank_main: Callable[[int], object]) -> list:
+        """rank_main(rank) on every rank at once, each in its thread -> their results, by rank; the
+        first rank's error is raised here (the others are released from their waits)."""
+        results: dict[int, object] = {}
+        errors: list[BaseException] = []
+
+        def run_rank(rank: int) -> None:
+            self.local.rank, self.local.step = rank, 0
+            try:
+                results[rank] = rank_main(rank)
+            except BaseException as err:  # re-raised below, in the caller's thread
+                errors.append(err)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=run_rank, args=(r,)) for r in range(self.world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return [results[r] for r in range(self.world_size)]
 
 
 @contextlib.contextmanager
@@ -58,28 +88,13 @@ def _allreduce_by(function) -> Iterator[None]:
 def run_ranks_on_cpu(module: tvm.IRModule, params: Sequence[Sequence[np.ndarray]], inputs: Sequence[np.ndarray]):
     """main(*inputs, *params[r]) of `module` (built for llvm) on every rank r, all at once -> each
     rank's output (as numpy)."""
-    group = _Group(len(params))
-    outputs: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
+    group = SummingGroup(len(params))
     with _allreduce_by(group.allreduce):
         executable = tvm.compile(module, CPU)
 
-        def rank_main(rank: int) -> None:
-            group.local.rank, group.local.step = rank, 0
-            try:
-                vm = relax.VirtualMachine(executable, tvm.cpu())
-                args = [tvm.runtime.tensor(np.asarray(a)) for a in (*inputs, *params[rank])]
-                out = vm["main"](*args)
-                outputs[rank] = (out if hasattr(out, "numpy") else out[0]).numpy()
-            except BaseException as err:  # re-raised below, in the caller's thread
-                errors.append(err)
-                group.barrier.abort()
+        def rank_main(rank: int) -> np.ndarray:
+            vm = relax.VirtualMachine(executable, tvm.cpu())
+            out = vm["main"](*[tvm.runtime.tensor(np.asarray(a)) for a in (*inputs, *params[rank])])
+            return (out if hasattr(out, "numpy") else out[0]).numpy()
 
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(len(params))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if errors:
-        raise errors[0]
-    return [outputs[r] for r in range(len(params))]
+        return group.run(rank_main)

@@ -30,7 +30,7 @@ from ..arch import nvcc_gencode
 from .sass_check import verify_object
 from .settings import SettingError, compile_log_path, env_jobs
 from .templates import CXX_ABI_SUPPORT
-from .toolchain import CompileError, Toolchain, package_dir, toolchain
+from .toolchain import CompileError, Toolchain, package_dir, toolchain, write_atomically
 
 __all__ = [
     "CompileError",
@@ -115,11 +115,7 @@ def _no_throw_overlay() -> tuple[str, ...]:
     root = cache_dir() / f"include-nothrow-{hashlib.sha256(patched.encode()).hexdigest()[:16]}"
     header = root / _THROWING_HEADER
     if not header.exists():
-        header.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=header.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(patched)
-        os.replace(tmp, header)
+        write_atomically(header, patched)
     return (f"-I{root}",)
 
 

@@ -29,13 +29,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 from ..arch import arch_name
 from .settings import env_flag
-from .toolchain import CompileError, toolchain
+from .toolchain import CompileError, toolchain, write_atomically
 
 __all__ = ["FAMILIES", "StubKernelError", "cuobjdump", "mma_counts", "verify_object"]
 
@@ -191,7 +190,4 @@ def _read(marker: Path) -> dict | None:
 
 
 def _write(marker: Path, record: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=marker.parent, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, marker)  # atomic, as the objects themselves
+    write_atomically(marker, json.dumps(record))  # atomic, as the objects themselves

@@ -9,13 +9,14 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..version import __version__
 from .settings import SettingError
 
-__all__ = ["CompileError", "Toolchain", "find_cuda_home", "package_dir", "toolchain"]
+__all__ = ["CompileError", "Toolchain", "find_cuda_home", "package_dir", "toolchain", "write_atomically"]
 
 
 class CompileError(RuntimeError):
@@ -96,3 +97,13 @@ def toolchain() -> Toolchain:
         includes_cuda=cutlass_inc,
         includes_host=(*ffi_inc, str(cuda_home / "include")),  # the profiler's glue times with CUDA events
     )
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` (its folder made if missing) through a temporary file renamed over
+    it: concurrent builds sharing the cache never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -3,14 +3,11 @@ function (sizes, shape checks, strides of q/k/v and the bias)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 from ...toolkit.compile import Source, cache_dir
 from ...toolkit.dtypes import CUTLASS_ELEMENT, DTYPE_BITS
 from ...toolkit.glue import check_device, launch_call, operand_arrays, role_aliases, tensor_checks, unpack_args
 from ...toolkit.literals import cxx_float
-from ...toolkit.toolchain import package_dir
+from ...toolkit.toolchain import package_dir, write_atomically
 from .emit_sm90 import emit_sm90_attention_kernel
 from .layout import OPERAND_AXES
 from .records import BIAS_AXES, CAUSAL_CODE, MASKED_ROWS, AttentionKernel, AttentionRegion
@@ -133,9 +130,5 @@ def fmha_flags() -> tuple[str, ...]:
     shim = cache_dir() / "include-fallback"
     header = shim / "curand_kernel.h"
     if not header.exists():
-        shim.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=shim)
-        with os.fdopen(fd, "w") as f:
-            f.write("// relax_cutlass: stand-in for curand_kernel.h (dropout is never compiled in)\n")
-        os.replace(tmp, header)
+        write_atomically(header, "// relax_cutlass: stand-in for curand_kernel.h (dropout is never compiled in)\n")
     return (f"-I{example}", f"-Xcompiler=-idirafter,{shim}")
