@@ -6,6 +6,7 @@ from .rewrites.conv1d import Conv1dAsConv2d
 from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.projections import FuseParallelProjections
+from .rewrites.reductions import FastTvmReductions
 from .rewrites.shapes import BoundSymbolicShapes
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
@@ -17,6 +18,7 @@ __all__ = [
     "Conv1dAsConv2d",
     "ConvertToNHWC",
     "CutlassCodegen",
+    "FastTvmReductions",
     "FixTvmCudaForms",
     "FoldLinearReshapes",
     "FuseParallelProjections",

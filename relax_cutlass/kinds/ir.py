@@ -54,6 +54,13 @@ def bound_value(expr: relax.Expr, var2val) -> relax.Expr:
     return var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
 
 
+def is_offloaded_function(func: relax.Function) -> bool:
+    """A function that is an offloaded region (Codegen / Composite) or a fused primitive: its ops
+    never reach TVM's own scheduler, so the rewrites of what stays in TVM leave it alone."""
+    attrs = func.attrs
+    return attrs is not None and any(key in attrs for key in ("Codegen", "Composite", "Primitive"))
+
+
 def constant_value(expr: relax.Expr):
     """The numpy value of a constant; None for anything else."""
     return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None

@@ -30,6 +30,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from ..kinds.epilogue_patterns import same_shape
+from ..kinds.ir import is_offloaded_function
 
 # Relax ops that FuseOps may fuse a GEMM into as an epilogue (their legalized form is a reduction
 # that AnnotateTIROpPattern marks kOutEWiseFusable).
@@ -150,7 +151,7 @@ class MakeGemmBroadcastsExplicit:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         updates = {}
         for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or _is_offloaded(func):
+            if not isinstance(func, relax.Function) or is_offloaded_function(func):
                 continue
             rewriter = _ExplicitBroadcasts(mod, relax.analysis.get_var2val(func))
             new_func = rewriter.visit_expr(func)
@@ -160,8 +161,3 @@ class MakeGemmBroadcastsExplicit:
             return mod
         functions = {gv: updates.get(gv, func) for gv, func in mod.functions_items()}
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
-
-
-def _is_offloaded(func: relax.Function) -> bool:
-    attrs = func.attrs
-    return attrs is not None and any(key in attrs for key in ("Codegen", "Composite", "Primitive"))

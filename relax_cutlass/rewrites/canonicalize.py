@@ -24,7 +24,14 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..kinds.ir import rewrite_call_weights_hidden, same_shape, static_int, static_shape, tensor_dims
+from ..kinds.ir import (
+    is_offloaded_function,
+    rewrite_call_weights_hidden,
+    same_shape,
+    static_int,
+    static_shape,
+    tensor_dims,
+)
 from .shapes import bound_symbolic_shapes
 
 
@@ -194,11 +201,8 @@ def fold_float32_accumulation(func: relax.Function) -> relax.Function:
 def relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
     """`rewrite` applied to each Relax function of `mod` that is not an offloaded region."""
 
-    def offloaded(func: relax.Function) -> bool:
-        return bool(func.attrs) and ("Codegen" in func.attrs or "Composite" in func.attrs)
-
     functions = {
-        gv: rewrite(func) if isinstance(func, relax.Function) and not offloaded(func) else func
+        gv: rewrite(func) if isinstance(func, relax.Function) and not is_offloaded_function(func) else func
         for gv, func in mod.functions_items()
     }
     return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
