@@ -103,7 +103,7 @@ def test_the_rewrite_leaves_no_conv1d_and_keeps_values_elsewhere():
     assert len(convs) == 1 and not report.left_in_tvm
 
 
-@pytest.mark.parametrize("feature_norm", ["group", "layer"])
+@pytest.mark.parametrize("feature_norm", [pytest.param("group", marks=pytest.mark.slow), "layer"])
 def test_wav2vec2_feature_encoder_is_offloaded(feature_norm):
     """transformers' Wav2Vec2: a seven-layer (here three) conv1d feature encoder over the raw audio
     (its first layer one input channel, padded to 8), group or layer norm, and a grouped conv1d as

@@ -21,7 +21,7 @@ def _constants(mod):
     return found
 
 
-@pytest.mark.parametrize("builder", ["resnet", "vit"])
+@pytest.mark.parametrize("builder", ["resnet", pytest.param("vit", marks=pytest.mark.slow)])
 def test_numpy_folding_gives_tvms_constants_bit_for_bit(builder, monkeypatch):
     """A bound model through bind_float16 (batch-norm folding, NHWC filters, fp16 casts, weight
     transposes) with the numpy folder and without it: the same constants, bit for bit, the same

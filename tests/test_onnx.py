@@ -87,8 +87,16 @@ MODELS = {
 # scaled_dot_product_attention not implemented if enable_gqa is True"): Llama exports with dynamo only
 # CI runs every model through torch's default exporter (dynamo) and BERT through both; the other
 # TorchScript exports are the slow marker's (pytest -m slow; the GPU host's check runs them).
+# CI runs one model of each form (a padded BERT through both exporters, a grouped-query Llama, a
+# ConvNeXt's convs and norms); the further siblings run with -m slow.
+DEFAULT_CASES = {
+    ("bert_padded", "torchscript"),
+    ("bert_padded", "dynamo"),
+    ("llama_gqa", "dynamo"),
+    ("convnext", "dynamo"),
+}
 CASES = [
-    (m, e) if e == "dynamo" or m == "bert_padded" else pytest.param(m, e, marks=pytest.mark.slow)
+    (m, e) if (m, e) in DEFAULT_CASES else pytest.param(m, e, marks=pytest.mark.slow)
     for m in MODELS
     for e in ("torchscript", "dynamo")
     if (m, e) != ("llama_gqa", "torchscript")

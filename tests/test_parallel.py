@@ -112,7 +112,7 @@ def _allreduce_inputs(module: tvm.IRModule) -> list[str]:
     return producers
 
 
-@pytest.mark.parametrize("family, layers", [("llama", 2), ("qwen2", 1)])
+@pytest.mark.parametrize("family, layers", [("llama", 2), pytest.param("qwen2", 1, marks=pytest.mark.slow)])
 def test_tensor_parallel_ranks_run_together_on_the_cpu(family, layers):
     """Two ranks' offloaded modules, run at once with the all-reduce between them, give the model's
     output; an all-reduce follows each row-parallel projection, on its offloaded GEMM's output."""

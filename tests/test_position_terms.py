@@ -93,7 +93,7 @@ def _bloom(attention_mask: bool, dtype: str = "float16"):
     return relax_cutlass.from_torch(model, inputs, dtype=dtype), [x.numpy() for x in inputs]
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_alibi_beside_a_causal_mask_runs_in_the_kernel(dtype):
     """BLOOM adds ALiBi in the (B*N, S, T) frame of its baddbmm, reshapes, then adds the causal
     mask: one region per attention, the bias read as (B, N, 1, T) (never written out per query),
