@@ -5,6 +5,7 @@ from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLin
 from .rewrites.conv1d import Conv1dAsConv2d
 from .rewrites.gated import SplitPackedGatedProjections
 from .rewrites.layout import ConvertToNHWC
+from .rewrites.narrowing import NarrowFloat32Islands
 from .rewrites.projections import FuseParallelProjections
 from .rewrites.reductions import FastTvmReductions
 from .rewrites.shapes import BoundSymbolicShapes
@@ -24,6 +25,7 @@ __all__ = [
     "FuseParallelProjections",
     "LiftConstants",
     "MakeGemmBroadcastsExplicit",
+    "NarrowFloat32Islands",
     "PartitionForCutlass",
     "SplitPackedGatedProjections",
 ]

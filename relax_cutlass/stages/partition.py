@@ -21,6 +21,7 @@ from ..rewrites.canonicalize import (
 from ..rewrites.conv1d import Conv1dAsConv2d
 from ..rewrites.gated import SplitPackedGatedProjections
 from ..rewrites.layout import ConvertToNHWC
+from ..rewrites.narrowing import NarrowFloat32Islands
 from ..rewrites.projections import FuseParallelProjections
 from .constants import LiftConstants
 from .patterns import fusion_patterns, spec_by_name
@@ -163,6 +164,7 @@ def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass
     return [
         FixTvmCudaForms(),
         FoldLinearReshapes(),
+        NarrowFloat32Islands(),
         SplitPackedGatedProjections(),
         FuseParallelProjections(),
         Conv1dAsConv2d(),
