@@ -27,8 +27,9 @@ def offload_pipeline(arch: str | int = "sm_80", convert_layout: bool = True, **o
     the flatten/unflatten torch.export puts around linear layers (so their epilogues fuse);
     NarrowFloat32Islands computes in 16 bits the float32 islands ToMixedPrecision leaves between
     16-bit values where that is exact or one rounding (MobileNetV3's hardswish and the residual add
-    after it), so they fuse into the epilogues; SplitPackedGatedProjections makes a packed gate|up projection (Phi-3's gate_up_proj, chunked)
-    two GEMMs, so the gated multiply fuses into the gate GEMM's epilogue as for Llama;
+    after it), so they fuse into the epilogues; SplitPackedGatedProjections makes a packed gate|up
+    projection (Phi-3's gate_up_proj, chunked) two GEMMs, so the gated multiply fuses into the gate
+    GEMM's epilogue as for Llama;
     FuseParallelProjections makes the separate q, k and v projections of one input (BERT, Llama)
     one GEMM on the concatenated weights, each projection a slice of it, which the attention reads
     in place where nothing comes between (BERT; Llama's rotary q and k are computed from theirs):

@@ -71,8 +71,8 @@ def check_problems(spec, ctx: relax.transform.PatternCheckContext) -> list[str]:
     ann = dict(ctx.annotated_expr)
     if leaking := leaking_intermediates(spec, ctx, ann):
         return [
-            f"an intermediate value of the region ({', '.join(sorted(leaking))}) is also used outside it (a fused kernel "
-            "does not produce it)"
+            f"an intermediate value of the region ({', '.join(sorted(leaking))}) is also used outside it "
+            "(a fused kernel does not produce it)"
         ]
     for expr, reason in kind_of(spec).independent_inputs(spec, ann):
         if not _independent(expr, ann, ctx):
