@@ -43,9 +43,8 @@ def assert_same_values(mod: tvm.IRModule, rewritten: tvm.IRModule, shape, dtype=
     assert np.abs(got.astype("float64") - expected.astype("float64")).max() <= tolerance
 
 
-def fused_kernels(mod: tvm.IRModule) -> list[str]:
-    """The PrimFuncs main calls after TVM's CUDA legalization and fusion (its default pipeline's
-    passes before DLight)."""
+def fused(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` after TVM's CUDA legalization and fusion (its default pipeline's passes before DLight)."""
     for p in (
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
@@ -53,18 +52,17 @@ def fused_kernels(mod: tvm.IRModule) -> list[str]:
         relax.transform.FuseTIR(),
     ):
         mod = p(mod)
-    return [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    return mod
+
+
+def fused_kernels(mod: tvm.IRModule) -> list[str]:
+    """The PrimFuncs main calls after TVM's CUDA fusion."""
+    return [gv.name_hint for gv, f in fused(mod).functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
 
 
 def written_shapes(mod: tvm.IRModule) -> list[list[int]]:
-    """The shapes of the tensors main's kernels write, after TVM's CUDA legalization and fusion."""
-    for p in (
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ):
-        mod = p(mod)
+    """The shapes of the tensors main's kernels write, after TVM's CUDA fusion."""
+    mod = fused(mod)
     shapes = []
 
     def visit(e):
