@@ -149,7 +149,10 @@ def test_convnext_offloads_and_computes_the_model(small_convnext):
     (mod, weights), x, expected = small_convnext
     got_fp16, _, rewritten = compare_on_cpu(bind_float16(mod, weights), [x], arch="sm_90a")
     assert len(_permutes(rewritten["main"])) == 4
-    assert "R.multiply" not in rewritten["main"].script()
+    # no layer scale left: the one multiply is the classifier pooling's 1/count before its sum
+    # (FastTvmReductions' form of a float32 mean)
+    script = rewritten["main"].script()
+    assert script.count("R.multiply(") == script.count("R.sum(") == 1
     epilogues = [row["epilogue"] for row in relax_cutlass.offload_report(rewritten).offloaded]
     assert epilogues.count("bias+residual_add") == 3
     assert rel_error(got_fp16, expected) < 2e-2
