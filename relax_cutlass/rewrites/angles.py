@@ -22,6 +22,7 @@ from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from ..kinds.ir import tensor_dtype
+from ..toolkit.dtypes import SIXTEEN_BIT_FLOATS
 from .canonicalize import relax_functions
 
 PERIODIC_OPS = ("relax.sin", "relax.cos")
@@ -52,7 +53,6 @@ DTYPE_FREE_OPS = frozenset(
         "relax.power",
     }
 )
-SIXTEEN_BIT = ("float16", "bfloat16")
 
 
 class _Widener:
@@ -83,7 +83,7 @@ class _Widener:
             source = value.args[0]
             if not _is_float(source):
                 return relax.op.astype(source, "float32")
-            if tensor_dtype(source) == "float32" and tensor_dtype(expr) in SIXTEEN_BIT:
+            if tensor_dtype(source) == "float32" and tensor_dtype(expr) in SIXTEEN_BIT_FLOATS:
                 self.gained = True
             return self.widen(source)
         if name != "relax.matmul" and name not in DTYPE_FREE_OPS:
@@ -116,7 +116,7 @@ def angles_in_float32(func: relax.Function) -> relax.Function:
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         dtype = tensor_dtype(orig)
-        if dtype not in SIXTEEN_BIT + ("float32",):
+        if dtype not in SIXTEEN_BIT_FLOATS + ("float32",):
             return orig
         widener = _Widener(var2val)
         wide = widener.widen(m[angle])

@@ -32,6 +32,7 @@ from ..kinds.ir import (
     static_shape,
     tensor_dims,
 )
+from ..toolkit.dtypes import SIXTEEN_BIT_FLOATS
 from .shapes import bound_symbolic_shapes
 
 
@@ -115,9 +116,6 @@ def unbroadcast_weights(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewriter, func)
 
 
-_HALF_DTYPES = ("float16", "bfloat16")
-
-
 def _operand_dtypes(call: relax.Call) -> list[str]:
     return [str(a.ty.dtype) if isinstance(a.ty, relax.TensorType) else "" for a in call.args]
 
@@ -173,7 +171,7 @@ def accumulate_in_float32(func: relax.Function) -> relax.Function:
 
     def rewriter(orig: relax.Expr, _m: dict) -> relax.Expr:
         out = str(orig.ty.dtype)
-        if out not in _HALF_DTYPES or _operand_dtypes(orig) != [out, out]:
+        if out not in SIXTEEN_BIT_FLOATS or _operand_dtypes(orig) != [out, out]:
             return orig
         return relax.op.astype(ACCUMULATING_OPS[orig.op.name](orig, "float32"), out)
 
@@ -191,7 +189,7 @@ def fold_float32_accumulation(func: relax.Function) -> relax.Function:
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         out, call = str(orig.ty.dtype), m[inner]
-        if out not in _HALF_DTYPES or str(call.ty.dtype) != "float32" or _operand_dtypes(call) != [out, out]:
+        if out not in SIXTEEN_BIT_FLOATS or str(call.ty.dtype) != "float32" or _operand_dtypes(call) != [out, out]:
             return orig
         return ACCUMULATING_OPS[call.op.name](call, out)
 

@@ -31,14 +31,10 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
-from ..kinds.ir import constant_value, is_offloaded_function, rewrite_call_weights_hidden
-
-HALF_DTYPES = ("float16", "bfloat16")
-
-
-def _scalar(expr: relax.Expr) -> float | None:
-    value = constant_value(expr)
-    return float(value) if value is not None and value.size == 1 else None
+from ..kinds.epilogue_patterns import scalar_constant
+from ..kinds.ir import rewrite_call_weights_hidden
+from ..toolkit.dtypes import SIXTEEN_BIT_FLOATS
+from .canonicalize import relax_functions
 
 
 def _float32_hardswish_pattern():
@@ -61,11 +57,11 @@ def narrow_float32_hardswish(func: relax.Function) -> relax.Function:
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         source = m[x]
         dtype = str(getattr(source.ty, "dtype", ""))
-        if dtype not in HALF_DTYPES or str(orig.ty.dtype) != "float32":
+        if dtype not in SIXTEEN_BIT_FLOATS or str(orig.ty.dtype) != "float32":
             return orig
         if str(m[widened].ty.dtype) != "float32" or str(m[x32].ty.dtype) != "float32":
             return orig
-        if any(p in m and _scalar(m[p]) != value for p, value in expected.items()):
+        if any(p in m and scalar_constant(m[p]) != value for p, value in expected.items()):
             return orig
         three, six = relax.const(3.0, dtype), relax.const(6.0, dtype)
         clamp = relax.op.minimum(relax.op.maximum(relax.op.add(source, three), relax.const(0.0, dtype)), six)
@@ -82,7 +78,7 @@ def drop_widening_round_trips(func: relax.Function) -> relax.Function:
 
     def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
         dtype = str(getattr(m[y].ty, "dtype", ""))
-        if dtype in HALF_DTYPES and str(m[widened].ty.dtype) == "float32" and str(orig.ty.dtype) == dtype:
+        if dtype in SIXTEEN_BIT_FLOATS and str(m[widened].ty.dtype) == "float32" and str(orig.ty.dtype) == dtype:
             return m[y]
         return orig
 
@@ -100,7 +96,7 @@ def narrow_widened_adds(func: relax.Function) -> relax.Function:
         dtype = str(orig.ty.dtype)
         operands = [str(getattr(m[v].ty, "dtype", "")) for v in (a, b)]
         widened = [str(m[v].ty.dtype) for v in (wide_a, wide_b, total)]
-        if dtype not in HALF_DTYPES or operands != [dtype, dtype] or widened != ["float32"] * 3:
+        if dtype not in SIXTEEN_BIT_FLOATS or operands != [dtype, dtype] or widened != ["float32"] * 3:
             return orig
         return relax.op.add(m[a], m[b])
 
@@ -119,8 +115,4 @@ class NarrowFloat32Islands:
             func = drop_widening_round_trips(narrow_float32_hardswish(func))
             return relax.analysis.remove_all_unused(narrow_widened_adds(func))
 
-        functions = {
-            gv: narrow(func) if isinstance(func, relax.Function) and not is_offloaded_function(func) else func
-            for gv, func in mod.functions_items()
-        }
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+        return relax_functions(mod, narrow)

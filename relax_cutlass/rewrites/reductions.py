@@ -42,7 +42,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..kinds.ir import is_offloaded_function, static_int, tensor_dims
+from ..kinds.ir import static_int, tensor_dims
+from .canonicalize import relax_functions
 
 # Above this many window offsets the spelled-out sum grows the IR more than it saves; such pools
 # (global pools, written as adaptive ones) stay as they are.
@@ -190,15 +191,9 @@ class FastTvmReductions:
     stays in TVM (see the module's docstring). A no-op on modules without them."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or is_offloaded_function(func):
-                continue
+        def rewrite(func: relax.Function) -> relax.Function:
             rewriter = _FastReductions(mod)
             new_func = rewriter.visit_expr(func)
-            if rewriter.rewritten:
-                updates[gv] = relax.analysis.remove_all_unused(new_func)
-        if not updates:
-            return mod
-        functions = {gv: updates.get(gv, func) for gv, func in mod.functions_items()}
-        return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+            return relax.analysis.remove_all_unused(new_func) if rewriter.rewritten else func
+
+        return relax_functions(mod, rewrite)
