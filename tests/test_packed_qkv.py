@@ -151,3 +151,42 @@ def test_packed_glue_compiles():
     module, example = _gpt2()
     partitioned = partition_for_cpu(relax_cutlass.from_torch(module, example), "sm_90a")
     compile_all([emit_glue(attention_regions(partitioned), "packed")], 90)
+
+
+class _PackedHeads(torch.nn.Module):
+    """One projection to q|k|v, parts picked as torchvision's Swin does ((B, S, 3, N, H) permuted to
+    (3, B, N, S, H), part i taken) or as BLOOM does (per head: (B, S, N, 3, H), part i of axis 3)."""
+
+    def __init__(self, form: str, hidden: int = 64, heads: int = 2):
+        super().__init__()
+        self.form, self.heads = form, heads
+        self.qkv, self.out = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, e = x.shape
+        n, h = self.heads, e // self.heads
+        if self.form == "swin":
+            qkv = self.qkv(x).reshape(b, s, 3, n, h).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:
+            fused = self.qkv(x).view(b, s, n, 3, h)
+            q, k, v = (fused[..., i, :].transpose(1, 2) for i in range(3))
+        probs = torch.softmax((q * h**-0.5) @ k.transpose(-2, -1), dim=-1)
+        return self.out((probs @ v).transpose(1, 2).reshape(b, s, e))
+
+
+@pytest.mark.parametrize("form", ["swin", "bloom"])
+def test_parts_of_permuted_or_per_head_packings_are_read_in_place(form):
+    """Regression (the zoo's swin_t and bloom_4l, H200: each part a take kernel of its own): the
+    takes become views of slices (BLOOM's of the projection's rows cut per head), the attention
+    reads all three from the one projection, no take is left; values as the original's."""
+    torch.manual_seed(0)
+    module, x = _PackedHeads(form).eval(), torch.randn(2, 16, 64)
+    mod = relax_cutlass.from_torch(module, (x,))
+    assert op_names(mod).count("relax.take") == 3
+    offloaded = offload_pipeline_on_cpu(mod, "sm_90a", profile="never")
+    assert "relax.take" not in op_names(offloaded)
+    (row,) = [r for r in relax_cutlass.offload_report(offloaded).offloaded if r["op"] == "attention"]
+    assert set(row["attention"]["packed"]) == {"query", "key", "value"}, row
+    want, got = run_vm(build_cpu(mod), [x.numpy()]), run_vm(build_cpu(offloaded), [x.numpy()])
+    assert rel_error(got, want) < 1e-2
