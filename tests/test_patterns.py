@@ -116,6 +116,27 @@ def test_wrong_tanh_gelu_constant_is_not_fused_as_gelu_tanh():
     assert composites(partition(mod)) == ["relax_cutlass.dense_bias"]
 
 
+def _bloom_gelu(bb, x, one: float = 1.0):
+    """transformers' bloom_gelu_forward: x * 0.5 * (1 + tanh(0.79788456 * x * (one + 0.044715 * x * x)))."""
+    op, dtype = relax.op, x.ty.dtype
+
+    def c(v):
+        return relax.const(v, dtype)
+
+    square = bb.emit(op.multiply(bb.emit(op.multiply(x, c(0.044715))), x))
+    inner = bb.emit(op.multiply(bb.emit(op.multiply(x, c(0.79788456))), bb.emit(op.add(square, c(one)))))
+    tanh = bb.emit(op.add(bb.emit(op.tanh(inner)), c(1.0)))
+    return bb.emit(op.multiply(bb.emit(op.multiply(x, c(0.5))), tanh))
+
+
+@pytest.mark.parametrize(("one", "fused"), [(1.0, True), (1.5, False)])
+def test_bloom_gelu_fuses_as_gelu_tanh(one, fused):
+    """Regression (the zoo's bloom_4l on the H200: its gelu, x factored out of the tanh's argument,
+    ran as a TVM kernel after each h->4h GEMM): fused as gelu_tanh, and only with its constants."""
+    mod = _model_with(lambda bb, y: _bloom_gelu(bb, y, one))
+    assert composites(partition(mod)) == ["relax_cutlass.dense_bias" + ("_gelu_tanh" if fused else "")]
+
+
 def _left_reasons(mod):
     return [r for row in relax_cutlass.offload_report(mod).left_in_tvm for r in row["reasons"]]
 

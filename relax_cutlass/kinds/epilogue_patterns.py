@@ -71,7 +71,8 @@ def _gelu_erf_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
 def _gelu_tanh_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
     """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))): GPT-2's NewGELUActivation (and
     every `transformers` model with "gelu_new"), with x^3 as the multiplies FixTvmCudaForms makes
-    of `x ** 3`; tanh may run in fp32 between two casts. The four scalar constants are annotated
+    of `x ** 3`, or with x factored out of the tanh's argument as BLOOM writes it; tanh may run in
+    fp32 between two casts. The four scalar constants are annotated
     so the check can verify their values."""
     c_cubic, c_inner, c_one, c_half = is_const(), is_const(), is_const(), is_const()
     ann.update(gelu_tanh_cubic=c_cubic, gelu_tanh_inner=c_inner, gelu_tanh_one=c_one, gelu_tanh_half=c_half)
@@ -82,7 +83,13 @@ def _gelu_tanh_decomposed(x: DFPattern, ann: dict[str, DFPattern]) -> DFPattern:
 
     square = mul(x, x)
     cubic = by(mul(square, x) | mul(x, square), c_cubic)
-    inner = by(add(x, cubic) | add(cubic, x), c_inner)
+    # BLOOM's bloom_gelu_forward factors x out: sqrt(2 / pi) * x * (1 + 0.044715 * x * x)
+    c_one_inner = is_const()
+    ann.update(gelu_tanh_one_inner=c_one_inner)
+    scaled_square = by(square, c_cubic) | mul(by(x, c_cubic), x) | mul(x, by(x, c_cubic))
+    one_plus_square = add(scaled_square, c_one_inner) | add(c_one_inner, scaled_square)
+    factored = mul(by(x, c_inner), one_plus_square) | mul(one_plus_square, by(x, c_inner))
+    inner = by(add(x, cubic) | add(cubic, x), c_inner) | factored
     tanh = is_op("relax.tanh")(inner) | is_op("relax.astype")(is_op("relax.tanh")(is_op("relax.astype")(inner)))
     one_plus = add(tanh, c_one) | add(c_one, tanh)
     return mul(by(x, c_half), one_plus) | mul(one_plus, by(x, c_half)) | by(mul(x, one_plus) | mul(one_plus, x), c_half)
@@ -233,6 +240,8 @@ def _activation_constant_problems(ann: dict[str, relax.Expr]) -> list[str]:
             "gelu_tanh_one": (1.0, what),
             "gelu_tanh_half": (0.5, what),
         }
+        if "gelu_tanh_one_inner" in ann:
+            expected["gelu_tanh_one_inner"] = (1.0, what)
     if "hardswish_three" in ann:
         expected |= {"hardswish_three": (3.0, "hardswish"), "hardswish_six": (6.0, "hardswish")}
     if "hardswish_low" in ann:
