@@ -95,3 +95,35 @@ def test_mobilenet_v3_fuses_every_hardswish_and_residual():
     with torch.no_grad():
         expected = model(torch.from_numpy(x)).numpy()
     assert rel_error(got.astype("float32"), expected) < 2e-2
+
+
+def shuffled_windows(fill: float) -> tvm.IRModule:
+    """Swin's window shuffle as from_torch leaves it: a 16-bit norm output widened to float32, padded,
+    rolled (a take), partitioned (reshape, permute_dims) and narrowed again for the next GEMM."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4, 4, 8), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            wide = bb.emit(relax.op.nn.pad(astype(x, "float32"), [0, 0, 0, 0, 0, 0, 0, 0], pad_value=fill))
+            rolled = bb.emit(relax.op.take(wide, relax.const(np.array([1, 2, 3, 0], "int64")), axis=1))
+            windows = bb.emit(relax.op.permute_dims(relax.op.reshape(rolled, (2, 2, 2, 2, 2, 8)), [0, 1, 3, 2, 4, 5]))
+            out = bb.emit_output(astype(relax.op.reshape(windows, (8, 4, 8)), "float16"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_data_movement_of_a_widened_value_moves_16_bits():
+    """Regression (torchvision's Swin-T: its windows were shuffled in float32 between 16-bit norms
+    and GEMMs): the widening cast moves past the pad, take and views and cancels with the narrowing
+    one; the values are the same bits."""
+    mod = shuffled_windows(0.0)
+    narrowed = NarrowFloat32Islands()(mod)
+    assert "relax.astype" not in op_names(narrowed), narrowed
+    x = np.random.default_rng(0).uniform(-4, 4, (2, 4, 4, 8)).astype("float16")
+    np.testing.assert_array_equal(run_vm(build_cpu(narrowed), [x]), run_vm(build_cpu(mod), [x]))
+
+
+def test_a_pad_whose_fill_is_no_16_bit_value_keeps_the_cast_before_it():
+    narrowed = NarrowFloat32Islands()(shuffled_windows(0.1))
+    names = op_names(narrowed)
+    assert names.index("relax.astype") < names.index("relax.nn.pad"), names

@@ -23,10 +23,18 @@ The residual add after such a block is then astype(astype(a, f32) + astype(b, f3
 and b): the sum of two widened 16-bit values is exact in float32 unless their exponents differ
 by more than 13, so the one rounding gives a + b in 16 bits, and as that the add fuses into the
 producing conv's epilogue as its residual.
+
+Data movement on a widened 16-bit value moves the widened bytes: torchvision's Swin rolls and
+partitions windows (pad, two takes, reshape, permute_dims, reshape) after an astype to float32 of
+its 16-bit layer norm and casts back to 16 bits before the next GEMM, so the norm wrote float32 and
+every copy moved twice the bytes. A widening cast is moved past the data movement ops after it
+(they select elements; a pad's fill is a 16-bit value), where it meets the narrowing one and both
+go.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
@@ -85,6 +93,52 @@ def drop_widening_round_trips(func: relax.Function) -> relax.Function:
     return rewrite_call_weights_hidden(pattern, rewriter, func)
 
 
+# Ops that only select, repeat or rearrange their first argument's elements (a pad adds its fill).
+DATA_MOVEMENT_OPS = (
+    "relax.reshape",
+    "relax.permute_dims",
+    "relax.take",
+    "relax.strided_slice",
+    "relax.squeeze",
+    "relax.expand_dims",
+    "relax.flip",
+    "relax.broadcast_to",
+    "relax.nn.pad",
+)
+
+
+def _fill_is_exact(call: relax.Call, dtype: str) -> bool:
+    """A pad's fill value is a `dtype` value (other ops have no fill)."""
+    if call.op.name != "relax.nn.pad":
+        return True
+    fill = np.float32(call.attrs.pad_value)
+    if dtype == "bfloat16":  # the upper half of a float32
+        return int(fill.view(np.uint32)) & 0xFFFF == 0
+    return float(fill.astype(dtype)) == float(fill)
+
+
+def sink_widening_casts(func: relax.Function) -> relax.Function:
+    """move(astype(y, float32), ...) -> astype(move(y, ...), float32) for a 16-bit y and a data
+    movement op `move`: exact, and the move then carries half the bytes."""
+    y = wildcard()
+    widened = is_op("relax.astype")(y)
+    pattern = None
+    for op in DATA_MOVEMENT_OPS:
+        moved = is_op(op)(widened, varg_default_wildcard=True)
+        pattern = moved if pattern is None else pattern | moved
+
+    def rewriter(orig: relax.Expr, m: dict) -> relax.Expr:
+        dtype = str(getattr(m[y].ty, "dtype", ""))
+        if dtype not in SIXTEEN_BIT_FLOATS or str(m[widened].ty.dtype) != "float32":
+            return orig
+        if not _fill_is_exact(orig, dtype):
+            return orig
+        moved = relax.Call(orig.op, [m[y], *orig.args[1:]], orig.attrs, orig.ty_args)
+        return relax.op.astype(moved, "float32")
+
+    return rewrite_call_weights_hidden(pattern, rewriter, func)
+
+
 def narrow_widened_adds(func: relax.Function) -> relax.Function:
     """astype(astype(a, f32) + astype(b, f32), dtype) with 16-bit a, b of that dtype -> a + b."""
     a, b = wildcard(), wildcard()
@@ -106,13 +160,14 @@ def narrow_widened_adds(func: relax.Function) -> relax.Function:
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.NarrowFloat32Islands")
 class NarrowFloat32Islands:
     """A hardswish that ToMixedPrecision left in float32 around a 16-bit input computed in the
-    input's dtype (then widened), the exact widen-and-narrow casts that leaves dropped, and a
+    input's dtype (then widened), widening casts moved past the data movement after them, the
+    exact widen-and-narrow casts that leaves dropped, and a
     residual add of two widened 16-bit values made a 16-bit add, so that the activation and the
     residual fuse into the epilogues before them. A no-op on modules without these forms."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         def narrow(func: relax.Function) -> relax.Function:
-            func = drop_widening_round_trips(narrow_float32_hardswish(func))
+            func = drop_widening_round_trips(sink_widening_casts(narrow_float32_hardswish(func)))
             return relax.analysis.remove_all_unused(narrow_widened_adds(func))
 
         return relax_functions(mod, narrow)
