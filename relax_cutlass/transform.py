@@ -4,11 +4,14 @@ from .rewrites.broadcasts import MakeGemmBroadcastsExplicit
 from .rewrites.canonicalize import AccumulateInFloat32, FixTvmCudaForms, FoldLinearReshapes
 from .rewrites.conv1d import Conv1dAsConv2d
 from .rewrites.gated import SplitPackedGatedProjections
+from .rewrites.gathers import TakesAsSlices
 from .rewrites.layout import ConvertToNHWC
 from .rewrites.narrowing import NarrowFloat32Islands
+from .rewrites.patchify import PatchifyConvs
 from .rewrites.projections import FuseParallelProjections
 from .rewrites.reductions import FastTvmReductions
 from .rewrites.shapes import BoundSymbolicShapes
+from .rewrites.token_order import CancelRowPermutations, SinkTokenPermutes
 from .stages.codegen import CutlassCodegen
 from .stages.constants import LiftConstants
 from .stages.partition import PartitionForCutlass
@@ -16,6 +19,7 @@ from .stages.partition import PartitionForCutlass
 __all__ = [
     "AccumulateInFloat32",
     "BoundSymbolicShapes",
+    "CancelRowPermutations",
     "Conv1dAsConv2d",
     "ConvertToNHWC",
     "CutlassCodegen",
@@ -27,5 +31,8 @@ __all__ = [
     "MakeGemmBroadcastsExplicit",
     "NarrowFloat32Islands",
     "PartitionForCutlass",
+    "PatchifyConvs",
+    "SinkTokenPermutes",
     "SplitPackedGatedProjections",
+    "TakesAsSlices",
 ]

@@ -116,18 +116,18 @@ def test_vit_offloads_with_the_stem_reason_stated(small_vit):
     _, got, rewritten = compare_on_cpu(mod, [x])
     assert rel_error(got, reference) < 2e-2  # float16 compute vs the torch float32 model
     report = relax_cutlass.offload_report(rewritten)
-    # qkv, out-proj, fc1+gelu, fc2+residual, the head; and the attention (fused since the
-    # sequence-first nn.MultiheadAttention form is read)
+    # the patch embedding (PatchifyConvs: a GEMM of its 16 x 16 x 3 patches), qkv, out-proj,
+    # fc1+gelu, fc2+residual, the head; and the attention, reading the packed projection
     gemms = [r for r in report.offloaded if r["op"] == "matmul"]
-    assert sorted(r["epilogue"] for r in gemms) == ["bias", "bias", "bias", "bias+gelu", "bias+residual_add"]
-    assert [r["op"] for r in report.offloaded].count("attention") == 1
-    # The patch conv is NHWC now and offloaded, its 3 input channels padded to 8.
-    (stem,) = [r for r in report.offloaded if r["op"] == "conv2d"]
-    assert stem["shapes"]["data"][-1] == 8 and not report.left_in_tvm, str(report)
+    assert sorted(r["epilogue"] for r in gemms) == ["bias"] * 4 + ["bias+gelu", "bias+residual_add"]
+    assert [r["mnk"][2] for r in gemms].count(16 * 16 * 3) == 1 and not report.left_in_tvm, str(report)
+    (attention,) = [r for r in report.offloaded if r["op"] == "attention"]
+    assert set(attention["attention"]["packed"]) == {"query", "key", "value"}, attention
     # offload_pipeline runs ConvertToNHWC on the module itself: no error there either.
     sm90 = relax_cutlass.offload_pipeline("sm_90a", compile=False)(mod)
     ops = [r["op"] for r in relax_cutlass.offload_report(sm90).offloaded]
     assert len(ops) == 10 and ops.count("norm") == 3  # and the layer norms (ln_1, ln_2, the final one)
+    assert "conv2d" not in ops
 
 
 class _Stem(torch.nn.Module):

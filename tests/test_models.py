@@ -51,10 +51,11 @@ def _op_names(func):
 
 
 def test_resnet50_has_no_layout_change_between_offloaded_convs(resnet50):
-    """NCHW in, NHWC throughout: one transpose of the input, one of the pooled features."""
+    """NCHW in, NHWC throughout: one transpose, of the input. The pooled (B, 1, 1, C) features'
+    permute to NCHW and flatten leave the elements in order: one reshape (collapse_view_chains)."""
     offloaded = relax_cutlass.offload_pipeline("sm_80", compile=False)(resnet50)
     ops = _op_names(offloaded["main"])
-    assert ops.count("relax.permute_dims") + ops.count("relax.layout_transform") == 2
+    assert ops.count("relax.permute_dims") + ops.count("relax.layout_transform") == 1
     assert "relax.nn.batch_norm" not in ops
 
 

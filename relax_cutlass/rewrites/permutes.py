@@ -26,6 +26,8 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
+from ..kinds.ir import rewrite_planned_bindings, static_shape
+
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
 LAYOUT_PERMUTES = (NCHW_TO_NHWC, NHWC_TO_NCHW)
@@ -180,3 +182,54 @@ class SinkLayoutPermutes:
             for gv, func in mod.functions_items()
         }
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
+def _view_index(index: np.ndarray, call: relax.Call) -> np.ndarray:
+    if call.op.name == "relax.permute_dims":
+        axes = call.attrs.axes
+        return index.transpose([int(a) for a in axes] if axes is not None else None)
+    return index.reshape([int(d) for d in call.ty.shape.values])
+
+
+def collapse_view_chains(func: relax.Function, max_elements: int = 1 << 26) -> relax.Function:
+    """Chains of reshapes and permutes (each but the last read by nothing else) that leave the
+    elements in their order -> one reshape (no copy): a permute to NCHW, a flatten and a permute
+    back to tokens, as ViT's patch embedding writes them, is a reshape of the NHWC patches."""
+    var2val = relax.analysis.get_var2val(func)
+    counts: dict = {}
+    for value in var2val.values():
+        for arg in getattr(value, "args", []):
+            if isinstance(arg, relax.Var):
+                counts[arg] = counts.get(arg, 0) + 1
+
+    def is_view(value) -> bool:
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            return False
+        if value.op.name not in ("relax.reshape", "relax.permute_dims"):
+            return False
+        shape = getattr(value.ty, "shape", None)
+        return shape is not None and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
+
+    plan = {}
+    for var, value in var2val.items():
+        if not is_view(value):
+            continue
+        chain, expr = [], var
+        while isinstance(expr, relax.Var) and is_view(var2val.get(expr)) and (expr is var or counts.get(expr) == 1):
+            chain.append(var2val[expr])
+            expr = var2val[expr].args[0]
+        dims = static_shape(expr)
+        if len(chain) < 2 or dims is None or not 0 < int(np.prod(dims)) <= max_elements:
+            continue
+        index = np.arange(int(np.prod(dims)), dtype=np.int64).reshape(dims)
+        for call in reversed(chain):
+            index = _view_index(index, call)
+        if np.array_equal(index.reshape(-1), np.arange(index.size)):
+            plan[var] = expr
+    if not plan:
+        return func
+
+    def reshape(mutator, binding, source):
+        return mutator.builder_.emit(relax.op.reshape(mutator.visit_expr(source), binding.var.ty.shape))
+
+    return rewrite_planned_bindings(func, plan, reshape)

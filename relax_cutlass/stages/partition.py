@@ -22,7 +22,9 @@ from ..rewrites.conv1d import Conv1dAsConv2d
 from ..rewrites.gated import SplitPackedGatedProjections
 from ..rewrites.layout import ConvertToNHWC
 from ..rewrites.narrowing import NarrowFloat32Islands
+from ..rewrites.patchify import PatchifyConvs
 from ..rewrites.projections import FuseParallelProjections
+from ..rewrites.token_order import SinkTokenPermutes
 from .constants import LiftConstants
 from .patterns import fusion_patterns, spec_by_name
 
@@ -165,6 +167,8 @@ def pre_partition_passes(convert_layout: bool = True) -> list[tvm.transform.Pass
         FixTvmCudaForms(),
         FoldLinearReshapes(),
         NarrowFloat32Islands(),
+        PatchifyConvs(),
+        SinkTokenPermutes(),
         SplitPackedGatedProjections(),
         FuseParallelProjections(),
         Conv1dAsConv2d(),
