@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..kinds.evaluate import evaluate_input_free, input_free_vars
-from ..kinds.ir import is_call, rewrite_planned_bindings, static_int
+from ..kinds.ir import is_call, planned_rewrite, static_int
 from .canonicalize import relax_functions
 
 # More runs than this and the gather stays a gather (a concatenation of many slices is no cheaper).
@@ -102,11 +102,7 @@ def _as_slices(mutator, _binding, planned) -> relax.Expr:
 def takes_as_slices(func: relax.Function) -> relax.Function:
     """Every take of `func` whose indices are a few runs of consecutive positions -> those slices,
     concatenated (see the module)."""
-    try:
-        plan = _plan(func)
-    except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
-        return func
-    return rewrite_planned_bindings(func, plan, _as_slices) if plan else func
+    return planned_rewrite(func, _plan, _as_slices)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.TakesAsSlices")

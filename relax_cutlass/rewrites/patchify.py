@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..kinds.ir import is_call, rewrite_planned_bindings, static_int, static_shape, use_counts
+from ..kinds.ir import is_call, planned_rewrite, static_int, static_shape, use_counts
 from .canonicalize import relax_functions
 from .permutes import NHWC_TO_NCHW, collapse_view_chains
 
@@ -129,13 +129,8 @@ def _as_matmul(mutator, _binding, planned) -> relax.Expr:
 def patchify_convs(func: relax.Function) -> relax.Function:
     """Every patch-embedding conv2d of `func` (and the bias add after it) as a GEMM of its patches
     (see the module)."""
-    try:
-        plan = _plan(func)
-    except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
-        return func
-    if not plan:
-        return func
-    return collapse_view_chains(rewrite_planned_bindings(func, plan, _as_matmul))
+    rewritten = planned_rewrite(func, _plan, _as_matmul)
+    return func if rewritten.same_as(func) else collapse_view_chains(rewritten)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.PatchifyConvs")

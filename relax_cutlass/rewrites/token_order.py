@@ -35,8 +35,8 @@ from tvm.relax.dpl import is_op, wildcard
 from ..kinds.ir import (
     is_call,
     json_attr,
+    planned_rewrite,
     rewrite_call_weights_hidden,
-    rewrite_planned_bindings,
     static_shape,
     use_counts,
 )
@@ -254,11 +254,4 @@ class CancelRowPermutations:
         if not symbols:
             return mod
 
-        def rewrite(func: relax.Function) -> relax.Function:
-            try:
-                plan = _plan(func, symbols)
-            except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
-                return func
-            return rewrite_planned_bindings(func, plan, _rewrite) if plan else func
-
-        return relax_functions(mod, rewrite)
+        return relax_functions(mod, lambda f: planned_rewrite(f, lambda g: _plan(g, symbols), _rewrite))

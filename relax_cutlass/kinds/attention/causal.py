@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..evaluate import evaluate_input_free, input_free_vars, is_input_free
-from ..ir import bound_value, planned_rewrite, rewrite_planned_bindings, static_shape
+from ..ir import bound_value, planned_rewrite, static_shape
 from .masks import SWAMPING_MASK
 from .trace import is_op_call, softmax_adds
 
@@ -127,13 +127,7 @@ def constant_causal_masks(func: relax.Function) -> relax.Function:
     """softmax(scores + mask), with `mask` computed from no input and causal in value, -> the same
     with the canonical causal mask (`causal_mask_expr`) in its place; zero in value -> softmax(scores).
     The old mask's bindings go once nothing else reads them."""
-    try:
-        planned = _plan(func)
-    except (tvm.TVMError, ValueError, TypeError):  # an unusual graph never fails the pipeline
-        return func
-    if not planned:
-        return func
-    return rewrite_planned_bindings(func, planned, _canonical_mask)
+    return planned_rewrite(func, _plan, _canonical_mask)
 
 
 _AND_OPS = ("relax.bitwise_and", "relax.logical_and")
