@@ -150,6 +150,21 @@ class _PlannedBindings(relax.PyExprMutator):
         self.set_var_remap(binding.var, self.rewrite(self, binding, self.plan[binding.var]))
 
 
+def view_of_index(index, call: relax.Call):
+    """The view `call` (permute_dims, or reshape / expand_dims / squeeze / a no-op broadcast_to, which
+    keep the element order) applied to an index array of its input's elements, or None where the
+    call moves data some other way (a broadcast that repeats it). The rewrites that decide on
+    index arrays which views a rewrite may replace (packed q/k/v parts, row orders, view chains)
+    read views through this one function."""
+    if call.op.name == "relax.permute_dims":
+        axes = call.attrs.axes
+        return index.transpose([int(a) for a in axes] if axes is not None else None)
+    shape = static_shape(call)
+    if shape is None or math.prod(shape) != index.size:
+        return None
+    return index.reshape(shape)
+
+
 def rewrite_planned_bindings(func: relax.Function, plan: dict, rewrite) -> relax.Function:
     """`func` with each binding whose var is a key of `plan` replaced: the var stands for what
     `rewrite(mutator, binding, plan[var])` returns (built with `mutator.visit_expr` and

@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
-from ..kinds.ir import rewrite_planned_bindings, static_shape
+from ..kinds.ir import rewrite_planned_bindings, static_shape, view_of_index
 
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
@@ -184,13 +184,6 @@ class SinkLayoutPermutes:
         return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
-def _view_index(index: np.ndarray, call: relax.Call) -> np.ndarray:
-    if call.op.name == "relax.permute_dims":
-        axes = call.attrs.axes
-        return index.transpose([int(a) for a in axes] if axes is not None else None)
-    return index.reshape([int(d) for d in call.ty.shape.values])
-
-
 def collapse_view_chains(func: relax.Function, max_elements: int = 1 << 26) -> relax.Function:
     """Chains of reshapes and permutes (each but the last read by nothing else) that leave the
     elements in their order -> one reshape (no copy): a permute to NCHW, a flatten and a permute
@@ -223,8 +216,8 @@ def collapse_view_chains(func: relax.Function, max_elements: int = 1 << 26) -> r
             continue
         index = np.arange(int(np.prod(dims)), dtype=np.int64).reshape(dims)
         for call in reversed(chain):
-            index = _view_index(index, call)
-        if np.array_equal(index.reshape(-1), np.arange(index.size)):
+            index = view_of_index(index, call) if index is not None else None
+        if index is not None and np.array_equal(index.reshape(-1), np.arange(index.size)):
             plan[var] = expr
     if not plan:
         return func

@@ -39,6 +39,7 @@ from ..kinds.ir import (
     rewrite_call_weights_hidden,
     static_shape,
     use_counts,
+    view_of_index,
 )
 from .canonicalize import relax_functions
 from .permutes import collapse_view_chains
@@ -104,7 +105,7 @@ def sink_token_permutes(func: relax.Function) -> relax.Function:
             return orig
         return relax.op.permute_dims(relax.op.add(permute.args[0], m[bias]), permute.attrs.axes)
 
-    return rewrite_call_weights_hidden(biased, bias_rewriter, func, visible=())
+    return rewrite_call_weights_hidden(biased, bias_rewriter, func)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relax_cutlass.SinkTokenPermutes")
@@ -119,17 +120,6 @@ class SinkTokenPermutes:
 # ---------------------------------------------------------------------------------------------
 # After codegen: row permutations on both sides of a row-wise region cancelled
 # ---------------------------------------------------------------------------------------------
-
-
-def _apply_view(index: np.ndarray, call: relax.Call) -> np.ndarray | None:
-    """The view `call` of an index array (None for a broadcast_to that repeats data)."""
-    if call.op.name == "relax.permute_dims":
-        axes = call.attrs.axes
-        return index.transpose([int(a) for a in axes] if axes is not None else None)
-    shape = static_shape(call)
-    if shape is None or int(np.prod(shape)) != index.size:
-        return None
-    return index.reshape(shape)
 
 
 def _is_view(value) -> bool:
@@ -161,7 +151,7 @@ def _source_rows(x: relax.Var, var2val, width: int) -> list[tuple[relax.Expr, np
             continue
         index = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
         for call in reversed(chain[:depth]):
-            index = _apply_view(index, call) if index is not None else None
+            index = view_of_index(index, call) if index is not None else None
         order = None if index is None else _row_order(index.reshape(-1, width))
         if order is not None and not np.array_equal(order, np.arange(order.size)):
             found.append((source, order))
@@ -177,7 +167,7 @@ def _restoring_view(y: relax.Var, var2val, consumers, uses, order: np.ndarray) -
     expr = y
     while uses.get(expr, 0) == 1 and expr in consumers:
         var = consumers[expr]
-        index = _apply_view(index, var2val[var])
+        index = view_of_index(index, var2val[var])
         if index is None:
             return None
         rows = _row_order(index.reshape(-1, width))

@@ -27,7 +27,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import get_var2val
 
-from ..ir import rewrite_planned_bindings, static_shape, use_counts
+from ..ir import rewrite_planned_bindings, static_shape, use_counts, view_of_index
 from .trace import is_op_call, known_dims, static_dim
 
 # Views a take's packed tensor may be reached through from the projection.
@@ -49,14 +49,6 @@ class PackedPart:
     row: int | None = None
     shape: tuple[int, ...] | None = None
     axes: tuple[int, ...] | None = None
-
-
-def _apply_view(index: np.ndarray, call: relax.Call) -> np.ndarray:
-    """The view `call` of an index array: reshape, expand_dims and squeeze keep the element order."""
-    if call.op.name != "relax.permute_dims":
-        return index.reshape(static_shape(call))
-    axes = call.attrs.axes
-    return index.transpose([int(a) for a in axes] if axes is not None else None)
 
 
 def _unit_strides(part: np.ndarray) -> list[int]:
@@ -154,7 +146,9 @@ def _take_as_slice(value: relax.Call, var2val) -> tuple[PackedPart, np.ndarray] 
     source = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     viewed = source
     for call in reversed(calls):
-        viewed = _apply_view(viewed, call)
+        viewed = view_of_index(viewed, call) if viewed is not None else None
+    if viewed is None:
+        return None
     part = np.take(viewed, int(indices.value.numpy()), axis=int(value.attrs.axis))
     if tuple(static_shape(value)) != part.shape:
         return None
@@ -171,7 +165,9 @@ def _through_views(var: relax.Var, found: PackedPart, part: np.ndarray, var2val,
     best = (var, found)
     while var in readers:
         var = readers[var]
-        part = _apply_view(part, var2val[var])
+        part = view_of_index(part, var2val[var])
+        if part is None:
+            break
         further = slice_view(part, found.source, tuple(shape))  # a merged axis may not be one
         if further is not None and (further.lo, further.hi, further.row) == (found.lo, found.hi, found.row):
             best = (var, further)
