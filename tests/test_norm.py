@@ -295,3 +295,40 @@ def test_norm_kernels_compile(arch):
         regions = plan_regions([f for _, f in offloaded_functions(partitioned)], options)
         assert [r.kernel.problem.n for r in regions] == [case["n"]]
         build_regions(regions, options, f"norm_test_{arch}_{i}")
+
+
+def _two_norms_of_one_sum():
+    """x16 -> astype(x16) + r (float32) read by two layer norms, each cast to float16 (GPT-NeoX's
+    parallel residual: the attention's and the MLP's norms of one hidden state)."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((2, 8, 64), "float16"))
+    r = relax.Var("r", relax.TensorType((2, 8, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            total = bb.emit(relax.op.add(bb.emit(relax.op.astype(x, "float32")), r))
+            outs = []
+            for _ in range(2):
+                gamma, beta = (relax.const(rng.uniform(0.5, 1.5, (64,)).astype("float32")) for _ in range(2))
+                norm = bb.emit(relax.op.nn.layer_norm(total, gamma, beta, axes=[-1]))
+                outs.append(bb.emit(relax.op.astype(norm, "float16")))
+            out = bb.emit_output(relax.op.add(outs[0], outs[1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_two_norms_of_one_residual_sum_are_both_offloaded():
+    """Regression (GPT-NeoX in the zoo and the transformers sweep: one layer norm per layer was
+    "offloaded, then returned to TVM at codegen" because its region, what the other norm's region
+    left of the same pattern, kept that pattern's name): the first norm takes the add, the second
+    is offloaded as the plain norm it is; values as the original's."""
+    mod = _two_norms_of_one_sum()
+    rows = _check(mod)
+    assert sorted(r["composite"] for r in rows) == [
+        "relax_cutlass.norm_layer_norm_add_cast_one_cast",
+        "relax_cutlass.norm_layer_norm_cast",
+    ], rows
+    _, rewritten = offload_for_cpu(mod)
+    assert not relax_cutlass.offload_report(rewritten).left_in_tvm

@@ -31,7 +31,7 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     spec = spec_by_name().get(name)
     if spec is None:
         raise RegionError(f"{symbol}: composite {name!r} is not a relax_cutlass pattern")
-    matched = _match(composite, spec)
+    matched = match_composite(composite, spec)
     if matched is None:
         raise RegionError(f"{symbol}: body of {name} no longer matches its pattern")
     ann, out_expr, var2val = matched
@@ -72,7 +72,7 @@ def analyze(func: relax.Function, symbol: str, accumulator: str = "float32"):
     return spec, tuple(roles), problem, composite, tuple(aliases)
 
 
-def _match(composite: relax.Function, spec):
+def match_composite(composite: relax.Function, spec):
     """-> (annotations, matched output, var2val) of the composite's body, or None. A composite that
     returns a tuple (a region with extra outputs) is matched at the field the pattern's output is."""
     pattern, annotations = pattern_of(spec)
@@ -94,7 +94,7 @@ def region_outputs(composite: relax.Function) -> tuple:
     if not isinstance(body, relax.Tuple):
         return ()
     spec = spec_by_name()[str(composite.attrs["Composite"])]
-    ann, out_expr, var2val = _match(composite, spec)
+    ann, out_expr, var2val = match_composite(composite, spec)
     outputs = []
     for field in body.fields:
         value = var2val.get(field, field)
@@ -137,3 +137,16 @@ def make_region(
         composite=str(composite.attrs["Composite"]),
         **extra,
     )
+
+
+def covers_body(composite: relax.Function, spec) -> bool:
+    """`spec`'s pattern matches the composite's output and takes in every call of its body."""
+    pattern, _ = pattern_of(spec)
+    var2val = get_var2val(composite)
+    calls = [b.value for block in composite.body.blocks for b in block.bindings if isinstance(b.value, relax.Call)]
+    body = composite.body.body
+    for out in body.fields if isinstance(body, relax.Tuple) else [body]:
+        found = pattern.extract_matched_expr(out, var2val)
+        if found is not None:
+            return all(any(call.same_as(e) for e in found.values()) for call in calls)
+    return False
