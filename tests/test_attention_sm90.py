@@ -162,10 +162,11 @@ def test_a_tuning_record_can_choose_the_sm90_bias_kernel(tmp_path):
     )
 
 
-def test_a_persistent_schedule_is_refused_for_a_bias_kernel():
-    problem = dataclasses.replace(HD64, bias_reads=BIASES["b11t"])
+@pytest.mark.parametrize("change", [dict(bias_reads=BIASES["b11t"]), dict(softcap=50.0)])
+def test_a_persistent_schedule_is_refused_for_a_kernel_that_modifies_the_scores(change):
+    problem = dataclasses.replace(HD64, **change)
     kernel = dataclasses.replace(sm90_attention_kernels(problem, 90)[0], schedule="pingpong")
-    with pytest.raises(ValueError, match="a bias kernel runs one of the schedules"):
+    with pytest.raises(ValueError, match="a bias or soft-capped kernel runs one of"):
         emit_kernel(kernel)
 
 
@@ -433,26 +434,34 @@ def test_tuning_record_picks_the_schedule(tmp_path):
         # an additive bias (padding mask, position bias), causal grouped-query on top
         (64, None, 1, None, "bias"),
         (128, "BottomRight", 4, None, "bias"),
+        # soft-capped scores (Gemma-2): causal grouped-query, and head dim 256 with a bias beside
+        (64, "TopLeft", 2, None, "softcap"),
+        (256, None, 2, None, "bias_softcap"),
     ],
 )
 def test_sm90_attention_compiles_to_hgmma(head_dim, causal, kv_group, tile, schedule):
     """Head-dim-128 kernels, non-causal, causal, and causal grouped-query (k/v heads read with a
-    static stride 0 across each group), the other candidates, and kernels with an additive bias,
-    through nvcc for sm_90a: the SASS is sm_90a's and holds wgmma (HGMMA), no mma.sync
-    (compile_all's guard checked the first)."""
+    static stride 0 across each group), the other candidates, kernels with an additive bias and
+    soft-capped ones, through nvcc for sm_90a: the SASS is sm_90a's and holds wgmma (HGMMA), no
+    mma.sync (compile_all's guard checked the first)."""
     from relax_cutlass.toolkit.compile import compile_all
     from relax_cutlass.toolkit.sass_check import mma_counts
 
-    base = HD128 if head_dim == 128 else HD64
+    base = HD128 if head_dim == 128 else dataclasses.replace(HD64, head_dim=head_dim, head_dim_value=head_dim)
     problem = dataclasses.replace(base, causal=causal, batch=None, seq_q=None, kv_group=kv_group)
-    if schedule == "bias":  # the SM90 bias kernel (not the heuristic's yet), its first schedule
-        problem, schedule = dataclasses.replace(problem, bias_reads=BIASES["b11t"], masked_rows="zero"), "cooperative"
+    if "softcap" in (schedule or ""):
+        problem = dataclasses.replace(problem, softcap=50.0)
+    if schedule in ("bias", "bias_softcap"):  # the SM90 bias kernel (not the heuristic's yet), its first schedule
+        problem = dataclasses.replace(problem, bias_reads=BIASES["b11t"], masked_rows="zero")
+    if schedule in ("bias", "bias_softcap", "softcap"):
+        schedule = "cooperative"
     kernel = choose_attention_kernel(problem, 90)
     if tile or schedule:
         (kernel,) = [
             k
             for k in sm90_attention_kernels(problem, 90)
-            if (k.queries_per_block, k.keys_per_block) == (tile or (128, 128)) and k.schedule == schedule
+            if (k.queries_per_block, k.keys_per_block) == (tile or select.SM90_ATTENTION_TILES[k.max_head_dim][0])
+            and k.schedule == schedule
         ]
     assert kernel.arch == 90
     ((obj, _),) = compile_all([emit_kernel(kernel)], 90).values()

@@ -208,6 +208,48 @@ def sdpa_attention(
     return bb.get()
 
 
+def soft_capped_attention(
+    b=2, s=16, n=2, h=16, t=None, *, cap=50.0, mask="none", cap_op="divide", dtype=F16
+) -> tvm.IRModule:
+    """Gemma-2's eager attention as torch.export writes it: the scores scaled by 1/sqrt(H), then
+    soft-capped, cap * tanh(scores / cap) in the 16-bit type (`cap_op` "multiply": by 1/cap), cast
+    to float32, a mask added ("none"; "causal": a float32 constant of 0 and finfo(float32).min;
+    "padding": where(keep, 0, -inf) of a boolean (B, 1, 1, T) input `keep`), the float32 softmax.
+    Inputs x, y (the q/k/v projections) and `keep`."""
+    t = t or s
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", tensor_type((b, s, n * h), dtype))
+    y = relax.Var("y", tensor_type((b, t, n * h), dtype))
+    keep = relax.Var("keep", tensor_type((b, 1, 1, t), "bool"))
+    with bb.function("main", [x, y] + ([keep] if mask == "padding" else [])):
+        with bb.dataflow():
+
+            def heads(z, rows):
+                return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(z, (b, rows, n, h))), [0, 2, 1, 3]))
+
+            q, k, v = heads(x, s), heads(y, t), heads(bb.emit(y * const(0.5, dtype)), t)
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            scores = bb.emit(relax.op.matmul(q, kt, out_dtype=dtype))
+            scores = bb.emit(relax.op.multiply(scores, const(h**-0.5, dtype)))
+            if cap_op == "divide":
+                scores = bb.emit(relax.op.divide(scores, const(cap, dtype)))
+            else:
+                scores = bb.emit(relax.op.multiply(scores, const(1.0 / cap, dtype)))
+            capped = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(scores)), const(cap, dtype)))
+            logits = bb.emit(relax.op.astype(capped, "float32"))
+            if mask == "causal":
+                keep = np.tril(np.ones((s, t), bool), t - s)
+                table = np.where(keep, 0, np.finfo("float32").min).astype("float32").reshape(1, 1, s, t)
+                logits = bb.emit(relax.op.add(logits, relax.const(table)))
+            elif mask == "padding":
+                logits = bb.emit(relax.op.add(logits, bb.emit(relax.op.where(keep, const(0.0), const(-np.inf)))))
+            probs = bb.emit(relax.op.astype(bb.emit(relax.op.nn.softmax(logits, axis=-1)), dtype))
+            ctx = bb.emit(relax.op.permute_dims(bb.emit(relax.op.matmul(probs, v, out_dtype=dtype)), [0, 2, 1, 3]))
+            gv = bb.emit_output(bb.emit(relax.op.reshape(ctx, (b, s, n * h))))
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
 def masked_inputs(mod: tvm.IRModule, seed: int = 0, full_row: bool = True) -> list[np.ndarray]:
     """Random inputs; a boolean mask masks about a third of the keys, and (`full_row`) every
     key of its first row; an additive float bias gets -inf where a key is masked."""
@@ -240,7 +282,8 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
     """What the kernel computes from its problem record alone, in float64: each packed operand
     read through the strides its *_reads give (the bias through `bias_reads`, stride 0 where it
     is broadcast; k and v with heads / kv_group heads, each serving kv_group query heads), output
-    (B, S, N, V); a row whose every score is -inf as `masked_rows` says."""
+    (B, S, N, V); soft-capped scores where `softcap` says; a row whose every score is -inf as
+    `masked_rows` says."""
 
     def strides(array, reads):
         return [0 if read is None else math.prod(array.shape[read[0] + 1 :]) * read[1] * 8 for read in reads]
@@ -269,6 +312,8 @@ def kernel_model(problem: AttentionProblem, query, key, value, bias=None) -> np.
     k = np.repeat(view(key, problem.key_reads, seq_kv, problem.head_dim, kv_heads, "key"), group, 2)
     v = np.repeat(view(value, problem.value_reads, seq_kv, problem.head_dim_value, kv_heads, "value"), group, 2)
     scores = np.einsum("bsnh,btnh->bnst", q, k) * problem.scale
+    if problem.softcap is not None:  # c * tanh(scale * q.k), the bias added after
+        scores = problem.softcap * np.tanh(scores)
     if problem.bias_reads is not None:
         array = np.ascontiguousarray(bias.astype("float64"))
         shape = (batch, problem.heads, seq_q, seq_kv)

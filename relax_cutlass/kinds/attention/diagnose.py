@@ -1,8 +1,8 @@
 """Why an attention stayed in TVM, for the offload report's rows of its batched matmuls.
 
-An attention that no pattern matches (Gemma-2's logit soft-capping, BLOOM's ALiBi added beside a
-padding mask) leaves two batched matmuls in TVM, and the GEMM kind's reason for them ("batched ND x
-ND matmul stays in TVM") says nothing of the attention. This module finds, in a function, each
+An attention that no pattern matches (BLOOM's ALiBi added beside a padding mask) leaves two
+batched matmuls in TVM, and the GEMM kind's reason for them ("batched ND x ND matmul stays in TVM")
+says nothing of the attention. This module finds, in a function, each
 softmax whose input is computed from a matmul (q @ k^T, through elementwise ops and views) and
 whose output feeds a matmul's left operand (@ v), and names the ops between the scores and the
 softmax: the part the attention patterns did not read."""
@@ -19,8 +19,8 @@ VIEWS = frozenset(
     ("relax.astype", "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.broadcast_to")
 )
 # what the attention patterns read between the scores and the softmax: a scale, a mask or bias
-# added, a masked fill (where), and their fp32 casts (views)
-READ = frozenset(("relax.multiply", "relax.divide", "relax.add", "relax.where"))
+# added, a masked fill (where), soft-capping's tanh, and their fp32 casts (views)
+READ = frozenset(("relax.multiply", "relax.divide", "relax.add", "relax.where", "relax.tanh"))
 _MAX_DEPTH = 24  # ops between a softmax and its scores' matmul (Gemma-2: 8)
 
 
@@ -99,7 +99,10 @@ def _note(role: str, path: list[relax.Call]) -> str:
     elif adds > 1:
         why = f"{adds} additions there (a position bias such as ALiBi beside a mask): no attention pattern reads them"
     else:
-        why = "no attention pattern matched this form (see the [not fused] rows for a refused one)"
+        why = (
+            "no attention pattern matched this form, or its region was returned to TVM (see the [not fused] rows "
+            "for a refused one, and any reason after this one)"
+        )
     steps = " -> ".join(_describe(c) for c in computed) or "nothing"
     return (
         f"the {role} matmul of an attention (q @ k^T -> softmax -> @ v) left in TVM: between the scores and "

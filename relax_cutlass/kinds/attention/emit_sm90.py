@@ -11,6 +11,9 @@ assembles them, with two pieces of ours:
   * the epilogue: the example's FmhaFwdEpilogue without its logsumexp store (relax_cutlass has
     no use for it, and it would need a B*N*S float buffer per call).
 
+Kernels that modify the scores (an additive bias, logit soft-capping) run the example's mainloop
+with a score step of ours on every key tile (`BIAS_MAINLOOP`).
+
 The softmax scale is the example's 1/sqrt(head dim) unless set: the glue overwrites it in the
 kernel's Params after `to_underlying_arguments`.
 """
@@ -23,6 +26,7 @@ from ...arch import smem_limit
 from ...toolkit.compile import Source
 from ...toolkit.dtypes import CUTLASS_ELEMENT
 from ...toolkit.glue import check_device
+from ...toolkit.literals import cxx_float
 from ...toolkit.templates import KERNEL_PRELUDE, PDL_DEVICE, pdl_switch
 from ...toolkit.toolchain import package_dir
 from .records import CAUSAL_CODE, AttentionKernel
@@ -253,6 +257,8 @@ RowStride MakeStride(RowStride*, int rows, int outer, int inner) {
 GroupedStride MakeStride(GroupedStride*, int rows, int outer, int) {
   return cute::make_stride(rows, cute::_1{}, cute::make_stride(outer, cute::_0{}));
 }
+// c of logit soft-capping, c * tanh(scale * q.k) (Gemma-2), or 0: none (BIAS_MAINLOOP's score step).
+constexpr float kSoftcap = $softcap;
 ${causal_scheduler}${mainloop}
 // The example's forward epilogue (a TMA store of O) without its logsumexp store.
 struct Epilogue : cutlass::fmha::collective::FmhaFwdEpilogue<Element, float, typename Mainloop::TileShapePV> {
@@ -319,6 +325,9 @@ cutlass::Status Launch(typename Kernel::Params& params, cudaStream_t stream) {
   return cudaPeekAtLastError() == cudaSuccess ? status : cutlass::Status::kErrorInternal;  // Fail() reads it
 }
 constexpr int kCausal = $causal;
+// Soft-capped scores get the softmax's scale 1: the kernel's score step computes
+// kSoftcap * tanh(scale * q.k) (+ bias) itself.
+constexpr bool kSoftmaxScaleIsOne = kSoftcap != 0.0f;
 constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte aligned base and strides
 
 """
@@ -344,6 +353,8 @@ $bias_check  if (a->causal != kCausal) return "$name: built for another causal m
   if (!(a->scale > 0.0f) || !std::isfinite(a->scale)) {
     return "$name: the SM90 attention kernel needs a positive finite scale";
   }
+  // the scale the example's online softmax applies (exp2 of scale * log2(e) * (s - max))
+  const float softmax_scale = kSoftmaxScaleIsOne ? 1.0f : a->scale;
   if (!Aligned(a->q) || !Aligned(a->k) || !Aligned(a->v) || !Aligned(a->out)) {
     return "$name: q, k, v and out must be 16-byte aligned (TMA)";
   }
@@ -427,8 +438,8 @@ $bias_check  if (a->causal != kCausal) return "$name: built for another causal m
       batch_args.epilogue.ptr_O += i * a->seq_q * o_row;
 $bias_launch    }
     typename Kernel::Params params = Kernel::to_underlying_arguments(batch_args, nullptr);
-    params.mainloop.scale_softmax = a->scale;
-    params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
+    params.mainloop.scale_softmax = softmax_scale;
+    params.mainloop.scale_softmax_log2 = softmax_scale * static_cast<float>(M_LOG2E);
     if (Launch(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
   }
   return nullptr;
@@ -472,10 +483,11 @@ PLAIN_MAINLOOP_ARGS = """{static_cast<const Element*>(a->q), dq, static_cast<con
 BIAS_MAINLOOP = Template(
     """\
 struct RelaxBias {
-  const Element* ptr;
+  const Element* ptr;  // nullptr: no bias (a soft-capped kernel's call without one)
   int64_t stride_mode0, stride_mode1, stride_row;  // elements; the keys are contiguous
-  float inv_scale;
+  float inv_scale;  // what the bias is multiplied by before the softmax scales the scores
   int masked_rows;  // the ABI's: 0 NaN, 1 zeros, 2 the mean of the values
+  float softcap_scale;  // soft-capped kernels: the tanh's scale (the softmax's is then 1)
 };
 
 // kKeys: the keys per tile (the step between one key tile's scores and the next's).
@@ -571,7 +583,9 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
     }
   }
 
-  // Scores past the keys, causally hidden or with a -inf bias are masked; the others get bias / scale.
+  // Scores past the keys, causally hidden or with a -inf bias are masked; the others are
+  // soft-capped (kSoftcap: kSoftcap * tanh(softcap_scale * q.k), the softmax's scale 1) and get
+  // bias * inv_scale (bias / scale; the bias itself when soft-capped).
   template <class AccQK, class IndexQK, class ProblemShape>
   CUTLASS_DEVICE void add_bias(AccQK& acc_qk, Packed const (&values)[kScores / 2], IndexQK const& index_qk,
                                ProblemShape const& problem_shape) {
@@ -587,8 +601,10 @@ struct CollectiveSoftmax<ElementAccumulator, RelaxBiasMask<kCausal, kKeys>, Para
       const int q = cute::get<0>(pos), k = cute::get<1>(pos);
       const float value = static_cast<float>(values[i / 2][i % 2]);
       const bool hidden = (kCausal != 0 && k > q + diagonal) || value == -INFINITY;
+      float qk = acc_qk(i);
+      if constexpr (kSoftcap != 0.0f) qk = kSoftcap * tanhf(qk * b.softcap_scale);
       // selects, not branches: every score takes the same instructions
-      float score = fmaf(value, inv_scale, acc_qk(i));
+      float score = fmaf(value, inv_scale, qk);
       score = value <= kSwamping ? kSwamping : score;
       score = hidden ? masked : score;
       acc_qk(i) = k >= keys ? -INFINITY : score;
@@ -650,7 +666,8 @@ BIAS_MAINLOOP_ARGS = (
     + PLAIN_MAINLOOP_ARGS
     + """,
        RelaxBias{static_cast<const Element*>(a->bias), kGrouped ? group * a->bias_stride_n : a->bias_stride_b,
-                 a->bias_stride_n, a->bias_stride_s, 1.0f / a->scale, a->masked_rows}}"""
+                 a->bias_stride_n, a->bias_stride_s, kSoftmaxScaleIsOne ? 1.0f : 1.0f / a->scale, a->masked_rows,
+                 a->scale}}"""
 )
 PLAIN_BIAS_CHECK = """\
   if (a->bias != nullptr) return "$name: the SM90 attention kernel takes no additive mask/bias";
@@ -677,9 +694,9 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
     grouped = str(kernel.problem.kv_group > 1).lower()
     causal = CAUSAL_CODE[kernel.problem.causal]
     causal_scheduler = ""
-    if kernel.bias:
+    if kernel.modifies_scores:  # a bias, soft-capping or both: the score step on every key tile
         if kernel.schedule not in SM90_BIAS_SCHEDULES:
-            raise ValueError(f"{kernel.name}: a bias kernel runs one of the schedules {SM90_BIAS_SCHEDULES}")
+            raise ValueError(f"{kernel.name}: a bias or soft-capped kernel runs one of {SM90_BIAS_SCHEDULES}")
         pieces = {
             "mainloop": BIAS_MAINLOOP.substitute(causal=causal, keys=kernel.keys_per_block, options=options),
             "mainloop_args": BIAS_MAINLOOP_ARGS,
@@ -710,6 +727,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
         grouped=grouped,
         check_device=check_device(kernel),
         smem_limit=smem_limit(kernel.target),
+        softcap=cxx_float(kernel.problem.softcap or 0.0),
         **pieces,
     )
     return Source(kernel.name, text, "cuda", (f"-I{sm90_fmha_dir()}",), family="sm90")

@@ -84,6 +84,7 @@ KIND = RegionKind(
             "scale": job.problem.scale,
             "causal": CAUSAL_CODE[job.problem.causal],
             "kv_group": job.problem.kv_group,
+            "softcap": job.problem.softcap or 0.0,  # the kernel's is compiled in (0: none)
         },
     ),
     report_line=report_line,

@@ -70,6 +70,7 @@ class AttentionLayout:
     causal: str | None = None  # relax.nn.attention's causal_mask (AttentionProblem.causal)
     kv_group: int = 1  # query heads per key/value head (AttentionProblem.kv_group)
     slices: tuple = ()  # (role, dim, first, whole) of a sliced parameter dim (AttentionProblem.slices)
+    softcap: float | None = None  # c of c * tanh(scale * q.k) (AttentionProblem.softcap)
 
     @property
     def reads(self) -> tuple:
@@ -290,7 +291,8 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
     # its safe tail only.
     score_layout = (*q_batch, rows("S"), rows("T"))
     allowed = (*VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.add", "relax.nn.softmax")
-    calls = tracer.chain(second.args[0], first, (*allowed, "relax.where"))
+    calls = tracer.chain(second.args[0], first, (*allowed, "relax.where", "relax.tanh"))
+    score_calls, softcap = _soft_cap(tracer, ann, calls)
     layout = score_layout
     bias, bias_rank, causal = None, 0, None
     for call in calls:
@@ -321,7 +323,7 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
         _reads(tracer, v_names, v_role, VALUE_AXES),
         (len(q_names), len(k_names), len(v_names)),
         sizes,
-        _scale(tracer, [*q_calls, *k_calls, *calls]),
+        _scale(tracer, [*q_calls, *k_calls, *score_calls]),
         bias,
         bias_rank,
         # Without a bias no score is -inf, and a causal mask leaves every row a key: the
@@ -335,7 +337,22 @@ def _softmax_layout_as(ann: dict, out: relax.Expr, var2val, lone: str, grouped: 
             for dim, root in enumerate(names)
             if root in tracer.slices
         ),
+        softcap=softcap,
     )
+
+
+def _soft_cap(tracer: Tracer, ann: dict, calls: list[relax.Call]) -> tuple[list[relax.Call], float | None]:
+    """(the calls from the scores to the softmax whose scalars make the scale, the soft-cap c or
+    None): with soft-capping, c * tanh(s * q.k) with s the product of the scalars before the tanh
+    and c of those after it; any mask or bias is added after the cap (a -inf added before the tanh
+    would be -1, not a masked key)."""
+    if "softcap_tanh" not in ann:
+        return calls, None
+    at = next(i for i, call in enumerate(calls) if call.same_as(ann["softcap_tanh"]))
+    before, after = calls[:at], calls[at + 1 :]
+    if any(call.op.name == "relax.add" for call in before):
+        raise NotAttention("a mask or bias added to the scores before their soft-capping tanh is not fused")
+    return before, _scale(tracer, after)
 
 
 def _causal(tracer: Tracer, ann: dict, layout: Layout, rows_keys: tuple, add: relax.Call) -> str:

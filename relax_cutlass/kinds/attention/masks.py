@@ -223,14 +223,15 @@ class _MaskValues:
 
 
 def is_matmul_result(expr, var2val, depth: int = 8) -> bool:
-    """`expr` is a matmul's result, through views, casts and scalar scales (the scores)."""
+    """`expr` is a matmul's result, through views, casts, scalar scales and a soft-capping tanh
+    (the scores)."""
     for _ in range(depth):
         value = var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
         if is_op_call(value, "relax.matmul"):
             return True
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return False
-        if value.op.name not in (*VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide"):
+        if value.op.name not in (*VIEW_OPS, "relax.astype", "relax.multiply", "relax.divide", "relax.tanh"):
             return False
         expr = value.args[0]
     return False

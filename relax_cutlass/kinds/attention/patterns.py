@@ -185,11 +185,21 @@ def _causal_mask(ann: dict) -> DFPattern:
     return mask
 
 
+def _soft_capped(scores: DFPattern, ann: dict) -> DFPattern:
+    """Logit soft-capping (Gemma-2, Grok): cap * tanh(scores / cap), the division (or a multiply by
+    1 / cap) optional and the product with the cap too, a cast after it optional. The layout reads
+    the cap from the scalars after the tanh and the scale from those before it."""
+    ann["softcap_tanh"] = tanh = is_op("relax.tanh")(_scaled(scores))
+    capped = _scaled(tanh)
+    return is_op("relax.astype")(capped) | capped
+
+
 @cache
 def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     """The DFPattern of `spec`, annotated query, key, value, root (the first matmul or the op),
     and for the decomposed form [bias] (the additive mask) and/or [causal_*] (a causal mask matched
-    in the region; with a bias, added after it: causal_add), softmax, second (the second matmul)."""
+    in the region; with a bias, added after it: causal_add), [softcap_tanh] (soft-capped scores),
+    softmax, second (the second matmul)."""
     q, k, v = wildcard(), wildcard(), wildcard()
     ann: dict[str, DFPattern] = {"query": q, "key": k, "value": v}
     q_seen, k_seen, v_seen = (_packed(x) if r in spec.packed else x for x, r in zip((q, k, v), "qkv", strict=True))
@@ -208,6 +218,7 @@ def attention_pattern(spec: AttentionPatternSpec) -> tuple[DFPattern, dict[str, 
     # the scores computed as (B*N, S, T) and viewed as (B, N, S, T) for the mask (BLOOM's baddbmm,
     # its reshape moved in front of its ALiBi bias by `hoist_position_terms`)
     scaled = is_op("relax.reshape")(scaled, wildcard()) | scaled
+    scaled = _soft_capped(scaled, ann) | scaled
     ann["bias"] = bias = wildcard()
     causal = _causal_mask(ann)
     bias_in = causal | is_op("relax.astype")(bias) | bias

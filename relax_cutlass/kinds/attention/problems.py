@@ -91,6 +91,8 @@ def layout_problems(layout: AttentionLayout) -> list[str]:
             problems.append("the additive mask/bias is not contiguous along the keys (the kernel reads rows of it)")
     if not np.isfinite(layout.scale) or layout.scale == 0:
         problems.append(f"scale {layout.scale} is not a finite non-zero number")
+    if layout.softcap is not None and (not np.isfinite(layout.softcap) or layout.softcap == 0):
+        problems.append(f"soft-cap {layout.softcap} (c of c * tanh(scores / c)) is not a finite non-zero number")
     return problems
 
 
@@ -118,6 +120,7 @@ def read_problem(spec, ann, out_expr, var2val, _accumulator: str = "float32") ->
         causal=layout.causal,
         kv_group=layout.kv_group,
         slices=layout.slices,
+        softcap=layout.softcap,
     )
 
 

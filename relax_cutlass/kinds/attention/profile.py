@@ -29,6 +29,8 @@ def attention_job(problem: AttentionProblem, arch: int, family: str = "auto") ->
             (dataclasses.replace(k, selected_by="profiling"), 1) for k in sm90_attention_kernels(problem, arch)
         )
         return ProfileJob(attention_key(problem, arch, 90), problem, candidates)
+    if problem.softcap is not None:
+        return None  # no SM80 kernel soft-caps: the attention stays in TVM (select.soft_cap_refusal)
     unmeasured = sm90_unmeasured_kernels(problem, arch, family)
     if len(attention_tiles(problem)) < 2 and not unmeasured:
         return None  # one tile: the rule (the report says so)

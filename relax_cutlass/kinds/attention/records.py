@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..region import Region
@@ -48,6 +50,10 @@ class AttentionProblem:
     for its (batch, heads, query rows, keys), None where it is broadcast (stride 0); the kernel
     reads it in `element`. `masked_rows` is what a row whose every score is -inf gives: "nan"
     (the softmax's 0/0), "zero" (torch's safe softmax) or "mean" (the mean of the values).
+
+    `softcap`, when the scores are soft-capped (Gemma-2, Grok: `cap * tanh(scores / cap)` before
+    the mask), is c of `c * tanh(scale * q.k)`: the scale is then the tanh's, and the softmax takes
+    the capped scores (plus any bias) unscaled.
     """
 
     batch: int | None
@@ -70,6 +76,7 @@ class AttentionProblem:
     causal: str | None = None
     kv_group: int = 1
     slices: tuple[tuple[str, int, int, int], ...] = ()
+    softcap: float | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -118,7 +125,9 @@ class AttentionKernel:
             grouped = "_gqa" if self.problem.kv_group > 1 else ""
             return (
                 f"sm90_fmha_{element}_{self.schedule}_q{self.queries_per_block}_k{self.keys_per_block}_"
-                f"h{self.max_head_dim}{causal}{grouped}" + ("_bias" if self.bias else "")
+                f"h{self.max_head_dim}{causal}{grouped}"
+                + ("_bias" if self.bias else "")
+                + (f"_softcap{softcap_spelling(self.problem.softcap)}" if self.problem.softcap is not None else "")
             )
         return (
             f"sm{self.arch}_fmha_{element}_{'aligned' if self.aligned else 'a4'}_q{self.queries_per_block}_"
@@ -129,6 +138,17 @@ class AttentionKernel:
     def bias(self) -> bool:
         """Compiled with CUTLASS's attention bias (kSupportsBias): the problem adds a mask/bias."""
         return self.problem.bias_reads is not None
+
+    @property
+    def modifies_scores(self) -> bool:
+        """The SM90 kernel sends every key tile's scores through its score step (emit_sm90's bias
+        mainloop): they get a bias added, or are soft-capped, or both."""
+        return self.bias or self.problem.softcap is not None
+
+
+def softcap_spelling(cap: float) -> str:
+    """A soft-cap value as a part of a C identifier (kernel names): 50 -> "50", 0.5 -> "0p5"."""
+    return f"{float(np.float32(cap)):g}".replace(".", "p").replace("-", "m").replace("+", "")
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,8 @@ class AttentionRegion(Region):
             attention["causal"] = p.causal
         if p.kv_group > 1:
             attention["kv_heads"] = p.kv_heads
+        if p.softcap is not None:
+            attention["softcap"] = p.softcap
         if p.slices:
             # q, k and v read in place out of one packed projection: role -> (dim, first, whole)
             attention["packed"] = {role: [dim, first, whole] for role, dim, first, whole in p.slices}
@@ -175,6 +197,7 @@ def report_line(r: dict) -> str:
         f"H={a['head_dim']}/{a['head_dim_value']} scale={a['scale']:.6g} "
         + (f"bias={a['bias']} masked_rows={a['masked_rows']} " if "bias" in a else "")
         + (f"causal={a['causal']} " if "causal" in a else "")
+        + (f"softcap={a['softcap']:g} " if "softcap" in a else "")
         + f"{r['dtypes']['query']}->"
         f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
         f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
@@ -186,14 +209,17 @@ def attention_key(problem: AttentionProblem, arch: int, family: int = 80) -> Tun
     """The key of a fused attention problem with static sizes on one kernel family (80: examples/41,
     90: examples/88). The kernels read q, k and v through strides, so one timing on BSNH tensors
     serves every layout; a causal mask is part of the geometry (it halves the work), and grouped-query
-    keys/values of the layout (G query heads read each)."""
+    keys/values of the layout (G query heads read each), as is soft-capping (a kernel of its own)."""
     p = problem
+    layout = "bsnh" if p.kv_group == 1 else f"bsnh_kv_group{p.kv_group}"
+    if p.softcap is not None:
+        layout += f"_softcap{softcap_spelling(p.softcap)}"
     return TuningKey(
         arch=arch,
         op="attention",
         shape=(p.batch, p.seq_q, p.seq_kv, p.heads, p.head_dim, p.head_dim_value),
         geometry=() if p.causal is None else (CAUSAL_CODE[p.causal],),
-        layout="bsnh" if p.kv_group == 1 else f"bsnh_kv_group{p.kv_group}",
+        layout=layout,
         element=p.element,
         element_out=p.element,
         accumulator=p.element_accumulator,

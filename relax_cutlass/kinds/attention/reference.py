@@ -20,10 +20,11 @@ def checked_rows(s: int, rng: np.random.Generator) -> np.ndarray:
     return np.unique(np.concatenate([fixed, rng.choice(s, CHECKED_ROWS, replace=False)]))
 
 
-def attention_reference(q, k, v, scale: float, causal: int, rows: np.ndarray) -> np.ndarray:
+def attention_reference(q, k, v, scale: float, causal: int, rows: np.ndarray, softcap: float = 0.0) -> np.ndarray:
     """softmax(q k^T * scale) v in float32 at query rows `rows` of BSNH q / k / v: (B, len(rows), N,
     V); under TVM's causal mask when `causal` (1 TopLeft, 2 BottomRight: query i sees key j iff
-    j <= i + offset, offset 0 or |S - T|). k and v may have fewer heads than q (grouped-query
+    j <= i + offset, offset 0 or |S - T|); the scores soft-capped to softcap * tanh(scores) where
+    `softcap` is not 0 (scale then the tanh's). k and v may have fewer heads than q (grouped-query
     attention: query head n reads kv head n // (N / N_kv))."""
     s, t = q.shape[1], k.shape[1]
     group = q.shape[2] // k.shape[2]
@@ -31,6 +32,8 @@ def attention_reference(q, k, v, scale: float, causal: int, rows: np.ndarray) ->
     qf = q[:, rows].astype("float32").transpose(0, 2, 1, 3)  # (B, N, R, H)
     kf = k.astype("float32").transpose(0, 2, 3, 1)  # (B, N, H, T)
     scores = np.matmul(qf, kf) * scale  # (B, N, R, T)
+    if softcap:
+        scores = np.float32(softcap) * np.tanh(scores)
     if causal:
         offset = abs(s - t) if causal == 2 else 0
         seen = np.arange(t)[None, :] <= rows[:, None] + offset
@@ -51,7 +54,8 @@ def problem(job: dict, rng: np.random.Generator, tvm, dev):
     v = rng.uniform(-1, 1, size=(b, t, n // group, dv)).astype(job["dtype"])
     causal = job.get("causal", 0)  # manifests written before causal attention have none
     rows = checked_rows(s, rng)
-    want = ((slice(None), rows), attention_reference(q, k, v, job["scale"], causal, rows))
+    softcap = job.get("softcap", 0.0)  # compiled into the kernel: the reference alone needs it
+    want = ((slice(None), rows), attention_reference(q, k, v, job["scale"], causal, rows, softcap))
     tensors = [tvm.runtime.tensor(x, dev) for x in (q, k, v)]
     shape = tvm_ffi.Shape(job["attention"])
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 from ...arch import family_note, native_family, resolve_family
+from .. import PlanError
 from ..gemm.select import stage_record, under_fills
 from .emit_sm90 import SM90_BIAS_SCHEDULES
 from .records import AttentionKernel, AttentionProblem, attention_key
@@ -178,6 +179,10 @@ def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
     if blocker:
         return blocker
     kernel_head_dim = sm90_kernel_head_dim(p)  # the problem's own, or the one it runs padded on
+    if p.softcap is not None and kernel_head_dim is not None:
+        # no other kernel soft-caps: the measured preferences below weigh the SM90 kernel against
+        # the SM80 one, which cannot run this problem at all
+        return None
     if p.bias_reads is not None and p.seq_q is not None and p.seq_q < SM90_BIAS_MIN_QUERIES:
         return (
             f"additive mask/bias on {p.seq_q} queries, fewer than the SM90 attention kernel's "
@@ -236,8 +241,10 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
     if head_dim is None:
         return []
     note = f"head dim {problem.head_dim} padded to {head_dim}" if head_dim != problem.head_dim else ""
-    # a bias is read by the CTA's (batch, head): one block per CTA (emit_sm90.SM90_BIAS_SCHEDULES)
-    schedules = [s for s in _schedules(head_dim) if problem.bias_reads is None or s in SM90_BIAS_SCHEDULES]
+    # a bias is read by the CTA's (batch, head): one block per CTA (emit_sm90.SM90_BIAS_SCHEDULES),
+    # as is every kernel that modifies the scores (soft-capping: the same score step)
+    modified = problem.bias_reads is not None or problem.softcap is not None
+    schedules = [s for s in _schedules(head_dim) if not modified or s in SM90_BIAS_SCHEDULES]
     return [
         AttentionKernel(problem, queries, keys, head_dim, True, arch=90, target=arch, schedule=schedule, note=note)
         for queries, keys in SM90_ATTENTION_TILES[head_dim]
@@ -308,6 +315,8 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
     kernel serves sm_90a too where the SM90 one cannot run the problem (the report says why)."""
     if attention_family(problem, arch, family) == 90:
         return _choose_sm90(problem, arch, db)
+    if problem.softcap is not None:
+        raise PlanError(soft_cap_refusal(problem, arch, family))
     widest = max(problem.head_dim, problem.head_dim_value)
     queries, keys = (64, 64) if problem.head_dim_value <= 64 else (32, 128)
     known = problem.batch is not None and problem.seq_q is not None
@@ -340,6 +349,20 @@ def choose_attention_kernel(problem: AttentionProblem, arch: int, db=None, famil
         return dataclasses.replace(kernel, note=_noted(kernel, f"{why}: heuristic"))
     chosen = candidates[choice[0]]  # an SM80 tile (its note the family's), or an unmeasured SM90 kernel
     return dataclasses.replace(chosen, selected_by="tuned", note=_noted(chosen, tuned_note))
+
+
+def soft_cap_refusal(problem: AttentionProblem, arch: int, family: str = "auto") -> str:
+    """Why soft-capped attention stays in TVM on `arch`: only the SM90 kernel computes the tanh."""
+    if native_family(arch) != 90:
+        why = f"the target is sm_{arch}"
+    elif resolve_family(family, arch) != "auto":
+        why = attention_note(problem, arch, family)
+    else:
+        why = (sm90_attention_fallback_reason(problem) or "").removesuffix(": SM80 kernel")
+    return (
+        f"soft-capped scores (c * tanh(scores / c), c = {problem.softcap:g}) are computed by the SM90 "
+        f"attention kernel only (sm_90a){'; ' + why if why else ''}: the attention stays in TVM"
+    )
 
 
 def attention_label(queries: int, keys: int, schedule: str = "") -> str:
