@@ -91,9 +91,13 @@ def test_soft_capped_attention_matches_torch_float64(case):
     assert err < (1e-2 if dtype == "bfloat16" else 3e-3), (case, err)
 
 
-def test_gemma2_runs_every_attention_soft_capped_on_the_sm90_kernel():
+@pytest.mark.parametrize("padding", ["none", "left", "right"])
+def test_gemma2_runs_every_attention_soft_capped_on_the_sm90_kernel(padding):
     """transformers' Gemma-2 (head dim 256, its sliding-window layers' band mask a bias, its global
-    layers' causal mask the kernel's own), fp16, against torch float32 on the same weights."""
+    layers' causal mask the kernel's own), fp16, against torch float32 on the same weights; in a
+    padded batch (an attention_mask: the global layers' padding a (B, 1, 1, T) bias beside the
+    causal mask, a left-padded sequence's first rows fully masked: eager attention's finite mask
+    makes them the mean of every value, which the kernel's fix-up writes), every row compared."""
     import transformers
 
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
@@ -112,9 +116,15 @@ def test_gemma2_runs_every_attention_soft_capped_on_the_sm90_kernel():
     )
     model = last_hidden_state(transformers.Gemma2Model(config)).to(torch.float16).float()
     ids = torch.randint(3, 512, (2, 384))
+    mask = torch.ones(2, 384, dtype=torch.int64)
+    if padding == "left":
+        mask[0, :100] = 0
+    elif padding == "right":
+        mask[1, -100:] = 0
+    inputs = (ids,) if padding == "none" else (ids, mask)
     with torch.no_grad():
-        want = model(ids).double().numpy()
-    mod = relax_cutlass.from_torch(model, (ids,), dtype="float16")
+        want = model(*inputs).double().numpy()
+    mod = relax_cutlass.from_torch(model, inputs, dtype="float16")
     offloaded = relax_cutlass.offload_pipeline("sm_90a", profile="never")(mod)
     report = relax_cutlass.offload_report(offloaded)
     attention = [r for r in report.offloaded if r["op"] == "attention"]
@@ -122,6 +132,6 @@ def test_gemma2_runs_every_attention_soft_capped_on_the_sm90_kernel():
     assert all(r["attention"]["softcap"] == 50.0 and r["kernel"].startswith("sm90_fmha") for r in attention)
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(tvm.compile(offloaded, gpu_convs.cuda_target()), dev)
-    out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev))
+    out = vm["main"](*[tvm.runtime.tensor(x.numpy(), dev) for x in inputs])
     got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
     assert rel_error(got, want) < 2e-2

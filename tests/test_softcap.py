@@ -165,11 +165,14 @@ def test_a_mask_added_before_the_tanh_stays_in_tvm():
     compare_on_cpu(mod, masked_inputs(mod, full_row=False), arch="sm_90a")
 
 
-def test_gemma2_offloads_both_attentions_soft_capped():
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_gemma2_offloads_both_attentions_soft_capped(padding):
     """transformers' Gemma-2 (scripts/hf_sweep.py's tiny one): the global layer's causal mask and
     the sliding-window layer's band mask (a float32 constant of finfo.min, cast as a swamping
     mask) both beside the soft-cap, nothing left in TVM, the output within float16's bound of
-    torch float32's (both attentions stayed in TVM before)."""
+    torch float32's (both attentions stayed in TVM before). In a left-padded batch the global
+    layer's padding is a (B, 1, 1, T) bias beside the causal mask, its first rows fully masked
+    (the mean of every value: the SM90 kernel's fix-up), the sliding layer's a (B, 1, S, T) one."""
     import torch
     import transformers
 
@@ -179,13 +182,90 @@ def test_gemma2_offloads_both_attentions_soft_capped():
 
     torch.manual_seed(0)
     model = tiny_model("gemma2", torch, transformers).to(torch.float16).float()
-    ids = torch.randint(3, TINY_VOCAB, (1, 24))
+    ids = torch.randint(3, TINY_VOCAB, (2, 24))
+    inputs = (ids,)
+    if padding == "left":
+        inputs = (ids, torch.ones(2, 24, dtype=torch.int64).index_fill_(1, torch.arange(5), 0))
     with torch.no_grad():
-        want = model(ids).numpy()
-    offloaded = offload_pipeline_on_cpu(relax_cutlass.from_torch(model, (ids,), dtype="float16"), profile="never")
+        want = model(*inputs).numpy()
+    offloaded = offload_pipeline_on_cpu(relax_cutlass.from_torch(model, inputs, dtype="float16"), profile="never")
     report = relax_cutlass.offload_report(offloaded)
     attention = [r for r in report.offloaded if r["op"] == "attention"]
     assert len(attention) == 2 and not report.left_in_tvm, str(report)
     assert {r["attention"].get("causal") for r in attention} == {"TopLeft", None}
     assert all(r["attention"]["softcap"] == 50.0 for r in attention)
-    assert rel_error(run_vm(build_cpu(offloaded), [ids.numpy()]), want) < 2e-2
+    if padding == "left":
+        assert {r["attention"]["bias"] for r in attention} == {"B11T", "B1ST"}
+        assert all(r["attention"]["masked_rows"] == "mean" for r in attention)
+    got = run_vm(build_cpu(offloaded), [x.numpy() for x in inputs])
+    assert rel_error(got, want) < 2e-2  # every row, the fully masked ones too
+
+
+@pytest.mark.parametrize(
+    "bias, chosen",
+    [
+        ((((0, 1), None, None, (3, 1))), "sm90"),  # a padded batch's (B, 1, 1, T) mask: the SM90 fix-up
+        ((((0, 1), None, (2, 1), (3, 1))), "tvm"),  # a (B, 1, S, T) one: no kernel gives those rows
+    ],
+)
+def test_a_causal_mask_beside_a_mask_whose_masked_rows_give_the_mean(bias, chosen):
+    """Gemma-2 in a padded batch (eager attention's finfo.min mask: a fully masked row is the mean
+    of all the values): the SM90 kernel's causal loop stops at the diagonal, and its fix-up gives
+    those rows the mean of every value where the mask is one row of keys per sequence; any other
+    such mask stays in TVM, soft-capped. Without soft-capping the SM80 kernel still runs them all."""
+    problem = dataclasses.replace(GEMMA, bias_reads=bias, masked_rows="mean")
+    if chosen == "sm90":
+        kernel = choose_attention_kernel(problem, 90)
+        text = emit_kernel(kernel).text
+        assert kernel.arch == 90 and "FixCausalMeanRows<Element><<<" in text and "relax_fully_masked_rows" in text
+        assert "takes no additive" not in text and "one row of keys per" in text  # refused per-query masks at run time
+    else:
+        with pytest.raises(PlanError, match="causal loop stops at the diagonal"):
+            choose_attention_kernel(problem, 90)
+    plain = choose_attention_kernel(dataclasses.replace(problem, softcap=None, head_dim=128, head_dim_value=128), 90)
+    assert plain.arch == 80 and "causal loop stops at the diagonal" in plain.note
+    # every causal kernel with a score step has the fix-up (run where the call has such a mask); a
+    # plain causal kernel has none
+    assert "FixCausalMeanRows" in emit_kernel(choose_attention_kernel(GEMMA, 90)).text
+    plain_causal = dataclasses.replace(GEMMA, softcap=None, head_dim=128, head_dim_value=128)
+    assert "FixCausalMeanRows" not in emit_kernel(choose_attention_kernel(plain_causal, 90)).text
+
+
+def test_the_fully_masked_rows_rule_finds_every_row_whose_visible_keys_are_all_masked(tmp_path):
+    """emit_sm90.MEAN_ROWS_RULE, built with the host compiler, against every row's visible keys:
+    TopLeft and BottomRight, more queries than keys and fewer, left- and right-padded rows, rows
+    with no unmasked key."""
+    import shutil
+    import subprocess
+
+    from relax_cutlass.kinds.attention.emit_sm90 import MEAN_ROWS_RULE
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    rng = np.random.default_rng(0)
+    cases = []
+    for s, t in [(8, 8), (5, 12), (12, 5), (1, 7), (7, 1)]:
+        for causal in ("TopLeft", "BottomRight"):
+            for _ in range(6):
+                keep = rng.random(t) < rng.choice([0.0, 0.3, 0.8, 1.0])
+                if rng.random() < 0.5:  # left padding: the first keys masked
+                    keep = np.arange(t) >= rng.integers(0, t + 1)
+                cases.append((s, t, causal, keep))
+    lines = []
+    for s, t, causal, keep in cases:
+        offset = abs(s - t) if causal == "BottomRight" else 0
+        first = int(np.argmax(keep)) if keep.any() else t
+        lines.append(f'  std::printf("%lld\\n", (long long)relax_fully_masked_rows({first}, {offset}, {s}, {t}));')
+    main = "#define CUTLASS_HOST_DEVICE inline\n#include <cstdint>\n#include <cstdio>\n" + MEAN_ROWS_RULE
+    main += "int main() {\n" + "\n".join(lines) + "\n}\n"
+    (tmp_path / "rows.cc").write_text(main)
+    subprocess.run([cxx, "-O1", "-o", str(tmp_path / "rows"), str(tmp_path / "rows.cc")], check=True)
+    got = [
+        int(x)
+        for x in subprocess.run([str(tmp_path / "rows")], check=True, capture_output=True, text=True).stdout.split()
+    ]
+    for (s, t, causal, keep), n in zip(cases, got, strict=True):
+        offset = abs(s - t) if causal == "BottomRight" else 0
+        masked = [not keep[: min(t, i + offset + 1)].any() for i in range(s)]
+        assert masked == [i < n for i in range(s)], (s, t, causal, keep, n)

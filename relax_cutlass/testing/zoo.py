@@ -135,6 +135,16 @@ LLAMA_GQA = dict(
     vocab_size=32000,
 )
 
+GEMMA2_2B = dict(
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    num_hidden_layers=2,
+    vocab_size=32000,
+)
+
 BUILDERS = {
     "resnet50": _vision("resnet50"),
     "resnet50_b1": _vision("resnet50"),  # batch 1: the latency case
@@ -223,6 +233,12 @@ BUILDERS = {
     "bloom_4l": _transformer(
         "BloomConfig", "BloomModel", 32000, hidden_size=1024, n_head=16, n_layer=4, vocab_size=32000
     ),
+    # Gemma-2-2B's layer shapes (hidden 2304, 8 query / 4 kv heads of 256, GELU-gated MLP 9216),
+    # a sliding-window and a global layer: its attention scores soft-capped (50 * tanh(s / 50))
+    "gemma2_2l": _transformer("Gemma2Config", "Gemma2Model", 32000, **GEMMA2_2B),
+    # the same in a left-padded batch (row b keeping 512 - 64 * b tokens): eager attention's finite
+    # mask, whose fully masked rows give the mean of the values, beside the causal mask
+    "gemma2_left_padded": _transformer("Gemma2Config", "Gemma2Model", 32000, padding="left", pad_step=64, **GEMMA2_2B),
     # windowed attention with a relative position bias, and the shifted windows' mask beside it
     "swin_t": _vision("swin_t"),
     "t5_encoder_padded": _transformer(
@@ -263,6 +279,8 @@ ZOO = (
     ZooModel("llama_left_padded", "transformer", 4, 512),
     ZooModel("bloom_4l", "transformer", 1, 512),
     ZooModel("swin_t", "vision", 32),
+    ZooModel("gemma2_2l", "transformer", 1, 2048),
+    ZooModel("gemma2_left_padded", "transformer", 4, 512),
     # the same models through ONNX (torch.onnx's dynamo export, then from_onnx), against their
     # from_torch builds in the same run
     ZooModel("bert_base_padded_onnx", "transformer", 8, 128, importer="onnx"),

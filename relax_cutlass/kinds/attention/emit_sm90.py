@@ -334,6 +334,7 @@ constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte aligned base a
     + FAIL_FUNCTION
     + """\
 
+$mean_rows_function
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool FitsStride(int64_t s) { return s >= 0 && s <= INT32_MAX && s % kAlignment == 0; }
 }  // namespace
@@ -442,7 +443,7 @@ $bias_launch    }
     params.mainloop.scale_softmax_log2 = softmax_scale * static_cast<float>(M_LOG2E);
     if (Launch(params, stream) != cutlass::Status::kSuccess) return Fail("kernel launch");
   }
-  return nullptr;
+$mean_rows_launch  return nullptr;
 }
 """
 )
@@ -677,6 +678,63 @@ PLAIN_BIAS_CHECK = """\
 BIAS_CHECK = """\
   if (a->masked_rows < 0 || a->masked_rows > 2) return "$name: masked_rows must be 0, 1 or 2";
 """
+# A causal kernel's rows whose every key is masked by a finite mask (masked_rows 2, eager
+# attention's finfo.min: the graph's softmax of such a row is uniform over all T keys) leave the
+# kernel as the mean of the values of the keys its causal loop visited, which stops at the
+# diagonal. With a mask that is one row of keys per (batch, head) (a padded batch's (B, 1, 1, T)),
+# row i is such a row iff every key it sees (j <= i + offset) is masked, that is iff
+# i + offset < f, f the row's first unmasked key (T where there is none): a CTA per (batch, head)
+# finds f and writes the mean of V over all T keys into those rows, after the kernel, on its
+# stream (select.sm90_fixes_causal_mean_rows says where the heuristic relies on it).
+# `relax_fully_masked_rows` is plain C++ (the CPU tests compile it with the host compiler and check
+# it against every row's keys).
+MEAN_ROWS_RULE = """\
+// n, where rows 0 .. n - 1 of a (batch, head) are those whose every visible key (j <= i + offset) is
+// masked, given the first unmasked key of its mask row (seq_kv: none, and every row is masked).
+CUTLASS_HOST_DEVICE int64_t relax_fully_masked_rows(int64_t first, int64_t offset, int64_t seq_q, int64_t seq_kv) {
+  if (first >= seq_kv || first - offset > seq_q) return seq_q;
+  return first - offset > 0 ? first - offset : 0;
+}
+"""
+MEAN_ROWS_FUNCTION = MEAN_ROWS_RULE + """\
+template <typename T>
+__global__ void FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
+  const int64_t b = blockIdx.x / a.heads, n = blockIdx.x % a.heads;
+  const T* bias = static_cast<const T*>(a.bias) + b * a.bias_stride_b + n * a.bias_stride_n;
+  __shared__ int first;
+  if (threadIdx.x == 0) first = static_cast<int>(a.seq_kv);
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < a.seq_kv; j += blockDim.x) {
+    if (static_cast<float>(bias[j]) > -0x1p100f) atomicMin(&first, static_cast<int>(j));  // not masked
+  }
+  __syncthreads();
+  const int64_t masked = relax_fully_masked_rows(first, offset, a.seq_q, a.seq_kv);
+  if (masked == 0) return;
+  const int64_t g = a.kv_group > 1 ? a.kv_group : 1;
+  const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + (n / g) * a.v_stride_n;
+  T* out = static_cast<T*>(a.out) + (b * a.seq_q * a.heads + n) * a.head_dim_value;  // (B, S, N, V)
+  for (int64_t d = threadIdx.x; d < a.head_dim_value; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int64_t t = 0; t < a.seq_kv; ++t) sum += static_cast<float>(v[t * a.v_stride_s + d]);
+    const T mean = static_cast<T>(sum / static_cast<float>(a.seq_kv));
+    for (int64_t i = 0; i < masked; ++i) out[i * a.heads * a.head_dim_value + d] = mean;
+  }
+}
+"""
+MEAN_ROWS_CHECK = """\
+  if (a->bias != nullptr && a->masked_rows == 2 && (a->bias_stride_s != 0 || a->batch * a->heads > INT32_MAX)) {
+    return "$name: fully masked rows that give the mean of the values need a mask of one row of keys per "
+           "(batch, head) beside the causal mask, and fewer than 2^31 (batch, head) pairs";
+  }
+"""
+MEAN_ROWS_LAUNCH = """\
+  if (a->bias != nullptr && a->masked_rows == 2) {
+    const int64_t offset = kCausal == 2 ? (a->seq_q > a->seq_kv ? a->seq_q - a->seq_kv : a->seq_kv - a->seq_q) : 0;
+    FixCausalMeanRows<Element><<<static_cast<unsigned>(a->batch * a->heads), 128, 0, stream>>>(*a, offset);
+    if (cudaPeekAtLastError() != cudaSuccess) return Fail("masked-row fix-up launch");
+  }
+"""
+
 # Grouped-query attention runs the kernel's (batch, heads) modes as (kv heads, group), one launch
 # per batch: the bias's batch moves with the launch, a kv head steps over its group's heads.
 BIAS_LAUNCH = """\
@@ -703,6 +761,9 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
             "bias_check": BIAS_CHECK.replace("$name", kernel.name),
             "bias_launch": BIAS_LAUNCH,
         }
+        if kernel.problem.causal is not None:
+            pieces["bias_check"] += MEAN_ROWS_CHECK.replace("$name", kernel.name)
+            pieces |= {"mean_rows_function": MEAN_ROWS_FUNCTION, "mean_rows_launch": MEAN_ROWS_LAUNCH}
     else:
         if kernel.problem.causal is not None:
             scheduler = CAUSAL_SCHEDULERS[kernel.schedule]
@@ -713,6 +774,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
             "bias_check": PLAIN_BIAS_CHECK.replace("$name", kernel.name),
             "bias_launch": "",
         }
+    pieces = {"mean_rows_function": "", "mean_rows_launch": ""} | pieces
     text = SM90_ATTENTION_TU.substitute(
         name=kernel.name,
         attention_args=ATTENTION_ARGS,

@@ -162,12 +162,21 @@ def _sm90_blocker(problem: AttentionProblem) -> str | None:
         return f"scale {problem.scale:g}: the SM90 attention kernel's softmax needs a positive scale: SM80 kernel"
     if problem.causal is not None and problem.bias_reads is not None and problem.masked_rows == "mean":
         # its masked rows take the mean of the keys its loop visits, which a causal mask stops at
-        # the diagonal; the SM80 kernel's fix-up averages every key
-        return (
-            "a causal mask beside a mask/bias whose fully masked rows give the mean of all the values: "
-            "the SM90 attention kernel's causal loop stops at the diagonal: SM80 kernel"
-        )
+        # the diagonal; the SM80 kernel's fix-up averages every key. The SM90 kernel's own fix-up
+        # (emit_sm90.MEAN_ROWS_FUNCTION) runs where nothing else can: soft-capped scores.
+        if problem.softcap is None or not sm90_fixes_causal_mean_rows(problem):
+            return (
+                "a causal mask beside a mask/bias whose fully masked rows give the mean of all the values: "
+                "the SM90 attention kernel's causal loop stops at the diagonal: SM80 kernel"
+            )
     return None
+
+
+def sm90_fixes_causal_mean_rows(problem: AttentionProblem) -> bool:
+    """The SM90 kernel can give `problem`'s fully masked rows the mean of all the values beside its
+    causal mask: the mask is one row of keys per (batch, head) (a padded batch's (B, 1, 1, T)), so a
+    fix-up after the kernel finds those rows from the mask's first unmasked key alone."""
+    return problem.bias_reads is not None and problem.bias_reads[2] is None
 
 
 def sm90_attention_fallback_reason(problem: AttentionProblem) -> str | None:
