@@ -696,7 +696,9 @@ CUTLASS_HOST_DEVICE int64_t relax_fully_masked_rows(int64_t first, int64_t offse
   return first - offset > 0 ? first - offset : 0;
 }
 """
-MEAN_ROWS_FUNCTION = MEAN_ROWS_RULE + """\
+MEAN_ROWS_FUNCTION = (
+    MEAN_ROWS_RULE
+    + """\
 template <typename T>
 __global__ void FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
   const int64_t b = blockIdx.x / a.heads, n = blockIdx.x % a.heads;
@@ -721,6 +723,7 @@ __global__ void FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
   }
 }
 """
+)
 MEAN_ROWS_CHECK = """\
   if (a->bias != nullptr && a->masked_rows == 2 && (a->bias_stride_s != 0 || a->batch * a->heads > INT32_MAX)) {
     return "$name: fully masked rows that give the mean of the values need a mask of one row of keys per "
