@@ -83,6 +83,12 @@ class AttentionProblem:
         return self.heads // self.kv_group
 
     @property
+    def modifies_scores(self) -> bool:
+        """A bias is added to the scores, or they are soft-capped, or both: on the SM90 kernel every
+        key tile's scores go through its score step (emit_sm90's bias mainloop)."""
+        return self.bias_reads is not None or self.softcap is not None
+
+    @property
     def alignment(self) -> int:
         """Widest vector access of q/k/v/out rows (in elements)."""
         return widest_vector(self.head_dim, self.head_dim_value)
@@ -141,9 +147,8 @@ class AttentionKernel:
 
     @property
     def modifies_scores(self) -> bool:
-        """The SM90 kernel sends every key tile's scores through its score step (emit_sm90's bias
-        mainloop): they get a bias added, or are soft-capped, or both."""
-        return self.bias or self.problem.softcap is not None
+        """The problem's (AttentionProblem.modifies_scores): on the SM90 kernel, its score step."""
+        return self.problem.modifies_scores
 
 
 def softcap_spelling(cap: float) -> str:

@@ -251,9 +251,8 @@ def sm90_attention_kernels(problem: AttentionProblem, arch: int) -> list[Attenti
         return []
     note = f"head dim {problem.head_dim} padded to {head_dim}" if head_dim != problem.head_dim else ""
     # a bias is read by the CTA's (batch, head): one block per CTA (emit_sm90.SM90_BIAS_SCHEDULES),
-    # as is every kernel that modifies the scores (soft-capping: the same score step)
-    modified = problem.bias_reads is not None or problem.softcap is not None
-    schedules = [s for s in _schedules(head_dim) if not modified or s in SM90_BIAS_SCHEDULES]
+    # as every kernel with the score step runs (soft-capping too)
+    schedules = [s for s in _schedules(head_dim) if not problem.modifies_scores or s in SM90_BIAS_SCHEDULES]
     return [
         AttentionKernel(problem, queries, keys, head_dim, True, arch=90, target=arch, schedule=schedule, note=note)
         for queries, keys in SM90_ATTENTION_TILES[head_dim]
