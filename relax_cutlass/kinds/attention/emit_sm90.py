@@ -755,7 +755,7 @@ def emit_sm90_attention_kernel(kernel: AttentionKernel) -> Source:
     grouped = str(kernel.problem.kv_group > 1).lower()
     causal = CAUSAL_CODE[kernel.problem.causal]
     causal_scheduler = ""
-    if kernel.modifies_scores:  # a bias, soft-capping or both: the score step on every key tile
+    if kernel.problem.modifies_scores:  # a bias, soft-capping or both: the score step on every key tile
         if kernel.schedule not in SM90_BIAS_SCHEDULES:
             raise ValueError(f"{kernel.name}: a bias or soft-capped kernel runs one of {SM90_BIAS_SCHEDULES}")
         pieces = {

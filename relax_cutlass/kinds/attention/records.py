@@ -145,11 +145,6 @@ class AttentionKernel:
         """Compiled with CUTLASS's attention bias (kSupportsBias): the problem adds a mask/bias."""
         return self.problem.bias_reads is not None
 
-    @property
-    def modifies_scores(self) -> bool:
-        """The problem's (AttentionProblem.modifies_scores): on the SM90 kernel, its score step."""
-        return self.problem.modifies_scores
-
 
 def softcap_spelling(cap: float) -> str:
     """A soft-cap value as a part of a C identifier (kernel names): 50 -> "50", 0.5 -> "0p5"."""
