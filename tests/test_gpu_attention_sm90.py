@@ -21,6 +21,7 @@ import relax_cutlass  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
 from relax_cutlass.kinds.attention.select import sm90_bias_head_dims  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
+from relax_cutlass.testing.attention import rotary_table  # noqa: E402
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
 if local_gpu_arch() != 90:
@@ -99,18 +100,6 @@ def _attention_launches(vm, name, inputs) -> int:
         dev.sync()
     kernels = ("attention_kernel_batched_impl", "fmha", "(anonymous namespace)::Kernel>")
     return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and any(k in e.name for k in kernels))
-
-
-def _rotary_table(row: dict) -> bool:
-    """Llama's rotary angles: inv_freq (1, H/2, 1) x positions (1, 1, S), a float32 outer product the
-    model computes in float32 on purpose (autocast off), rightly left in TVM."""
-    lhs, rhs = row["shapes"]
-    return (
-        row["op"] == "batched matmul"
-        and lhs.endswith(", 1])")
-        and rhs.startswith("R.shape([1, 1,")
-        and any("lhs dtype is float32" in reason for reason in row["reasons"])
-    )
 
 
 def _build(mod, left_in_tvm_ok=lambda row: False, **options):
@@ -442,7 +431,7 @@ def test_symbolic_length_attention_runs_with_its_mask_as_bias(family):
     mod = relax_cutlass.from_torch(module, (torch.randint(0, 512, (1, 16)),), dynamic_shapes={"input_ids": {1: seq}})
     # with a symbolic length the rotary table is not a constant: its float32 outer product stays
     # in TVM, the one row left there that the check allows
-    vm, rows = _build(mod, left_in_tvm_ok=_rotary_table)
+    vm, rows = _build(mod, left_in_tvm_ok=rotary_table)
     attention = [r for r in rows if r["op"] == "attention"]
     assert len(attention) == 1 and attention[0]["attention"]["seq_q"] == "dynamic", attention
     for n in (7, 300):
@@ -539,7 +528,7 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     """A batched Llama prefill with left padding (4 query heads over 2 kv heads; causal and
     padding in one (B, 1, S, S) mask): one region, the causal part the kernel's causal mask and
     the padding a (B, 1, 1, T) bias, every kv head read for its group, the padded sequence's first
-    rows (no key to see) as torch gives them. Every row against torch float64."""
+    rows (no key to see) as torch gives them. Every row against torch (float32 for eager)."""
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
@@ -550,15 +539,18 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     with _bias_family(family):
         # the positions count the kept tokens (a cumsum of the mask): the rotary table is computed
         # from an input, so its float32 outer product stays in TVM
-        vm, rows = _build(mod, left_in_tvm_ok=_rotary_table)
+        vm, rows = _build(mod, left_in_tvm_ok=rotary_table)
     (attention,) = [r for r in rows if r["op"] == "attention"]
     # the causal part runs as the kernel's causal mask beside a (B, 1, 1, T) bias; eager's fully
-    # masked rows give the mean of every value, which only the SM80 kernel's fix-up computes
-    kernel = "sm80" if attn_implementation == "eager" else family
-    assert attention["kernel"].startswith(f"{kernel}_") and attention["kernel"].endswith("_bias"), attention
+    # masked rows give the mean of every value, which each kernel's fix-up writes (the SM90 one's
+    # after the kernel: FixCausalMeanRows)
+    assert attention["kernel"].startswith(f"{family}_") and attention["kernel"].endswith("_bias"), attention
     assert attention["attention"]["kv_heads"] == 2 and attention["attention"]["causal"] == "TopLeft", attention
     assert attention["attention"]["bias"] == "B11T", attention
-    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, torch.float64)
+    # torch float32 for eager: in float64 its mask's minimum added to the causal one's overflows to
+    # -inf, and the fully masked rows come out NaN
+    reference = torch.float32 if attn_implementation == "eager" else torch.float64
+    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, reference)
     assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 

@@ -398,3 +398,15 @@ def attention_rows_after_offload(mod: tvm.IRModule):
     partitioned, rewritten = offload_for_cpu(mod)
     rows = [r for r in relax_cutlass.offload_report(rewritten).offloaded if r["op"] == "attention"]
     return rows, partitioned, rewritten
+
+
+def rotary_table(row: dict) -> bool:
+    """Llama's rotary angles: inv_freq (1, H/2, 1) x positions (1, 1, S), a float32 outer product the
+    model computes in float32 on purpose (autocast off), rightly left in TVM."""
+    lhs, rhs = row["shapes"]
+    return (
+        row["op"] == "batched matmul"
+        and lhs.endswith(", 1])")
+        and rhs.startswith("R.shape([1, 1,")
+        and any("lhs dtype is float32" in reason for reason in row["reasons"])
+    )
