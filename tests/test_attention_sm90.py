@@ -26,6 +26,7 @@ from relax_cutlass.kinds.attention.select import (
     sm90_attention_fallback_reason,
     sm90_attention_kernels,
     sm90_candidate_first,
+    sm90_mean_rows_fixup,
     sm90_unmeasured_kernels,
 )
 from relax_cutlass.stages.emit import emit_glue, emit_kernel
@@ -331,17 +332,26 @@ def test_a_head_dim_without_its_own_sm90_kernel_is_profiled_padded_beside_the_sm
     assert sm90_unmeasured_kernels(biased, 90) == [] and sm90_unmeasured_kernels(problem, 90, family="sm80") == []
 
 
-def test_mean_rows_beside_a_causal_mask_stay_on_the_sm80_kernel():
+def test_mean_rows_beside_a_causal_mask_run_on_the_sm90_kernel_with_its_fix_up():
     """A fully masked row that gives the mean of all the values (eager's finite mask) beside the
     kernel's causal mask: the SM90 kernel averages the keys its loop visits, which stops at the
-    diagonal, so the SM80 kernel (whose fix-up averages every key) runs it, and says why; zero
-    rows (sdpa's safe softmax) run on the SM90 kernel."""
+    diagonal, so where the mask is one row of keys per sequence (a left-padded batch's (B, 1, 1, T))
+    its fix-up (FixCausalMeanRows) writes those rows after it; with the fix-up switched off, or a
+    mask row per query, the SM80 kernel (whose fix-up averages every key) runs it and says why;
+    zero rows (sdpa's safe softmax) need no fix-up."""
     problem = dataclasses.replace(HD64, causal="TopLeft", bias_reads=((0, 1), None, None, (3, 1)), masked_rows="mean")
+    per_query = dataclasses.replace(problem, bias_reads=((0, 1), None, (2, 1), (3, 1)))
     with sm90_candidate_first("cooperative", bias_head_dims=[64]):
         kernel = choose_attention_kernel(problem, 90)
         zero = choose_attention_kernel(dataclasses.replace(problem, masked_rows="zero"), 90)
-    assert kernel.arch == 80 and "causal loop stops at the diagonal" in kernel.note, kernel
-    assert zero.name == "sm90_fmha_f16_cooperative_q128_k128_h64_causal_tl_bias", zero
+        rows = choose_attention_kernel(per_query, 90)
+        with sm90_mean_rows_fixup(False):
+            off = choose_attention_kernel(problem, 90)
+    assert kernel.name == "sm90_fmha_f16_cooperative_q128_k128_h64_causal_tl_bias", kernel
+    assert "FixCausalMeanRows<Element><<<" in emit_kernel(kernel).text
+    for refused in (off, rows):
+        assert refused.arch == 80 and "causal loop stops at the diagonal" in refused.note, refused
+    assert zero.name == kernel.name, zero
 
 
 def test_head_dim_256_keeps_the_sm80_kernel_until_its_sm90_tile_is_measured():

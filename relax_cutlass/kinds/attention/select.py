@@ -156,6 +156,25 @@ def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
     return min((h for h in SM90_ATTENTION_TILES if h > d), default=None)
 
 
+# Whether the heuristic runs a causal problem beside a (B|1, N|1, 1, T) mask whose fully masked rows
+# give the mean of all the values (a left-padded decoder batch under eager attention's finite mask)
+# on the SM90 kernel with its fix-up after it, where the SM80 kernel (its own fix-up averaging every
+# key) could run it too. False: the SM80 kernel runs those (`sm90_mean_rows_fixup` switches it).
+SM90_MEAN_ROWS_FIXUP = True
+
+
+@contextmanager
+def sm90_mean_rows_fixup(enabled: bool) -> Iterator[None]:
+    """Within the block, SM90_MEAN_ROWS_FIXUP is `enabled`: how the GPU tests check both kernels
+    on a left-padded batch."""
+    global SM90_MEAN_ROWS_FIXUP
+    saved, SM90_MEAN_ROWS_FIXUP = SM90_MEAN_ROWS_FIXUP, enabled
+    try:
+        yield
+    finally:
+        SM90_MEAN_ROWS_FIXUP = saved
+
+
 def _sm90_blocker(problem: AttentionProblem) -> str | None:
     """Why the SM90 kernel cannot run `problem` at any head dim, or None."""
     if not problem.scale > 0:
@@ -163,8 +182,10 @@ def _sm90_blocker(problem: AttentionProblem) -> str | None:
     if problem.causal is not None and problem.bias_reads is not None and problem.masked_rows == "mean":
         # its masked rows take the mean of the keys its loop visits, which a causal mask stops at
         # the diagonal; the SM80 kernel's fix-up averages every key. The SM90 kernel's own fix-up
-        # (emit_sm90.MEAN_ROWS_FUNCTION) runs where nothing else can: soft-capped scores.
-        if problem.softcap is None or not sm90_fixes_causal_mean_rows(problem):
+        # (emit_sm90.MEAN_ROWS_FUNCTION) runs where the mask is one row of keys per sequence:
+        # always for soft-capped scores (nothing else soft-caps), else as SM90_MEAN_ROWS_FIXUP says.
+        fixed = sm90_fixes_causal_mean_rows(problem) and (problem.softcap is not None or SM90_MEAN_ROWS_FIXUP)
+        if not fixed:
             return (
                 "a causal mask beside a mask/bias whose fully masked rows give the mean of all the values: "
                 "the SM90 attention kernel's causal loop stops at the diagonal: SM80 kernel"
