@@ -3,6 +3,8 @@ cannot fail is a defect."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,28 @@ def test_a_timing_sample_takes_about_twenty_milliseconds_of_calls(ms, calls):
     from relax_cutlass.testing.gpu_common import calls_per_sample
 
     assert calls_per_sample(ms) == calls
+
+
+def test_the_float64_reference_of_a_left_padded_eager_decoder_is_finite():
+    """A left-padded Llama batch under eager attention (gemma2_left_padded in the zoo): in float64
+    transformers' mask minimum, added to the causal one, overflows to -inf and the fully masked rows
+    come out NaN, which made every build's error NaN; those values come from float32, every other
+    from float64 itself."""
+    torch = pytest.importorskip("torch")
+    from relax_cutlass.testing.harness import small_transformer
+    from relax_cutlass.testing.models.torch_transformers import last_hidden_state
+
+    torch.manual_seed(0)
+    model = last_hidden_state(small_transformer("llama", "eager", layers=1))
+    ids = torch.randint(0, 512, (2, 24))
+    mask = torch.ones(2, 24, dtype=torch.int64)
+    mask[1, :8] = 0
+    with torch.no_grad():
+        wide = model.float()(ids, mask).numpy()
+        plain = copy.deepcopy(model).double()(ids, mask).numpy()
+    lost = ~np.isfinite(plain)
+    assert lost.any(), "float64 no longer loses the fully masked rows: the fallback checks nothing"
+    ref = zoo.float64_reference(model, (ids, mask))
+    assert np.isfinite(ref).all() and np.array_equal(ref[~lost], plain[~lost])
+    assert np.allclose(ref[lost], wide[lost])
+    assert next(model.parameters()).dtype == torch.float32  # the model is left as it is
