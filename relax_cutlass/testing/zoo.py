@@ -338,6 +338,11 @@ def _ratio(a, b) -> str:
     return f"{b / a:.2f}x" if a and b else "-"
 
 
+def _ms(value: float | None) -> str:
+    """A time for the table: "-" for a build or run the record does not have."""
+    return f"{value:.3f}" if value else "-"
+
+
 def table(records: list[dict]) -> str:
     head = (
         "| model | offloaded | FLOPs | err vs torch fp64 (torch 16-bit's) | relax_cutlass ms (graph) "
@@ -359,10 +364,10 @@ def table(records: list[dict]) -> str:
             f"{' ' + r['dtype'] if r.get('dtype', 'float16') != 'float16' else ''} "
             f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
             f"| {max(errors, default=float('nan')):.1e} ({err.get('torch_fp16_vs_fp64', float('nan')):.1e}){verdict} "
-            f"| {ms.get('relax_cutlass', 0):.3f} ({ms.get('relax_cutlass_graph', 0):.3f}) "
-            f"| {ms.get('tvm_default', 0):.3f} ({ms.get('tvm_default_graph', 0):.3f}) "
-            f"| {ms.get('torch_eager', 0):.3f} | {ms.get('torch_compile_default', 0):.3f} "
-            f"| {ms.get('torch_compile_reduce-overhead', 0):.3f} | {_ratio(ours, tvm_best if tvm_best < 1e9 else 0)} "
+            f"| {_ms(ms.get('relax_cutlass'))} ({_ms(ms.get('relax_cutlass_graph'))}) "
+            f"| {_ms(ms.get('tvm_default'))} ({_ms(ms.get('tvm_default_graph'))}) "
+            f"| {_ms(ms.get('torch_eager'))} | {_ms(ms.get('torch_compile_default'))} "
+            f"| {_ms(ms.get('torch_compile_reduce-overhead'))} | {_ratio(ours, tvm_best if tvm_best < 1e9 else 0)} "
             f"| {_ratio(ours, ms.get('torch_eager'))} | {_ratio(ours, ms.get('torch_compile_reduce-overhead'))} |"
         )
     return "\n".join(lines)
