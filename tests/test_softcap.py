@@ -165,7 +165,8 @@ def test_a_mask_added_before_the_tanh_stays_in_tvm():
     compare_on_cpu(mod, masked_inputs(mod, full_row=False), arch="sm_90a")
 
 
-@pytest.mark.parametrize("padding", ["none", "left"])
+# unpadded: a sibling of the left-padded batch, which runs both attentions and the padding besides
+@pytest.mark.parametrize("padding", [pytest.param("none", marks=pytest.mark.slow), "left"])
 def test_gemma2_offloads_both_attentions_soft_capped(padding):
     """transformers' Gemma-2 (scripts/hf_sweep.py's tiny one): the global layer's causal mask and
     the sliding-window layer's band mask (a float32 constant of finfo.min, cast as a swamping

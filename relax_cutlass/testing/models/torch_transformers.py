@@ -183,7 +183,12 @@ def tiny_families(transformers) -> dict:
         "qwen2": (t.Qwen2Config, t.Qwen2Model, gqa),
         "qwen3": (getattr(t, "Qwen3Config", None), getattr(t, "Qwen3Model", None), {**gqa, "head_dim": 32}),
         "gemma": (t.GemmaConfig, t.GemmaModel, {**gqa, "head_dim": 32}),
-        "gemma2": (t.Gemma2Config, t.Gemma2Model, {**gqa, "head_dim": 32, "sliding_window": 16}),
+        # eager: where transformers soft-caps (its sdpa path, the default in 5.17, drops the cap)
+        "gemma2": (
+            t.Gemma2Config,
+            t.Gemma2Model,
+            {**gqa, "head_dim": 32, "sliding_window": 16, "attn_implementation": "eager"},
+        ),
         "phi": (t.PhiConfig, t.PhiModel, decoder),
         "phi3": (t.Phi3Config, t.Phi3Model, {**gqa, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
         "stablelm": (t.StableLmConfig, t.StableLmModel, gqa),
