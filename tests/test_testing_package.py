@@ -95,3 +95,35 @@ def test_the_scan_catches_a_missing_helper(tmp_path):
     (alias,) = _testing_aliases(tree, "").items()
     assert alias[0] == "gpu_convs" and "relative_error" not in _top_level_names(alias[1])
     assert "cuda_target" in _top_level_names(alias[1])
+
+
+def test_a_composite_build_is_reused_in_the_process_and_loaded_from_the_cache(tmp_path, monkeypatch):
+    """testing.harness.build_composite_cpu: the same region twice is one build; a fresh process
+    (the in-process table emptied) loads the shared library the first one wrote, which computes
+    the same; a region that differs only in a constant is a build of its own."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from relax_cutlass.testing import harness
+
+    def region(scale: float) -> relax.Function:
+        x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [x]):
+            gv = bb.emit(relax.op.multiply(x, relax.const(scale, "float32")))
+            bb.emit_func_output(gv)
+        return bb.get()["main"]
+
+    monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(harness, "COMPOSITE_BUILDS", {})
+    first, lock = harness.build_composite_cpu(region(2.0))
+    assert harness.build_composite_cpu(region(2.0)) == (first, lock)
+    (written,) = (tmp_path / "cpu-composites").glob("composite-*.so")
+    harness.COMPOSITE_BUILDS.clear()
+    loaded, _ = harness.build_composite_cpu(region(2.0))
+    assert loaded is not first and list((tmp_path / "cpu-composites").iterdir()) == [written]
+    x = np.arange(32, dtype="float32").reshape(4, 8)
+    assert np.array_equal(loaded["main"](tvm.runtime.tensor(x)).numpy(), 2 * x)
+    harness.build_composite_cpu(region(3.0))
+    assert len(list((tmp_path / "cpu-composites").glob("composite-*.so"))) == 2

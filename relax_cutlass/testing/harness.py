@@ -8,6 +8,8 @@ is checked against the untouched module without a GPU.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 
 import numpy as np
@@ -19,6 +21,7 @@ import relax_cutlass
 from relax_cutlass.pipeline import partition_as_offloaded, post_codegen_passes
 from relax_cutlass.rewrites.canonicalize import AccumulateInFloat32, accumulate_in_float32
 from relax_cutlass.stages.constants import composite_of, offloaded_functions
+from relax_cutlass.toolkit.compile import cache_dir
 
 from .errors import rel_error, within
 
@@ -31,6 +34,41 @@ CPU = tvm.target.Target({"kind": "llvm", "opt-level": 1})
 def build_cpu(mod: tvm.IRModule):
     ex = tvm.compile(mod, CPU)
     return relax.VirtualMachine(ex, tvm.cpu())
+
+
+COMPOSITE_BUILDS: dict[str, tuple[relax.VirtualMachine, threading.Lock]] = {}
+
+
+def build_composite_cpu(composite: relax.Function) -> tuple[relax.VirtualMachine, threading.Lock]:
+    """`build_cpu` of one region's composite, built once per machine: the tests' models repeat the
+    same regions (a tiny transformer's projections, its attention) from test to test, and their
+    llvm builds were a third of a typical model test. Keyed by the composite's structural hash (its
+    constants included), signature and TVM's version; kept in this process and as a shared library beside
+    the kernel objects (toolkit.compile.cache_dir), which every test worker and later run loads.
+    With the VM comes its lock: a VM is not reentrant, and regions of one model (or of the ranks
+    testing.parallel runs in threads) may share it."""
+    # TVM's structural hash (stable from process to process: MetaSchedule keys its database on it)
+    # and the signature; not the printed or serialized IR, which crash on bfloat16 constants
+    signature = ", ".join(str(p.ty) for p in composite.params) + f" -> {composite.ret_ty}"
+    text = f"{tvm.__version__}\n{tvm_ffi.structural_hash(composite)}\n{signature}"
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    if key in COMPOSITE_BUILDS:
+        return COMPOSITE_BUILDS[key]
+    path = cache_dir() / "cpu-composites" / f"composite-{key}.so"
+    if path.exists():
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
+    else:
+        ex = tvm.compile(tvm.IRModule({"main": composite}), CPU)
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp.so")
+        try:  # another worker may write the same file: each writes its own, then renames
+            ex.export_library(str(partial))
+            os.replace(partial, path)
+        except Exception:  # a host that cannot link a shared object builds it once per process
+            partial.unlink(missing_ok=True)
+    COMPOSITE_BUILDS[key] = (vm, threading.Lock())
+    return COMPOSITE_BUILDS[key]
 
 
 def run_vm(vm, inputs: list[np.ndarray]) -> np.ndarray:
@@ -48,11 +86,11 @@ def serve_regions_on_cpu(partitioned: tvm.IRModule) -> list[str]:
     for _, func in offloaded_functions(partitioned):
         symbol = str(func.attrs["global_symbol"])
         composite = static_view_shapes(accumulate_in_float32(composite_of(func).without_attr("Composite")))
-        vm = build_cpu(tvm.IRModule({"main": composite}))
+        vm, lock = build_composite_cpu(composite)
 
         outputs = len(composite.ret_ty.fields) if isinstance(composite.ret_ty, relax.TupleType) else 1
 
-        def serve(*args, _vm=vm, _outputs=outputs, _lock=threading.Lock()):  # noqa: B008 - one lock per region
+        def serve(*args, _vm=vm, _outputs=outputs, _lock=lock):
             # DPS: the outputs follow the inputs; a region with extra outputs returns a tuple. One
             # call at a time: a VM is not reentrant (testing.parallel runs ranks in threads).
             with _lock:
