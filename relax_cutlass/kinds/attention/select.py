@@ -160,6 +160,10 @@ def sm90_padded_head_dim(problem: AttentionProblem) -> int | None:
 # give the mean of all the values (a left-padded decoder batch under eager attention's finite mask)
 # on the SM90 kernel with its fix-up after it, where the SM80 kernel (its own fix-up averaging every
 # key) could run it too. False: the SM80 kernel runs those (`sm90_mean_rows_fixup` switches it).
+# Checked on the H200 (tests/test_gpu_attention_sm90.py's left-padded eager Llama, every row against
+# torch; memcheck of the soft-capped, left-padded Gemma-2, bench/results/2026-12-02-*-nvidia-h200.json).
+# Preferred as SM90_BIAS_FIRST's measurements prefer the SM90 bias kernel; the fix-up adds a CTA per
+# (batch, head) that reads one mask row, and writes only the fully masked rows.
 SM90_MEAN_ROWS_FIXUP = True
 
 
