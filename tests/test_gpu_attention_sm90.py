@@ -23,6 +23,7 @@ from relax_cutlass.kinds.attention.select import sm90_bias_head_dims  # noqa: E4
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
 from relax_cutlass.testing.attention import rotary_table  # noqa: E402
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
+from relax_cutlass.testing.zoo import float64_reference  # noqa: E402
 
 if local_gpu_arch() != 90:
     pytest.skip("SM90 kernels need a Hopper GPU", allow_module_level=True)
@@ -473,12 +474,16 @@ def _left_padded(n: int, padded: int):
 
 
 def _batch_on_gpu_and_in_torch(vm, module, ids, mask, reference_dtype):
-    """(the built module's output, torch's in `reference_dtype`), float64 numpy, every row."""
+    """(the built module's output, torch's in `reference_dtype`), float64 numpy, every row. float64
+    is the zoo's reference: float32 for what float64 leaves non-finite (an eager decoder's fully
+    masked rows, where two mask minimums added overflow)."""
     import copy
 
     dev = tvm.cuda(0)
     out = vm["main"](tvm.runtime.tensor(ids.numpy(), dev), tvm.runtime.tensor(mask.numpy(), dev))
     got = (out if hasattr(out, "numpy") else out[0]).numpy().astype("float64")
+    if reference_dtype == torch.float64:
+        return got, float64_reference(module, (ids, mask))
     with torch.no_grad():
         want = copy.deepcopy(module).to(reference_dtype)(ids, mask)
     return got, (want[0] if isinstance(want, tuple) else want).numpy().astype("float64")
@@ -528,7 +533,8 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     """A batched Llama prefill with left padding (4 query heads over 2 kv heads; causal and
     padding in one (B, 1, S, S) mask): one region, the causal part the kernel's causal mask and
     the padding a (B, 1, 1, T) bias, every kv head read for its group, the padded sequence's first
-    rows (no key to see) as torch gives them. Every row against torch (float32 for eager)."""
+    rows (no key to see) as torch gives them. Every row against torch float64 (float32 where eager
+    overflows in float64: testing.zoo.float64_reference)."""
     from relax_cutlass.testing.harness import small_transformer
     from relax_cutlass.testing.models.torch_transformers import last_hidden_state
 
@@ -547,10 +553,7 @@ def test_a_left_padded_llama_batch_is_right(family, attn_implementation):
     assert attention["kernel"].startswith(f"{family}_") and attention["kernel"].endswith("_bias"), attention
     assert attention["attention"]["kv_heads"] == 2 and attention["attention"]["causal"] == "TopLeft", attention
     assert attention["attention"]["bias"] == "B11T", attention
-    # torch float32 for eager: in float64 its mask's minimum added to the causal one's overflows to
-    # -inf, and the fully masked rows come out NaN
-    reference = torch.float32 if attn_implementation == "eager" else torch.float64
-    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, reference)
+    got, want = _batch_on_gpu_and_in_torch(vm, module, ids, mask, torch.float64)
     assert got.shape == want.shape and rel_error(got, want) < 1e-2
 
 
