@@ -30,7 +30,7 @@ from ...toolkit.literals import cxx_float
 from ...toolkit.templates import KERNEL_PRELUDE, PDL_DEVICE, pdl_switch
 from ...toolkit.toolchain import package_dir
 from .records import CAUSAL_CODE, AttentionKernel
-from .templates import ATTENTION_ARGS, FAIL_FUNCTION
+from .templates import ATTENTION_ARGS, FAIL_FUNCTION, MASKED_ROWS_MEAN
 
 # schedule -> (the example's kernel options, its tile scheduler). "pingpong" is what the
 # example's builder makes of KernelTmaWarpSpecializedPingpong: the cooperative kernel, persistent,
@@ -683,9 +683,10 @@ BIAS_CHECK = """\
 # kernel as the mean of the values of the keys its causal loop visited, which stops at the
 # diagonal. With a mask that is one row of keys per (batch, head) (a padded batch's (B, 1, 1, T)),
 # row i is such a row iff every key it sees (j <= i + offset) is masked, that is iff
-# i + offset < f, f the row's first unmasked key (T where there is none): a CTA per (batch, head)
-# finds f and writes the mean of V over all T keys into those rows, after the kernel, on its
-# stream (select.sm90_fixes_causal_mean_rows says where the heuristic relies on it).
+# i + offset < f, f the row's first unmasked key (T where there is none): each CTA of a (batch,
+# head) finds f and writes the mean of V over all T keys into those rows, after the kernel, on its
+# stream (templates.MASKED_ROWS_MEAN; select.sm90_fixes_causal_mean_rows says where the heuristic
+# relies on it).
 # `relax_fully_masked_rows` is plain C++ (the CPU tests compile it with the host compiler and check
 # it against every row's keys).
 MEAN_ROWS_RULE = """\
@@ -698,9 +699,10 @@ CUTLASS_HOST_DEVICE int64_t relax_fully_masked_rows(int64_t first, int64_t offse
 """
 MEAN_ROWS_FUNCTION = (
     MEAN_ROWS_RULE
+    + MASKED_ROWS_MEAN
     + """\
 template <typename T>
-__global__ void FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
+__global__ void __launch_bounds__(kFixThreads) FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
   const int64_t b = blockIdx.x / a.heads, n = blockIdx.x % a.heads;
   const T* bias = static_cast<const T*>(a.bias) + b * a.bias_stride_b + n * a.bias_stride_n;
   __shared__ int first;
@@ -711,16 +713,7 @@ __global__ void FixCausalMeanRows(RelaxCutlassAttentionArgs a, int64_t offset) {
   }
   __syncthreads();
   const int64_t masked = relax_fully_masked_rows(first, offset, a.seq_q, a.seq_kv);
-  if (masked == 0) return;
-  const int64_t g = a.kv_group > 1 ? a.kv_group : 1;
-  const T* v = static_cast<const T*>(a.v) + b * a.v_stride_b + (n / g) * a.v_stride_n;
-  T* out = static_cast<T*>(a.out) + (b * a.seq_q * a.heads + n) * a.head_dim_value;  // (B, S, N, V)
-  for (int64_t d = threadIdx.x; d < a.head_dim_value; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int64_t t = 0; t < a.seq_kv; ++t) sum += static_cast<float>(v[t * a.v_stride_s + d]);
-    const T mean = static_cast<T>(sum / static_cast<float>(a.seq_kv));
-    for (int64_t i = 0; i < masked; ++i) out[i * a.heads * a.head_dim_value + d] = mean;
-  }
+  WriteMaskedRowsMean<T>(a, b, n, masked, [](int64_t) { return true; });
 }
 """
 )
@@ -733,7 +726,9 @@ MEAN_ROWS_CHECK = """\
 MEAN_ROWS_LAUNCH = """\
   if (a->bias != nullptr && a->masked_rows == 2) {
     const int64_t offset = kCausal == 2 ? (a->seq_q > a->seq_kv ? a->seq_q - a->seq_kv : a->seq_kv - a->seq_q) : 0;
-    FixCausalMeanRows<Element><<<static_cast<unsigned>(a->batch * a->heads), 128, 0, stream>>>(*a, offset);
+    const dim3 blocks(static_cast<unsigned>(a->batch * a->heads),
+                      static_cast<unsigned>((a->head_dim_value + kFixColumns - 1) / kFixColumns));
+    FixCausalMeanRows<Element><<<blocks, kFixThreads, 0, stream>>>(*a, offset);
     if (cudaPeekAtLastError() != cudaSuccess) return Fail("masked-row fix-up launch");
   }
 """
