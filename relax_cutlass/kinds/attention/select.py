@@ -31,8 +31,11 @@ def attention_tiles(problem: AttentionProblem) -> list[tuple[int, int]]:
 SM90_ATTENTION_TILES = {64: ((128, 128), (128, 64)), 128: ((128, 128),), 256: ((128, 64),)}
 # Head dims with SM90 tiles of their own that the heuristic does not yet run on the SM90 kernel:
 # the SM80 kernel, with the SM90 candidates timed beside it when profiling (as for the padded head
-# dims outside SM90_PADDED_FIRST), until measured faster.
-SM90_UNMEASURED_HEAD_DIMS: set[int] = {256}
+# dims outside SM90_PADDED_FIRST), until measured faster. None now: head dim 256's cooperative
+# 128 x 64 kernel ran 3.9-4.7x the SM80 kernel on the H200 (fp16, seq 1024-4096, causal and not:
+# 422-695 TFLOP/s, 0.92-0.99x torch's sdpa, against 130-153 TFLOP/s, 0.21-0.29x;
+# bench/results/2026-12-02-attention-sdpa-h256-nvidia-h200.json).
+SM90_UNMEASURED_HEAD_DIMS: set[int] = set()
 # emit_sm90.SM90_SCHEDULES' names; profiling times them all
 SM90_ATTENTION_SCHEDULES = ("cooperative", "pingpong", "cooperative_locked", "pingpong_locked")
 # The heuristic's schedule per head dim, as measured on the H100 (fp16, seq 4096 and 8192, causal
@@ -135,8 +138,11 @@ SM90_PADDED_FIRST: set[int] = {96, 80, 32}
 # 16-byte rows, grouped- and multi-query attention with a padding mask, BLOOM's ALiBi beside the
 # causal mask. In the zoo on the H200 (2026-11-28) the left-padded Llama batch (4 x 512) went from
 # 2.46 to 1.66 ms and the padded BERT-base (8 x 128) from 0.91 to 0.81 ms, within their error bounds.
+# Head dim 256 (Gemma) since its SM90 kernel is the default without a bias (above): its bias kernel
+# is the soft-capped one's score step without the tanh, checked on the H200 by transformers' Gemma-2
+# through sdpa (sliding-window band masks and left and right padding; tests/test_gpu_softcap.py).
 # Emptied, the SM80 kernel runs every mask (the GPU tests check each kernel with sm90_bias_head_dims).
-SM90_BIAS_FIRST: set[int] = {64, 128}
+SM90_BIAS_FIRST: set[int] = {64, 128, 256}
 # ... for at least this many queries (a whole query tile of the SM90 kernel's): with fewer, the
 # SM80 kernel's 64-query tile wastes less. Measured on the H200 (zoo, 2026-11-28): Swin-T's
 # 49-token windows with their position bias (head dim 32) took 5.67 ms on the SM90 bias kernel
