@@ -328,8 +328,9 @@ def _check_float32_model(vm, example, causal):
 @pytest.mark.parametrize("kind, batch", [("top_left", 2), ("none", 1)])
 def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, batch):
     """transformers' repeat_kv in front of the attention (8 query heads over 2 kv heads): the
-    repeat is read through strides, never written: the SM90 kernel as (kv heads, group) per batch
-    with a static stride 0, the SM80 kernel one launch per kv head."""
+    repeat is never written: the SM90 kernel in one launch over every (batch, query head), each
+    CTA loading its query head's kv head (emit_sm90.GroupedMainloop), the SM80 kernel one launch
+    per kv head."""
 
     from relax_cutlass.testing.models.torch_attention import CausalAttention
 
@@ -342,8 +343,8 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
     assert row["attention"].get("causal") == ("TopLeft" if kind == "top_left" else None), row
     _check_float32_model(vm, (q, k, v), row["attention"].get("causal"))
     example = [x.numpy() for x in (q, k, v)]
-    # The SM90 kernel: one launch per batch; the SM80 kernel: one per kv head.
-    assert _attention_launches(vm, "main", example) == (batch if family == "auto" else n // group)
+    # The SM90 kernel: one launch; the SM80 kernel: one per kv head.
+    assert _attention_launches(vm, "main", example) == (1 if family == "auto" else n // group)
 
 
 @pytest.mark.parametrize(
@@ -358,9 +359,9 @@ def test_grouped_query_attention_reads_each_kv_head_for_its_group(family, kind, 
 )
 def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family, form, batch):
     """Falcon's multi-query attention (one kv head broadcast over 8 query heads by sdpa, causal or
-    with a padding mask): one region, one launch per batch (SM90) or per call (SM80),
-    against torch in float64. "sm90" (and "auto", the heuristic's): the padding mask as the SM90
-    kernel's bias (select.SM90_BIAS_FIRST), read per (kv head, group) launch."""
+    with a padding mask): one region, one launch, against torch in float64. "sm90" (and "auto",
+    the heuristic's): the padding mask as the SM90 kernel's bias (select.SM90_BIAS_FIRST), read
+    per (batch, query head) CTA."""
 
     from relax_cutlass.testing.models.torch_attention import MultiQueryAttention
 
@@ -383,7 +384,7 @@ def test_multi_query_attention_reads_its_one_kv_head_for_every_query_head(family
         want = module(*[torch.from_numpy(x).double() if x.dtype != bool else torch.from_numpy(x) for x in inputs])
     assert rel_error(got, want.numpy()) < 2e-3
     launches = _attention_launches(vm, "main", inputs)
-    assert launches == (batch if row["family"] == "sm90" else 1), (row["family"], launches)
+    assert launches == 1, (row["family"], launches)
 
 
 @pytest.mark.parametrize("family", ["auto", "sm80"])
