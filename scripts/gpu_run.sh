@@ -146,7 +146,8 @@ run_check() {
   # GPU_TESTS is parsed as shell words, so quoted pytest arguments (-k "a or b") stay whole
   local tests=(tests/test_gpu_suite.py tests/test_gpu.py tests/test_gpu_host.py tests/test_gpu_depthwise.py
     tests/test_gpu_grouped.py tests/test_gpu_conv_sm90.py tests/test_gpu_pdl.py tests/test_gpu_attention_op.py
-    tests/test_gpu_attention_sm90.py tests/test_gpu_softcap.py tests/test_gpu_norm.py tests/test_gpu_gated_mlp.py)
+    tests/test_gpu_attention_sm90.py tests/test_gpu_softcap.py tests/test_gpu_norm.py tests/test_gpu_gated_mlp.py
+    tests/test_gpu_channel_affine.py)
   [[ -n ${GPU_TESTS:-} ]] && eval "tests=($GPU_TESTS)"
   python3 -m pytest -q -m gpu "${tests[@]}" -p no:cacheprovider --durations=15 > "$out/gpu-pytest.log" 2>&1
   summary+=("gpu pytest: $(tail -1 "$out/gpu-pytest.log")")

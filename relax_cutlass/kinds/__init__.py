@@ -38,8 +38,9 @@ REGISTERED = [
 ]
 # Built-in kinds registered only on request (`enable(name)`, or their names, comma-separated, in
 # RELAX_CUTLASS_ENABLE_KINDS): bias_act is the docs' example kind. A kind that is opt-in while it
-# is unverified on a GPU (depthwise_conv2d was) stays accepted there once registered by default.
-OPT_IN = ("bias_act",)
+# is unverified on a GPU (depthwise_conv2d was; channel_affine, DenseNet's pre-activation batch
+# norm of concatenations, is) stays accepted there once registered by default.
+OPT_IN = ("bias_act", "channel_affine")
 ENABLE_ENV = "RELAX_CUTLASS_ENABLE_KINDS"
 
 

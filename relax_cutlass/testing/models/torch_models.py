@@ -398,3 +398,61 @@ def convnext(num_classes: int = 1000, stages=CONVNEXT_TINY, layer_scale: float =
         for block in (m for m in model.modules() if isinstance(m, CNBlock)):
             block.layer_scale.uniform_(0.1, 1.0)
     return model
+
+
+# DenseNet-121's stem and dense blocks (torchvision's densenet121 layers: growth 32, bottleneck 4)
+DENSENET121 = dict(growth=32, blocks=(6, 12, 24, 16), init_features=64)
+
+
+def densenet(growth: int = 32, blocks=(6, 12, 24, 16), init_features: int = 64, num_classes: int = 1000, seed: int = 0):
+    """torchvision's DenseNet written out (its `_DenseLayer`, `_DenseBlock` and `_Transition`): every
+    layer's input is the concatenation of all earlier outputs of its block, batch-normed and
+    activated before its first conv (pre-activation: the norm cannot fold into a conv's weights)."""
+    torch = import_torch()
+    nn = torch.nn
+
+    class DenseLayer(nn.Module):
+        def __init__(self, channels: int):
+            super().__init__()
+            self.norm1, self.relu1 = nn.BatchNorm2d(channels), nn.ReLU(inplace=True)
+            self.conv1 = nn.Conv2d(channels, 4 * growth, 1, bias=False)
+            self.norm2, self.relu2 = nn.BatchNorm2d(4 * growth), nn.ReLU(inplace=True)
+            self.conv2 = nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False)
+
+        def forward(self, features):
+            x = self.conv1(self.relu1(self.norm1(torch.cat(features, 1))))
+            return self.conv2(self.relu2(self.norm2(x)))
+
+    class DenseBlock(nn.Module):
+        def __init__(self, layers: int, channels: int):
+            super().__init__()
+            self.layers = nn.ModuleList([DenseLayer(channels + i * growth) for i in range(layers)])
+
+        def forward(self, x):
+            features = [x]
+            for layer in self.layers:
+                features.append(layer(features))
+            return torch.cat(features, 1)
+
+    layers = [
+        nn.Conv2d(3, init_features, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(init_features),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1),
+    ]
+    channels = init_features
+    for i, count in enumerate(blocks):
+        layers.append(DenseBlock(count, channels))
+        channels += count * growth
+        if i != len(blocks) - 1:  # a transition: BN-ReLU, 1x1 conv halving the channels, 2x2 average pool
+            layers += [
+                nn.BatchNorm2d(channels),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(channels, channels // 2, 1, bias=False),
+            ]
+            layers.append(nn.AvgPool2d(2, 2))
+            channels //= 2
+    layers += [nn.BatchNorm2d(channels), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(1)]
+    torch.manual_seed(seed)
+    model = nn.Sequential(*layers, nn.Linear(channels, num_classes))
+    return _trained_batch_norm(model).eval()

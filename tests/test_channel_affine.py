@@ -1,0 +1,117 @@
+"""The channel-affine kind (opt-in until its kernel runs on a GPU): DenseNet's pre-activation
+batch norm and ReLU of a concatenation of earlier layers' outputs as one region, on the CPU (the
+rewritten module against the original, regions served by their llvm-built composites), its
+legality rules, and its kernel and glue through nvcc."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+import relax_cutlass
+from relax_cutlass import kinds
+from relax_cutlass.kinds.channel_affine.kind import KIND
+from relax_cutlass.kinds.channel_affine.patterns import ChannelAffineSpec
+from relax_cutlass.kinds.channel_affine.records import ChannelAffineKernel, ChannelAffineProblem
+from relax_cutlass.kinds.channel_affine.reference import reference
+from relax_cutlass.stages.emit import emit_kernel
+from relax_cutlass.testing.channel_affine_graphs import dense_block_module
+from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu
+
+
+@pytest.fixture
+def channel_affine():
+    kinds.register(KIND)
+    yield KIND
+    kinds.unregister(KIND.name)
+
+
+def test_the_kind_is_opt_in():
+    assert not kinds.is_registered("channel_affine") and "channel_affine" in kinds.OPT_IN
+
+
+def _inputs(mod, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-2, 2, [int(d) for d in p.ty.shape.values]).astype(str(p.ty.dtype)) for p in mod["main"].params]
+
+
+@pytest.mark.parametrize("parts", [(64,), (64, 32), (64, 32, 32, 32, 32)])
+def test_a_concatenation_with_its_batch_norm_and_relu_is_one_region(channel_affine, parts):
+    """One region per concatenation, its parts and the batch norm's four vectors its parameters;
+    the rewritten module matches the original."""
+    mod = dense_block_module(parts)
+    partitioned, rewritten = offload_for_cpu(mod, arch="sm_90a")
+    text = rewritten["main"].script()
+    assert text.count("R.call_dps_packed") == 1 and "R.concat(" not in text and "R.nn.batch_norm" not in text
+    compare_on_cpu(mod, _inputs(mod), arch="sm_90a")
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(parts_channels=(64, 36)), "multiple of 8"),
+        (dict(training=True), "inference mode"),
+        (dict(parts_channels=(4096, 8), rows=(1, 2, 2)), "at most 4096"),
+        (dict(dtype="float32"), "16-bit float dtype"),
+    ],
+)
+def test_what_the_kernel_cannot_take_stays_in_tvm(channel_affine, change, reason):
+    from relax_cutlass.kinds.channel_affine.patterns import pattern, rules
+    from relax_cutlass.kinds.ir import rules_at
+
+    mod = dense_block_module(**change)
+    spec = ChannelAffineSpec(len(change.get("parts_channels", (64, 32, 32))))
+    body = mod["main"].body.blocks[0].bindings
+    var2val = {b.var: b.value for b in body}
+    problems = rules_at(pattern, rules, spec, body[-1].value, var2val)
+    assert problems and any(reason in p for p in problems), problems
+    partitioned, rewritten = offload_for_cpu(mod, arch="sm_90a")
+    assert "R.call_dps_packed" not in rewritten["main"].script()
+
+
+def test_a_densenet_offloads_every_pre_activation_norm(channel_affine):
+    """torchvision's DenseNet written out, two small blocks: every layer's concatenation + batch
+    norm + ReLU (and the transition's) is a channel-affine region, none left in TVM; the
+    rewritten module matches the original."""
+    from relax_cutlass.testing.models.torch_models import densenet
+
+    torch = pytest.importorskip("torch")
+    model = densenet(growth=16, blocks=(3, 2), init_features=32, num_classes=10)
+    mod = relax_cutlass.from_torch(model, (torch.randn(2, 3, 32, 32),), dtype="float16")
+    partitioned, rewritten = offload_for_cpu(mod, arch="sm_90a")
+    report = relax_cutlass.offload_report(partitioned)
+    affine = [r for r in report.offloaded if r["op"] == "channel_affine"]
+    # block 1: layers 2, 3 on 2- and 3-part concatenations, the transition's on 4 parts; block 2:
+    # layer 2 on 2 parts (the final norm feeds a pooling in float32: no cast, not this pattern);
+    # the first layer of each block reads one tensor
+    assert sorted(r["parts"] for r in affine) == [1, 1, 2, 2, 3, 4], str(report)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype("float32")
+    compare_on_cpu(mod, [x], arch="sm_90a")
+
+
+def test_the_reference_is_the_graphs_computation():
+    rng = np.random.default_rng(0)
+    parts = [rng.uniform(-1, 1, (3, 8)).astype("float16"), rng.uniform(-1, 1, (3, 16)).astype("float16")]
+    gamma, beta, mean = (rng.uniform(0.5, 1.5, 24).astype("float32") for _ in range(3))
+    var = rng.uniform(0.5, 2, 24).astype("float32")
+    got = reference(parts, gamma, beta, mean, var, 1e-5)
+    x = np.concatenate(parts, -1).astype("float64")
+    want = np.maximum((x - mean) / np.sqrt(var.astype("float64") + 1e-5) * gamma + beta, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_one_kernel_per_dtype_and_activation(channel_affine):
+    a = ChannelAffineKernel(ChannelAffineProblem(128, (64, 32), 1e-5))
+    b = ChannelAffineKernel(ChannelAffineProblem(None, (64, 32, 32, 32), 1e-3))
+    assert a.name == b.name == "sm80_channel_affine_f16_relu"
+    assert emit_kernel(a).text == emit_kernel(b).text
+
+
+@pytest.mark.nvcc
+def test_a_dense_block_builds_for_a_gpu(channel_affine, tmp_path):
+    """Kernel, glue and link through nvcc, for sm_80 (no GPU needed)."""
+    mod = dense_block_module((64, 32, 32))
+    offloaded = relax_cutlass.offload_pipeline("sm_80", profile="never")(mod)
+    ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm"))
+    ex.export_library(str(tmp_path / "dense_block.so"))
