@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import relax_cutlass
 from relax_cutlass import kinds
@@ -22,9 +24,8 @@ from relax_cutlass.testing.harness import compare_on_cpu, offload_for_cpu
 
 @pytest.fixture
 def channel_affine():
-    kinds.register(KIND)
-    yield KIND
-    kinds.unregister(KIND.name)
+    with kinds.registered(KIND) as kind:
+        yield kind
 
 
 def test_the_kind_is_opt_in():
@@ -115,3 +116,26 @@ def test_a_dense_block_builds_for_a_gpu(channel_affine, tmp_path):
     offloaded = relax_cutlass.offload_pipeline("sm_80", profile="never")(mod)
     ex = tvm.compile(offloaded, tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm"))
     ex.export_library(str(tmp_path / "dense_block.so"))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    channels=st.lists(st.sampled_from([8, 16, 24, 32, 64, 12]), min_size=1, max_size=6),
+    rows=st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 5)),
+    dtype=st.sampled_from(["float16", "bfloat16"]),
+)
+def test_random_concatenations(channels, rows, dtype):
+    """Any number of parts, channel counts and leading sizes: the concatenation is read by the kernel
+    exactly when every part is whole 16-byte vectors of channels; else, where their sum is, the
+    concatenation stays in TVM and the kernel normalizes it as one part; the rewritten module
+    computes what the original does."""
+    mod = dense_block_module(tuple(channels), dtype=dtype, rows=rows)
+    with kinds.registered(KIND):  # (hypothesis runs every example in one call of the test)
+        partitioned, rewritten = offload_for_cpu(mod, arch="sm_90a")
+        text = rewritten["main"].script()
+        offloaded = "R.call_dps_packed" in text
+        whole = all(c % 8 == 0 for c in channels)
+        assert offloaded == (whole or sum(channels) % 8 == 0), channels
+        assert ("R.concat(" in text) == (len(channels) > 1 and not whole), text
+        if offloaded:
+            compare_on_cpu(mod, _inputs(mod), rtol=2e-2 if dtype == "bfloat16" else 1e-2, arch="sm_90a")

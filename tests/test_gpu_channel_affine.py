@@ -25,9 +25,8 @@ torch, tvm, relax = gpu_convs.torch, gpu_convs.tvm, gpu_convs.relax
 
 @pytest.fixture
 def channel_affine():
-    kinds.register(KIND)
-    yield KIND
-    kinds.unregister(KIND.name)
+    with kinds.registered(KIND) as kind:
+        yield kind
 
 
 def _arch() -> str:

@@ -25,9 +25,8 @@ from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 @pytest.fixture
 def bias_act():
-    kinds.register(BIAS_ACT)
-    yield BIAS_ACT
-    kinds.unregister(BIAS_ACT.name)
+    with kinds.registered(BIAS_ACT) as kind:
+        yield kind
 
 
 def test_builtin_kinds():

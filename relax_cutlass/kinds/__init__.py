@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from string import Template
 
@@ -146,6 +147,16 @@ def unregister(name: str) -> None:
     """Remove a kind added with `register`."""
     _EXTRA[:] = [k for k in _EXTRA if k.name != name]
     _clear()
+
+
+@contextmanager
+def registered(kind: RegionKind) -> Iterator[RegionKind]:
+    """`kind` registered within the block only (an opt-in kind in a test, or one defined elsewhere)."""
+    register(kind)
+    try:
+        yield kind
+    finally:
+        unregister(kind.name)
 
 
 _GENERATION = [0]

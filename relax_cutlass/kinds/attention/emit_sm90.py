@@ -13,6 +13,8 @@ assembles them, with two pieces of ours:
 
 Kernels that modify the scores (an additive bias, logit soft-capping) run the example's mainloop
 with a score step of ours on every key tile (`BIAS_MAINLOOP`).
+Grouped-query kernels wrap either mainloop in `GROUPED_MAINLOOP`: one launch over every (batch,
+query head), each CTA loading its query head's kv head.
 
 The softmax scale is the example's 1/sqrt(head dim) unless set: the glue overwrites it in the
 kernel's Params after `to_underlying_arguments`.
