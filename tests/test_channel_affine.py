@@ -139,3 +139,44 @@ def test_random_concatenations(channels, rows, dtype):
         assert ("R.concat(" in text) == (len(channels) > 1 and not whole), text
         if offloaded:
             compare_on_cpu(mod, _inputs(mod), rtol=2e-2 if dtype == "bfloat16" else 1e-2, arch="sm_90a")
+
+
+def test_each_output_vector_is_read_from_its_part(tmp_path):
+    """emit.CHANNEL_SOURCE, the kernel's index arithmetic, built with the host compiler: every output
+    vector of random concatenations (1 to 7 parts, rows 1 to 5) is read from the part and vector
+    numpy's concatenation takes it from."""
+    import shutil
+    import subprocess
+
+    from relax_cutlass.kinds.channel_affine.emit import CHANNEL_SOURCE
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    rng = np.random.default_rng(0)
+    cases = [(int(rng.integers(1, 6)), [8 * int(c) for c in rng.integers(1, 9, rng.integers(1, 8))]) for _ in range(40)]
+    lines = []
+    for k, (rows, channels) in enumerate(cases):
+        first = np.concatenate([[0], np.cumsum(channels)])
+        lines.append(f"  const int64_t first{k}[] = {{{', '.join(str(int(f)) for f in first)}}};")
+        vectors = rows * int(first[-1]) // 8
+        lines.append(
+            f"  for (int64_t i = 0; i < {vectors}; ++i) {{"
+            f" auto s = relax_channel_source(i, first{k}, {len(channels)}, 8);"
+            f' std::printf("%d %lld\\n", s.part, (long long)s.vector); }}'
+        )
+    main = "#define RELAX_HOST_DEVICE inline\n#include <cstdint>\n#include <cstdio>\n" + CHANNEL_SOURCE
+    main += "int main() {\n" + "\n".join(lines) + "\n}\n"
+    (tmp_path / "source.cc").write_text(main)
+    subprocess.run([cxx, "-O1", "-o", str(tmp_path / "source"), str(tmp_path / "source.cc")], check=True)
+    out = subprocess.run([str(tmp_path / "source")], check=True, capture_output=True, text=True).stdout.split("\n")
+    got = iter(tuple(int(x) for x in line.split()) for line in out if line)
+    for rows, channels in cases:
+        # tag every element with (part, its flat index in the part); the concatenation's vectors
+        parts = [
+            np.stack([np.full((rows, c), p), np.arange(rows * c).reshape(rows, c)], -1) for p, c in enumerate(channels)
+        ]
+        vectors = np.concatenate(parts, axis=1).reshape(-1, 8, 2)
+        for vector in vectors:
+            part, index = next(got)
+            assert (vector[:, 0] == part).all() and (vector[:, 1] == index * 8 + np.arange(8)).all(), (channels, rows)

@@ -31,6 +31,24 @@ CTYPES = {
     "bfloat16": ("__nv_bfloat16", "__float2bfloat16_rn", "__bfloat162float"),
 }
 
+# Where output vector i (kVector channels of the concatenation, row-major) comes from: its part and
+# the vector's index there, given the parts' first output channels (`first`, parts + 1 entries, the
+# last the output's channels). Plain C++ (a CPU test builds it with the host compiler and checks it
+# against numpy's concatenation).
+CHANNEL_SOURCE = """\
+struct RelaxChannelSource {
+  int part;
+  int64_t vector;
+};
+RELAX_HOST_DEVICE RelaxChannelSource relax_channel_source(int64_t i, const int64_t* first, int parts, int vector) {
+  const int64_t per_row = first[parts] / vector;
+  const int64_t row = i / per_row, c = i % per_row * vector;
+  int p = 0;
+  while (p + 1 < parts && c >= first[p + 1]) ++p;
+  return {p, (row * (first[p + 1] - first[p]) + c - first[p]) / vector};
+}
+"""
+
 KERNEL_TU = Template(
     """\
 // relax_cutlass generated kernel: $name
@@ -43,6 +61,8 @@ KERNEL_TU = Template(
 $args
 namespace {
 $check_device
+#define RELAX_HOST_DEVICE __host__ __device__ inline
+$channel_source
 constexpr int kVector = $vector;  // channels a thread reads and writes at once: 16 bytes
 using T = $element_t;
 
@@ -69,11 +89,10 @@ __global__ void __launch_bounds__(256) Kernel(RelaxCutlassChannelAffineArgs a) {
   __syncthreads();
   const int64_t vectors = a.rows * (channels / kVector);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vectors; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / (channels / kVector), c = i % (channels / kVector) * kVector;
-    int p = 0;
-    while (c >= first[p + 1]) ++p;  // the threads of a warp read one or two parts: no divergence to speak of
-    const int64_t width = first[p + 1] - first[p];
-    const Vector in = reinterpret_cast<const Vector*>(a.part[p])[(row * width + c - first[p]) / kVector];
+    // (the threads of a warp read one or two parts: no divergence to speak of)
+    const RelaxChannelSource from = relax_channel_source(i, first, a.parts, kVector);
+    const Vector in = reinterpret_cast<const Vector*>(a.part[from.part])[from.vector];
+    const int64_t c = i % (channels / kVector) * kVector;
     Vector out;
 #pragma unroll
     for (int j = 0; j < kVector; ++j) {
@@ -141,6 +160,7 @@ def emit_kernel(kernel: ChannelAffineKernel) -> Source:
         from_float=from_float,
         to_float=to_float,
         activation=ACTIVATIONS[kernel.problem.activation],
+        channel_source=CHANNEL_SOURCE,
     )
     return Source(kernel.name, text, "cuda")  # no tensor-core family: no SASS check
 
