@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["CXX_FLOAT_TYPES", "cxx_float"]
+__all__ = ["CXX_FLOAT_TYPES", "as_float32", "cxx_float"]
 
 # C++ type -> (numpy type the value is rounded to, literal suffix, builtins for inf and nan)
 CXX_FLOAT_TYPES = {
@@ -50,3 +50,10 @@ def cxx_float(value: float, ctype: str = "float") -> str:
             text += ".0"
         text += suffix
     return f"(-{text})" if negative else text
+
+
+def as_float32(value: float) -> float:
+    """`value` as the kernel reads it, a float32 (`constexpr float kEpsilon`), in its shortest
+    decimal: an epsilon written as the double 1e-6 (torch.export's attribute) and one widened from
+    float32 (9.99999997e-07, an ONNX attribute or a float32 constant) are one kernel."""
+    return float(str(np.float32(value)))

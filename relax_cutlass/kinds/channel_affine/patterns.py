@@ -18,10 +18,10 @@ from functools import cache
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, is_tuple, is_tuple_get_item, wildcard
 
+from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
 from ..ir import dtype_of, shape_dims, static_int, static_shape
-from ..norm.patterns import as_float32
 from .records import MAX_CHANNELS, MAX_PARTS, VECTOR, ChannelAffineProblem
 
 ACTIVATIONS = ("relu",)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-import numpy as np
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
+from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
 from ..epilogue_patterns import scalar_constant
@@ -95,13 +95,6 @@ def pattern(spec: NormSpec) -> tuple[DFPattern, dict[str, DFPattern]]:
     ann |= {"root": norm, "norm": norm}
     out = is_op("relax.astype")(norm) if spec.cast else norm
     return out, ann
-
-
-def as_float32(value: float) -> float:
-    """`value` as the kernel reads it, a float32 (`constexpr float kEpsilon`), in its shortest
-    decimal: an epsilon written as the double 1e-6 (torch.export's attribute) and one widened from
-    float32 (9.99999997e-07, an ONNX attribute or a float32 constant) are one kernel."""
-    return float(str(np.float32(value)))
 
 
 def _last_axis(axes, ndim: int) -> bool:
