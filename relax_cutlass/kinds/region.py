@@ -61,6 +61,11 @@ class Region:
         }
 
 
+def calls_suffix(r: dict) -> str:
+    """The report line's count of calls of an offloaded function called more than once."""
+    return f" x{r['calls']} calls" if r.get("calls", 1) > 1 else ""
+
+
 def mnk_report_line(r: dict, detail: str = "") -> str:
     """The report line of an offloaded region described by its GEMM (M, N, K)."""
     m, n, k = r["mnk"]
@@ -68,6 +73,5 @@ def mnk_report_line(r: dict, detail: str = "") -> str:
     return (
         f"  [offloaded] {r['op']:6s} M={m} N={n} K={k}{detail} epilogue={r['epilogue']} "
         f"{dtypes.get('lhs', dtypes.get('data'))}->{dtypes['out']} (acc {dtypes['accumulator']}) "
-        f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+        f"kernel={r['kernel']} ({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})" + calls_suffix(r)
     )

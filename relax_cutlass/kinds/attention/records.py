@@ -9,7 +9,7 @@ import numpy as np
 
 from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
-from ..region import Region
+from ..region import Region, calls_suffix
 
 # The axes of an attention's additive bias, in the order of `AttentionProblem.bias_reads`.
 BIAS_AXES = ("B", "N", "S", "T")
@@ -200,8 +200,7 @@ def report_line(r: dict) -> str:
         + (f"softcap={a['softcap']:g} " if "softcap" in a else "")
         + f"{r['dtypes']['query']}->"
         f"{r['dtypes']['out']} (acc {r['dtypes']['accumulator']}) kernel={r['kernel']} "
-        f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+        f"({r['selected_by']}{'; ' + r['note'] if r.get('note') else ''})" + calls_suffix(r)
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import RegionKind
+from ..region import calls_suffix
 from .emit import ARGS, ARGS_TYPE, emit_kernel, glue_function
 from .patterns import BN_PARAMETERS, ChannelAffineSpec, all_specs, part_role, pattern, read_problem, rules
 from .records import MAX_PARTS, ChannelAffineKernel, ChannelAffineProblem, ChannelAffineRegion
@@ -17,8 +18,7 @@ def report_line(r: dict) -> str:
     rows, channels, _ = r["mnk"]
     return (
         f"  [offloaded] channel_affine rows={rows} channels={channels} parts={r['parts']} "
-        f"eps={r['epsilon']:g} epilogue={r['epilogue']} kernel={r['kernel']}"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+        f"eps={r['epsilon']:g} epilogue={r['epilogue']} kernel={r['kernel']}" + calls_suffix(r)
     )
 
 

@@ -5,6 +5,7 @@ or else CUTLASS 2.x's SIMT direct convolution (examples/46); both run on every a
 from __future__ import annotations
 
 from .. import RegionKind
+from ..region import calls_suffix
 from .emit import depthwise_glue_function, emit_depthwise_kernel
 from .patterns import (
     DepthwisePatternSpec,
@@ -31,7 +32,7 @@ def _report_line(r: dict) -> str:
     return (
         f"  [offloaded] dwconv2d N*P*Q={m} C={c} {'x'.join(map(str, conv['kernel_size']))} stride {conv['stride']} "
         f"pad {conv['padding']} epilogue={r['epilogue']} kernel={r['kernel']} ({r['selected_by']}; {r['note']})"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+        + calls_suffix(r)
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .. import RegionKind
 from ..ir import rules_at
+from ..region import calls_suffix
 from .emit import emit_kernel, glue_function
 from .patterns import NormSpec, all_specs, pattern, read_problem, rules
 from .records import NormKernel, NormProblem, NormRegion
@@ -34,7 +35,7 @@ def report_line(r: dict) -> str:
     return (
         f"  [offloaded] norm {r['norm']} rows={rows} n={n} eps={r['epsilon']:g} residual={r['residual']} "
         f"outputs={','.join(r['output_roles'])} {dtypes.get('data')}->{dtypes['out']} kernel={r['kernel']}"
-        + (f" x{r['calls']} calls" if r.get("calls", 1) > 1 else "")
+        + calls_suffix(r)
     )
 
 
