@@ -144,7 +144,7 @@ def test_random_concatenations(channels, rows, dtype):
 def test_each_output_vector_is_read_from_its_part(tmp_path):
     """emit.CHANNEL_SOURCE, the kernel's index arithmetic, built with the host compiler: every output
     vector of random concatenations (1 to 7 parts, rows 1 to 5) is read from the part and vector
-    numpy's concatenation takes it from."""
+    numpy's concatenation takes it from, and normalized as its output channels."""
     import shutil
     import subprocess
 
@@ -163,7 +163,7 @@ def test_each_output_vector_is_read_from_its_part(tmp_path):
         lines.append(
             f"  for (int64_t i = 0; i < {vectors}; ++i) {{"
             f" auto s = relax_channel_source(i, first{k}, {len(channels)}, 8);"
-            f' std::printf("%d %lld\\n", s.part, (long long)s.vector); }}'
+            f' std::printf("%d %lld %lld\\n", s.part, (long long)s.vector, (long long)s.channel); }}'
         )
     main = "#define RELAX_HOST_DEVICE inline\n#include <cstdint>\n#include <cstdio>\n" + CHANNEL_SOURCE
     main += "int main() {\n" + "\n".join(lines) + "\n}\n"
@@ -177,6 +177,7 @@ def test_each_output_vector_is_read_from_its_part(tmp_path):
             np.stack([np.full((rows, c), p), np.arange(rows * c).reshape(rows, c)], -1) for p, c in enumerate(channels)
         ]
         vectors = np.concatenate(parts, axis=1).reshape(-1, 8, 2)
-        for vector in vectors:
-            part, index = next(got)
+        for i, vector in enumerate(vectors):
+            part, index, channel = next(got)
             assert (vector[:, 0] == part).all() and (vector[:, 1] == index * 8 + np.arange(8)).all(), (channels, rows)
+            assert channel == i * 8 % sum(channels), (channels, rows, i)

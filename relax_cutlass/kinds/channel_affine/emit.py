@@ -31,21 +31,22 @@ CTYPES = {
     "bfloat16": ("__nv_bfloat16", "__float2bfloat16_rn", "__bfloat162float"),
 }
 
-# Where output vector i (kVector channels of the concatenation, row-major) comes from: its part and
-# the vector's index there, given the parts' first output channels (`first`, parts + 1 entries, the
-# last the output's channels). Plain C++ (a CPU test builds it with the host compiler and checks it
-# against numpy's concatenation).
+# Where output vector i (kVector channels of the concatenation, row-major) comes from: its part, the
+# vector's index there and its first output channel, given the parts' first output channels
+# (`first`, parts + 1 entries, the last the output's channels). Plain C++ (a CPU test builds it with
+# the host compiler and checks it against numpy's concatenation).
 CHANNEL_SOURCE = """\
 struct RelaxChannelSource {
   int part;
   int64_t vector;
+  int64_t channel;
 };
 RELAX_HOST_DEVICE RelaxChannelSource relax_channel_source(int64_t i, const int64_t* first, int parts, int vector) {
   const int64_t per_row = first[parts] / vector;
   const int64_t row = i / per_row, c = i % per_row * vector;
   int p = 0;
   while (p + 1 < parts && c >= first[p + 1]) ++p;
-  return {p, (row * (first[p + 1] - first[p]) + c - first[p]) / vector};
+  return {p, (row * (first[p + 1] - first[p]) + c - first[p]) / vector, c};
 }
 """
 
@@ -92,11 +93,10 @@ __global__ void __launch_bounds__(256) Kernel(RelaxCutlassChannelAffineArgs a) {
     // (the threads of a warp read one or two parts: no divergence to speak of)
     const RelaxChannelSource from = relax_channel_source(i, first, a.parts, kVector);
     const Vector in = reinterpret_cast<const Vector*>(a.part[from.part])[from.vector];
-    const int64_t c = i % (channels / kVector) * kVector;
     Vector out;
 #pragma unroll
     for (int j = 0; j < kVector; ++j) {
-      const float v = fmaf($to_float(in.x[j]), scale[c + j], shift[c + j]);
+      const float v = fmaf($to_float(in.x[j]), scale[from.channel + j], shift[from.channel + j]);
       out.x[j] = $from_float($activation);
     }
     reinterpret_cast<Vector*>(a.out)[i] = out;
