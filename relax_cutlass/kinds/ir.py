@@ -43,6 +43,16 @@ def static_int(dim) -> int | None:
     return int(dim) if isinstance(dim, (int, tvm.tirx.IntImm)) else None
 
 
+def static_product(dims) -> int | None:
+    """The product of `dims` (the rows of the leading axes); None when one of them is symbolic."""
+    product = 1
+    for d in dims:
+        if static_int(d) is None:
+            return None
+        product *= static_int(d)
+    return product
+
+
 def is_call(expr: relax.Expr, op: str) -> bool:
     """`expr` is a call of the operator named `op` ("relax.matmul")."""
     return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == op

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..region import Region, calls_suffix
@@ -125,7 +126,7 @@ class AttentionKernel:
 
     @property
     def name(self) -> str:
-        element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
+        element = DTYPE_SHORT[self.problem.element]
         if self.arch == 90:
             causal = {None: "", "TopLeft": "_causal_tl", "BottomRight": "_causal_br"}[self.problem.causal]
             grouped = "_gqa" if self.problem.kv_group > 1 else ""

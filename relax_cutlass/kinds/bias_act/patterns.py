@@ -10,7 +10,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .. import CODEGEN
-from ..ir import dtype_of, static_shape
+from ..ir import dtype_of, static_product, static_shape
 from .records import BiasActProblem
 
 ACTIVATIONS = ("relu", "silu")
@@ -60,7 +60,6 @@ def rules(spec: BiasActSpec, ann: dict, out: relax.Expr, _var2val) -> list[str]:
 
 def read_problem(spec: BiasActSpec, ann: dict, _out, _var2val, _accumulator: str) -> BiasActProblem:
     dims = ann["data"].ty.shape.values
-    rows = 1
-    for d in dims[:-1]:
-        rows = rows * int(d) if hasattr(d, "value") and rows is not None else None
-    return BiasActProblem(rows=rows, n=int(dims[-1]), activation=spec.activation, element=dtype_of(ann["data"]))
+    return BiasActProblem(
+        rows=static_product(dims[:-1]), n=int(dims[-1]), activation=spec.activation, element=dtype_of(ann["data"])
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ..epilogue import Epilogue
 from ..region import Region
 
@@ -37,7 +38,7 @@ class BiasActKernel:
 
     @property
     def name(self) -> str:
-        element = {"float16": "f16", "bfloat16": "bf16"}[self.problem.element]
+        element = DTYPE_SHORT[self.problem.element]
         return f"sm{self.arch}_bias_act_{element}_{self.problem.activation}"
 
 

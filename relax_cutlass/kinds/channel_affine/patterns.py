@@ -21,7 +21,7 @@ from tvm.relax.dpl import DFPattern, is_op, is_tuple, is_tuple_get_item, wildcar
 from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
-from ..ir import dtype_of, shape_dims, static_int, static_shape
+from ..ir import dtype_of, shape_dims, static_int, static_product, static_shape
 from .records import MAX_CHANNELS, MAX_PARTS, VECTOR, ChannelAffineProblem
 
 ACTIVATIONS = ("relu",)
@@ -99,8 +99,9 @@ def rules(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val) -> list
     if any(lead != leading[0] for lead in leading):
         return ["the parts differ in their leading axes"]
     problems = []
-    if sum(channels) > MAX_CHANNELS:
-        problems.append(f"{sum(channels)} channels: the kernel holds at most {MAX_CHANNELS} channels' batch norm")
+    total = sum(channels)
+    if total > MAX_CHANNELS:
+        problems.append(f"{total} channels: the kernel holds at most {MAX_CHANNELS} channels' batch norm")
     if spec.parts > 1 and not _last_axis(ann["data"].attrs.axis, ndim):
         problems.append("the concatenation must be along the last axis (NHWC channels)")
     attrs = ann["bn"].attrs
@@ -108,7 +109,6 @@ def rules(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val) -> list
         problems.append("the batch norm must normalize the last axis (NHWC channels)")
     if bool(attrs.training) or not bool(attrs.center) or not bool(attrs.scale):
         problems.append("the batch norm must be in inference mode with scale and center")
-    total = sum(channels)
     for name in BN_PARAMETERS:
         shape = static_shape(ann[name])
         if dtype_of(ann[name]) != "float32" or shape != [total]:
@@ -118,12 +118,8 @@ def rules(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val) -> list
 
 def read_problem(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val, _accumulator: str):
     parts = [ann[part_role(i)] for i in range(spec.parts)]
-    shape = shape_dims(parts[0])
-    rows = 1
-    for d in shape[:-1]:
-        rows = rows * static_int(d) if rows is not None and static_int(d) is not None else None
     return ChannelAffineProblem(
-        rows=rows,
+        rows=static_product(shape_dims(parts[0])[:-1]),
         channels=tuple(static_int(shape_dims(p)[-1]) for p in parts),
         epsilon=as_float32(float(ann["bn"].attrs.epsilon)),
         activation=spec.activation,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ..epilogue import Epilogue
 from ..region import Region
 
@@ -15,7 +16,6 @@ MAX_CHANNELS = 4096
 # Elements a thread reads and writes at once (16 bytes of a 16-bit dtype): every part's channels
 # must be a multiple of it.
 VECTOR = 8
-_SHORT = {"float16": "f16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ChannelAffineKernel:
 
     @property
     def name(self) -> str:
-        return f"sm{self.arch}_channel_affine_{_SHORT[self.problem.element]}_{self.problem.activation}"
+        return f"sm{self.arch}_channel_affine_{DTYPE_SHORT[self.problem.element]}_{self.problem.activation}"
 
 
 @dataclass(frozen=True)

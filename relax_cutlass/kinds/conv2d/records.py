@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..gemm.records import GemmProblem, TileConfig
@@ -138,7 +139,7 @@ class Conv2dKernel:
     def name(self) -> str:
         p = self.problem
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
-        element = {"float16": "f16", "bfloat16": "bf16"}[p.element]
+        element = DTYPE_SHORT[p.element]
         epi = self.epilogue.describe().replace("+", "_")
         groups = "" if self.group_mode == "none" else f"{self.group_mode}group_"
         return (

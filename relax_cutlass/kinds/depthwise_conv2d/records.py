@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ..epilogue import Epilogue
 from ..nhwc import conv_geometry
 from ..region import Region
@@ -153,7 +154,7 @@ class DepthwiseKernel:
     @property
     def name(self) -> str:
         p = self.problem
-        element = {"float16": "f16", "bfloat16": "bf16"}[p.element]
+        element = DTYPE_SHORT[p.element]
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
         geometry = f"s{p.stride[0]}x{p.stride[1]}d{p.dilation[0]}x{p.dilation[1]}" if self.fixed_stride else "anystride"
         epi = self.epilogue.describe().replace("+", "_")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ...toolkit.tuning import TuningKey
 from ..epilogue import Epilogue, widest_vector
 from ..region import Region
@@ -99,7 +100,7 @@ class GemmKernel:
         layout = "tn" if p.b_transposed else "nn"
         acc = {"float32": "f32acc", "float16": "f16acc"}[p.element_accumulator]
         epi = self.epilogue.describe().replace("+", "_")
-        out = {"float16": "f16", "float32": "f32", "bfloat16": "bf16"}[p.element_out]
+        out = DTYPE_SHORT[p.element_out]
         inputs = "" if p.element_a == "float16" else "bf16in_"  # fp16 inputs are the unmarked default
         return f"sm{self.arch}_gemm_{layout}_{inputs}{acc}_{out}out_a{p.alignment}_{self.tile.describe()}_{epi}"
 

@@ -15,7 +15,7 @@ from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
 from ..epilogue_patterns import scalar_constant
-from ..ir import dtype_of, same_shape, shape_dims, static_int, static_shape
+from ..ir import dtype_of, same_shape, shape_dims, static_int, static_product, static_shape
 from .records import MAX_N, NormProblem
 
 NORMS = ("layer_norm", "rms_norm", "rms_decomposed")
@@ -169,11 +169,8 @@ def read_problem(spec: NormSpec, ann: dict, out: relax.Expr, _var2val, _accumula
     eps, center, scale, _ = _norm_attrs(spec, ann)
     sum_ = ann.get("sum", ann["data"])
     shape = shape_dims(sum_)
-    rows = 1
-    for d in shape[:-1]:
-        rows = rows * static_int(d) if rows is not None and static_int(d) is not None else None
     return NormProblem(
-        rows=rows,
+        rows=static_product(shape[:-1]),
         n=static_int(shape[-1]),
         norm="layer_norm" if spec.norm == "layer_norm" else "rms_norm",
         epsilon=as_float32(eps),

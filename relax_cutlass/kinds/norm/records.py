@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...toolkit.dtypes import DTYPE_SHORT
 from ..epilogue import Epilogue
 from ..region import Region
 
@@ -91,7 +92,7 @@ def row_layout(problem: NormProblem) -> RowLayout:
     return RowLayout(threads, vec, -(-(problem.n // vec) // threads))
 
 
-_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", None: "none"}
+_SHORT = {**DTYPE_SHORT, None: "none"}
 
 
 def _literal_name(value: float) -> str:
