@@ -214,3 +214,25 @@ def test_a_module_that_does_not_link_returns_the_region_that_breaks_it(monkeypat
 
     rewritten, regions = _injected_build(monkeypatch, inject)
     _check_runs_like_tvm(rewritten, regions, "link or load failed")
+
+
+def test_a_returned_region_of_a_kind_without_left_in_tvm_ops_is_reported(monkeypatch, tmp_path):
+    """A DenseNet concatenation's batch norm (the channel-affine kind: no op of it is one a kind
+    reports as left in TVM) whose kernel did not compile gets its own report row with the
+    compiler's reason, not silence (a real build once reported "0 candidate(s) left in TVM")."""
+    from relax_cutlass.testing.channel_affine_graphs import dense_block_module
+
+    def compile_all(sources, arch, jobs=None, failures=None):
+        for source in sources:
+            failures[source.name] = CompileError(tmp_path / "k.cu", ["nvcc"], "error: a test's compile failure")
+        return {}
+
+    monkeypatch.setattr(codegen, "compile_all", compile_all)
+    with pytest.warns(UserWarning, match="could not offload a region"):
+        rewritten = relax_cutlass.offload_pipeline("sm_90a", profile="never")(dense_block_module((64, 32)))
+    report = relax_cutlass.offload_report(rewritten)
+    assert report.offloaded == []
+    (left,) = report.left_in_tvm
+    assert "channel_affine" in left["op"] or "batch_norm" in left["op"], left
+    assert "did not compile" in left["reasons"][0] and "test's compile failure" in left["reasons"][0], left
+    assert "1 candidate(s) left in TVM" in str(report)

@@ -408,6 +408,7 @@ def _failed(err: Exception) -> str:
 
 
 RETURNED_ATTR = "relax_cutlass.returned_to_tvm"
+RETURNED_PATTERN_ATTR = "relax_cutlass.returned_pattern"
 
 
 def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
@@ -429,8 +430,11 @@ def return_to_tvm(mod: tvm.IRModule, failed: dict[str, str]) -> tvm.IRModule:
             if isinstance(v.value, relax.Call) and isinstance(v.value.op, relax.Var)
         )
         inlined = composite.bind_params(dict(zip(composite.params, call.args, strict=True)))
-        mod[gv] = relax.Function(func.params, inlined.body, func.ret_ty, func.is_pure).with_attr(
-            "relax_cutlass.returned", symbol
+        # (the pattern's name too: a region whose ops no kind reports on its own still gets a row)
+        mod[gv] = (
+            relax.Function(func.params, inlined.body, func.ret_ty, func.is_pure)
+            .with_attr("relax_cutlass.returned", symbol)
+            .with_attr(RETURNED_PATTERN_ATTR, str(composite.attrs["Composite"]))
         )
         returned[gv.name_hint] = failed[symbol]
         now_returned.append(f"{symbol}: {failed[symbol]}")

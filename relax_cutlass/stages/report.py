@@ -12,11 +12,11 @@ from tvm import relax
 from tvm.relax.analysis import get_var2val
 
 from ..arch import arch_name, parse_arch
-from ..kinds import kind_of, kinds
+from ..kinds import CODEGEN, kind_of, kinds
 from ..kinds.ir import json_attr
 from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
-from .codegen import REGIONS_ATTR, RETURNED_ATTR, CodegenOptions, plan_regions, return_to_tvm
+from .codegen import REGIONS_ATTR, RETURNED_ATTR, RETURNED_PATTERN_ATTR, CodegenOptions, plan_regions, return_to_tvm
 from .constants import LiftConstants, call_counts, offloaded_functions
 from .partition import ARCH_ATTR, NOT_FUSED_ATTR, check_same_arch, partition_as_offloaded
 from .patterns import spec_by_name
@@ -139,6 +139,21 @@ def _left_in_tvm(mod: tvm.IRModule) -> list[dict]:
                             "reasons": reasons or [NOT_MATCHED],
                         }
                     )
+        if gv.name_hint in returned and not any(r["function"] == gv.name_hint for r in rows):
+            # a returned region whose ops no kind reports as left in TVM (a normalization, a
+            # concatenation): one row for the region, named by its pattern
+            attrs = mod[gv].attrs or {}
+            pattern = str(attrs[RETURNED_PATTERN_ATTR]) if RETURNED_PATTERN_ATTR in attrs else "region"
+            reason = f"offloaded, then returned to TVM at codegen: {returned[gv.name_hint]}"
+            rows.append(
+                {
+                    "function": gv.name_hint,
+                    "op": pattern.removeprefix(f"{CODEGEN}."),
+                    "shapes": [str(p.ty.shape) for p in func.params if hasattr(p.ty, "shape")],
+                    "flops": 0,
+                    "reasons": [reason],
+                }
+            )
     return rows
 
 
