@@ -1,4 +1,4 @@
-"""The channel-affine kind's kernel on the GPU (opt-in until this passes there): DenseNet's
+"""The channel-affine kind's kernel on the GPU: DenseNet's
 concatenations with their pre-activation batch norm and ReLU, built in-process as a user on the
 GPU host builds them, against the same computation in float64 and against torch.
 
@@ -13,20 +13,12 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 import relax_cutlass  # noqa: E402
-from relax_cutlass import kinds  # noqa: E402
 from relax_cutlass.arch import local_gpu_arch  # noqa: E402
-from relax_cutlass.kinds.channel_affine.kind import KIND  # noqa: E402
 from relax_cutlass.testing import gpu_convs  # noqa: E402  (skips this module without a GPU, torch or TVM's compiler)
-from relax_cutlass.testing.channel_affine_graphs import dense_block_module  # noqa: E402
+from relax_cutlass.testing.channel_affine_graphs import dense_block_module, dense_block_parameters  # noqa: E402
 from relax_cutlass.testing.errors import rel_error  # noqa: E402
 
 torch, tvm, relax = gpu_convs.torch, gpu_convs.tvm, gpu_convs.relax
-
-
-@pytest.fixture
-def channel_affine():
-    with kinds.registered(KIND) as kind:
-        yield kind
 
 
 def _arch() -> str:
@@ -36,7 +28,7 @@ def _arch() -> str:
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("parts", [(64,), (64, 32), (64, 32, 32, 32, 32, 32, 32, 32)])
-def test_a_concatenation_with_its_batch_norm_matches_float64(channel_affine, dtype, parts):
+def test_a_concatenation_with_its_batch_norm_matches_float64(dtype, parts):
     mod = dense_block_module(parts, dtype=dtype, rows=(4, 13, 13))
     offloaded = relax_cutlass.offload_pipeline(_arch(), profile="never")(mod)
     (row,) = relax_cutlass.offload_report(offloaded).offloaded
@@ -46,18 +38,13 @@ def test_a_concatenation_with_its_batch_norm_matches_float64(channel_affine, dty
     rng = np.random.default_rng(0)
     inputs = [rng.uniform(-2, 2, (4, 13, 13, c)).astype(dtype) for c in parts]  # ml_dtypes' bfloat16
     got = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]).numpy().astype("float64")
-    bn = next(
-        b.value
-        for b in mod["main"].body.blocks[0].bindings
-        if getattr(b.value, "op", None) == tvm.ir.Op.get("relax.nn.batch_norm")
-    )
-    gamma, beta, mean, var = (bn.args[i].data.numpy().astype("float64") for i in range(1, 5))
+    gamma, beta, mean, var = (p.astype("float64") for p in dense_block_parameters(sum(parts)))
     x = np.concatenate([p.astype("float64") for p in inputs], -1)
     want = np.maximum((x - mean) / np.sqrt(var + 1e-5) * gamma + beta, 0)
     assert rel_error(got, want) < (1e-2 if dtype == "bfloat16" else 2e-3)
 
 
-def test_a_densenet_matches_torch(channel_affine):
+def test_a_densenet_matches_torch():
     """torchvision's DenseNet written out (two small blocks), fp16, against torch float32."""
     from relax_cutlass.testing.models.torch_models import densenet
 

@@ -127,6 +127,17 @@ def test_register_twice_fails(bias_act):
         kinds.register(bias_act)
 
 
+def test_registered_keeps_a_kind_the_environment_enables(monkeypatch):
+    """A test's `registered(KIND)` inside a run with RELAX_CUTLASS_ENABLE_KINDS naming that kind
+    (the GPU host's batch enables opt-in kinds so) runs with it, and leaves it registered."""
+    monkeypatch.setenv(kinds.ENABLE_ENV, BIAS_ACT.name)
+    with kinds.registered(BIAS_ACT) as kind:
+        assert kind is BIAS_ACT and kinds.is_registered(BIAS_ACT.name)
+    assert kinds.is_registered(BIAS_ACT.name)
+    monkeypatch.delenv(kinds.ENABLE_ENV)
+    assert not kinds.is_registered(BIAS_ACT.name)
+
+
 @pytest.mark.nvcc
 def test_example_kind_builds(bias_act):
     """The example kind's kernel and glue compile and link into a loadable library (no GPU)."""

@@ -1,6 +1,7 @@
-"""C++ of the channel-affine kind: a grid-stride CUDA kernel behind the `_run` C ABI (16-byte
-vectors of 8 channels: each finds its part, reads it there, normalizes and activates in float32,
-and writes the concatenated layout), and the glue function of a region."""
+"""C++ of the channel-affine kind: a CUDA kernel behind the `_run` C ABI (a thread per column of
+16-byte vectors of 8 channels and a set of rows: it finds its part and its channels' batch norm
+once, then reads each row's vector there, normalizes and activates it in float32, and writes the
+concatenated layout), and the glue function of a region."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ...toolkit.glue import check_device, launch_call, operand_arrays, tensor_ch
 from ...toolkit.literals import cxx_float
 from ...toolkit.templates import GLUE_FUNCTION_HEAD, GLUE_FUNCTION_TAIL
 from .patterns import part_role
-from .records import MAX_CHANNELS, MAX_PARTS, VECTOR, ChannelAffineKernel, ChannelAffineRegion
+from .records import MAX_PARTS, VECTOR, ChannelAffineKernel, ChannelAffineRegion
 
 ARGS_TYPE = "RelaxCutlassChannelAffineArgs"
 ARGS = f"""\
@@ -31,22 +32,24 @@ CTYPES = {
     "bfloat16": ("__nv_bfloat16", "__float2bfloat16_rn", "__bfloat162float"),
 }
 
-# Where output vector i (kVector channels of the concatenation, row-major) comes from: its part, the
-# vector's index there and its first output channel, given the parts' first output channels
-# (`first`, parts + 1 entries, the last the output's channels). Plain C++ (a CPU test builds it with
-# the host compiler and checks it against numpy's concatenation).
+# Where output column vector `column` (kVector channels of the concatenation, from channel
+# column * vector) comes from in every row: its part, the vector's index there in row 0, the part's
+# vectors per row (row r's vector is vector + r * stride) and the first output channel. Plain C++ (a
+# CPU test builds it with the host compiler and checks it against numpy's concatenation).
 CHANNEL_SOURCE = """\
 struct RelaxChannelSource {
   int part;
   int64_t vector;
+  int64_t stride;
   int64_t channel;
 };
-RELAX_HOST_DEVICE RelaxChannelSource relax_channel_source(int64_t i, const int64_t* first, int parts, int vector) {
-  const int64_t per_row = first[parts] / vector;
-  const int64_t row = i / per_row, c = i % per_row * vector;
+RELAX_HOST_DEVICE RelaxChannelSource relax_channel_source(int64_t column, const int64_t* channels, int parts,
+                                                          int vector) {
+  const int64_t c = column * vector;
+  int64_t first = 0;
   int p = 0;
-  while (p + 1 < parts && c >= first[p + 1]) ++p;
-  return {p, (row * (first[p + 1] - first[p]) + c - first[p]) / vector, c};
+  while (p + 1 < parts && c >= first + channels[p]) first += channels[p++];
+  return {p, (c - first) / vector, channels[p] / vector, c};
 }
 """
 
@@ -65,41 +68,49 @@ $check_device
 #define RELAX_HOST_DEVICE __host__ __device__ inline
 $channel_source
 constexpr int kVector = $vector;  // channels a thread reads and writes at once: 16 bytes
+constexpr int kUnroll = 4;  // rows whose loads a thread has in flight at once
+constexpr int kThreads = 256;
 using T = $element_t;
 
 struct alignas(16) Vector {
   T x[kVector];
 };
 
-// Each CTA first puts in shared memory the parts' first output channels (the last entry: the
-// output's channels) and each channel's batch norm as y = x * scale + shift.
-__global__ void __launch_bounds__(256) Kernel(RelaxCutlassChannelAffineArgs a) {
-  __shared__ int64_t first[$max_parts + 1];
-  __shared__ float scale[$max_channels], shift[$max_channels];
-  if (threadIdx.x == 0) {
-    first[0] = 0;
-    for (int p = 0; p < a.parts; ++p) first[p + 1] = first[p] + a.channels[p];
-  }
-  __syncthreads();
-  const int64_t channels = first[a.parts];
-  for (int64_t k = threadIdx.x; k < channels; k += blockDim.x) {
-    const float s = a.gamma[k] * rsqrtf(a.var[k] + a.epsilon);
-    scale[k] = s;
-    shift[k] = a.beta[k] - a.mean[k] * s;
-  }
-  __syncthreads();
-  const int64_t vectors = a.rows * (channels / kVector);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < vectors; i += int64_t(gridDim.x) * blockDim.x) {
-    // (the threads of a warp read one or two parts: no divergence to speak of)
-    const RelaxChannelSource from = relax_channel_source(i, first, a.parts, kVector);
-    const Vector in = reinterpret_cast<const Vector*>(a.part[from.part])[from.vector];
-    Vector out;
+// Thread g owns output column vector g % columns in rows g / columns, + lanes, + 2 lanes, ...: its
+// part, and its channels' batch norm as y = x * scale + shift, are found once, and every row's
+// access is one 16-byte load and store (a warp's threads are consecutive columns: coalesced).
+__global__ void __launch_bounds__(kThreads)
+    Kernel(const __grid_constant__ RelaxCutlassChannelAffineArgs a, int64_t columns, int64_t lanes) {
+  const int64_t g = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  if (g >= columns * lanes) return;
+  const int64_t column = g % columns;
+  const RelaxChannelSource from = relax_channel_source(column, a.channels, a.parts, kVector);
+  float scale[kVector], shift[kVector];
 #pragma unroll
-    for (int j = 0; j < kVector; ++j) {
-      const float v = fmaf($to_float(in.x[j]), scale[from.channel + j], shift[from.channel + j]);
-      out.x[j] = $from_float($activation);
+  for (int j = 0; j < kVector; ++j) {
+    const int64_t k = from.channel + j;
+    scale[j] = a.gamma[k] * rsqrtf(a.var[k] + a.epsilon);
+    shift[j] = a.beta[k] - a.mean[k] * scale[j];
+  }
+  const Vector* __restrict__ in = reinterpret_cast<const Vector*>(a.part[from.part]) + from.vector;
+  Vector* __restrict__ out = reinterpret_cast<Vector*>(a.out) + column;
+  for (int64_t r = g / columns; r < a.rows; r += kUnroll * lanes) {
+    Vector loaded[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r + u * lanes < a.rows) loaded[u] = in[(r + u * lanes) * from.stride];
     }
-    reinterpret_cast<Vector*>(a.out)[i] = out;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r + u * lanes >= a.rows) break;
+      Vector o;
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) {
+        const float v = fmaf($to_float(loaded[u].x[j]), scale[j], shift[j]);
+        o.x[j] = $from_float($activation);
+      }
+      out[(r + u * lanes) * columns] = o;
+    }
   }
 }
 }  // namespace
@@ -116,12 +127,20 @@ extern "C" __attribute__((visibility("default"))) const char* ${name}_run(const 
     channels += a->channels[p];
   }
   if (reinterpret_cast<uintptr_t>(a->out) % 16 != 0) return "$name: the output is not 16-byte aligned";
-  if (channels > $max_channels) return "$name: the output has more than $max_channels channels";
-  const int64_t vectors = a->rows * (channels / kVector);
-  if (vectors == 0) return nullptr;
-  // (each CTA computes the channels' scale and shift once: a few per SM, striding over the vectors)
-  const int blocks = static_cast<int>((vectors + 255) / 256 < 1024 ? (vectors + 255) / 256 : 1024);
-  Kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(*a);
+  if (a->rows <= 0) return nullptr;
+  // as many row lanes as fill every SM twice over (each thread then loops over its rows), at most
+  // one per row
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return "$name: cannot query the device's multiprocessors";
+  }
+  const int64_t columns = channels / kVector;
+  const int64_t wanted = (int64_t(sms) * 2048 + columns - 1) / columns;
+  const int64_t lanes = wanted < a->rows ? wanted : a->rows;
+  const int64_t blocks = (columns * lanes + kThreads - 1) / kThreads;
+  if (blocks > 0x7fffffff) return "$name: too many rows for one launch";
+  Kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(*a, columns, lanes);
   return cudaPeekAtLastError() == cudaSuccess ? nullptr : "$name: kernel launch failed";
 }
 """
@@ -155,7 +174,6 @@ def emit_kernel(kernel: ChannelAffineKernel) -> Source:
         check_device=check_device(kernel),
         vector=VECTOR,
         max_parts=MAX_PARTS,
-        max_channels=MAX_CHANNELS,
         element_t=element_t,
         from_float=from_float,
         to_float=to_float,

@@ -22,7 +22,7 @@ from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
 from ..ir import dtype_of, shape_dims, static_int, static_product, static_shape
-from .records import MAX_CHANNELS, MAX_PARTS, VECTOR, ChannelAffineProblem
+from .records import MAX_PARTS, VECTOR, ChannelAffineProblem
 
 ACTIVATIONS = ("relu",)
 ELEMENTS = ("float16", "bfloat16")
@@ -100,8 +100,6 @@ def rules(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val) -> list
         return ["the parts differ in their leading axes"]
     problems = []
     total = sum(channels)
-    if total > MAX_CHANNELS:
-        problems.append(f"{total} channels: the kernel holds at most {MAX_CHANNELS} channels' batch norm")
     if spec.parts > 1 and not _last_axis(ann["data"].attrs.axis, ndim):
         problems.append("the concatenation must be along the last axis (NHWC channels)")
     attrs = ann["bn"].attrs

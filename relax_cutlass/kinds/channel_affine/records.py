@@ -11,8 +11,6 @@ from ..region import Region
 
 # The most parts one region concatenates (DenseNet-201's longest block: 48 layers, 49 parts).
 MAX_PARTS = 64
-# The most channels of the output: each CTA holds their scale and shift in shared memory (32 KiB).
-MAX_CHANNELS = 4096
 # Elements a thread reads and writes at once (16 bytes of a 16-bit dtype): every part's channels
 # must be a multiple of it.
 VECTOR = 8
