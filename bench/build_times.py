@@ -1,6 +1,8 @@
-"""Cold and warm build times of the BERT-large encoder layer and ResNet-50 on this machine.
+"""Cold and warm build times of models on this machine: the BERT-large encoder layer, ResNet-50,
+and any zoo entry as `zoo:<name>` (imported from torch as bench/zoo.py does; needs torch there).
 
-    python bench/build_times.py [--arch sm_90a] [--tuning-db tuning.jsonl] [--out bench/results/...json]
+    python bench/build_times.py [--models bert_large_layer zoo:bert_large] [--arch sm_90a]
+        [--tuning-db tuning.jsonl] [--out bench/results/...json]
 
 Cold: an empty object cache (a fresh RELAX_CUTLASS_CACHE_DIR), so every distinct kernel is compiled
 by nvcc; each build's compiles are logged (RELAX_CUTLASS_COMPILE_LOG) and summed per kind (kernel
@@ -33,7 +35,13 @@ import relax_cutlass
 from relax_cutlass.testing.models import bert_encoder_layer, random_weights
 from relax_cutlass.prepare import bind_float16, bind_weights
 model, arch, out, db = sys.argv[1:5]
-if model == "bert_large_layer":
+if model.startswith("zoo:"):  # a zoo entry as bench/zoo.py imports it (torch export included)
+    from pathlib import Path
+    from relax_cutlass.testing.zoo import ZOO
+    entry = next(e for e in ZOO if e.name == model.removeprefix("zoo:"))
+    torch_model, example = entry.build()
+    mod = entry.import_module(torch_model, example, Path(out).parent)
+elif model == "bert_large_layer":
     mod = bert_encoder_layer()
     mod = bind_weights(mod, random_weights(mod))
 else:
