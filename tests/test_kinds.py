@@ -31,7 +31,7 @@ def bias_act():
 
 def test_builtin_kinds():
     names = [k.name for k in kinds.kinds()]
-    assert names == ["gemm", "conv2d", "attention", "depthwise_conv2d", "norm"]
+    assert names == ["gemm", "conv2d", "attention", "depthwise_conv2d", "norm", "channel_affine"]
     for kind in kinds.kinds():
         assert kind.args_type in kind.args
         for spec in kind.specs():

@@ -133,6 +133,7 @@ def test_other_kinds_still_refuse_a_leaking_intermediate():
         "attention": (),
         "depthwise_conv2d": (),
         "norm": ("sum", "norm"),
+        "channel_affine": (),
     }
 
 

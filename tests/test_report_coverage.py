@@ -13,6 +13,7 @@ from tvm.relax.dpl import pattern as dpl
 import relax_cutlass
 from relax_cutlass.kinds import kinds
 from relax_cutlass.stages.report import NOT_MATCHED
+from relax_cutlass.testing.channel_affine_graphs import dense_block_module
 
 # The decomposed RMSNorm's root is the multiply by its weight: a multiply is an RMSNorm only
 # where the whole pattern matches, and then the norm kind offloads it or reports the refusal
@@ -83,6 +84,11 @@ CASES = {
             {"x": ((4, 16), F64), "g": ((16,), F64), "b": ((16,), F64)}, lambda x, g, b: nn.layer_norm(x, g, b, -1)
         ),
         "float64 tensors: the norm kernel takes",
+    ),
+    "channel_affine": (
+        "batch_norm_relu",
+        dense_block_module((64, 36)),
+        "multiple of 8",
     ),
     "rms_norm": (
         "rms_norm",

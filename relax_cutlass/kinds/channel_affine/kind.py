@@ -5,7 +5,17 @@ from __future__ import annotations
 from .. import RegionKind
 from ..region import calls_suffix
 from .emit import ARGS, ARGS_TYPE, emit_kernel, glue_function
-from .patterns import BN_PARAMETERS, ChannelAffineSpec, all_specs, part_role, pattern, read_problem, rules
+from .patterns import (
+    ACTIVATIONS,
+    BN_PARAMETERS,
+    ChannelAffineSpec,
+    all_specs,
+    left_in_tvm_row,
+    part_role,
+    pattern,
+    read_problem,
+    rules,
+)
 from .records import MAX_PARTS, ChannelAffineKernel, ChannelAffineProblem, ChannelAffineRegion
 
 
@@ -40,4 +50,5 @@ KIND = RegionKind(
     args_type=ARGS_TYPE,
     args=ARGS,
     report_line=report_line,
+    left_in_tvm={f"relax.nn.{a}": left_in_tvm_row for a in ACTIVATIONS},
 )

@@ -84,7 +84,9 @@ def rules(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val) -> list
     if not all(isinstance(p.ty, relax.TensorType) for p in parts):
         return ["the concatenated operands are not tensors"]
     element = dtype_of(parts[0])
-    if element not in ELEMENTS or any(dtype_of(p) != element for p in parts) or dtype_of(out) != element:
+    # (judged at the activation, for the report of one left in TVM, the cast after it is not seen)
+    out_dtype = element if out.same_as(ann["root"]) else dtype_of(out)
+    if element not in ELEMENTS or any(dtype_of(p) != element for p in parts) or out_dtype != element:
         return [f"the parts and the output must share one 16-bit float dtype ({', '.join(ELEMENTS)})"]
     if dtype_of(ann["root"]) != "float32":
         return ["the batch norm must run in float32 (the kernel computes it so)"]
@@ -123,3 +125,28 @@ def read_problem(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val, 
         activation=spec.activation,
         element=dtype_of(parts[0]),
     )
+
+
+def left_in_tvm_row(call: relax.Call, var2val, _layout_skipped):
+    """The report row of an activation of a batch norm left in TVM (this kind's root): why the
+    kind refused it; None for any other activation (not this kind's op)."""
+    from ..ir import rules_at
+
+    def value(expr):
+        return var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
+
+    item = value(call.args[0])
+    bn = value(item.tuple_value) if isinstance(item, relax.TupleGetItem) else None
+    if not (isinstance(bn, relax.Call) and getattr(bn.op, "name", "") == "relax.nn.batch_norm"):
+        return None
+    cast = value(bn.args[0])
+    data = value(cast.args[0]) if isinstance(cast, relax.Call) and cast.op.name == "relax.astype" else cast
+    is_concat = isinstance(data, relax.Call) and getattr(data.op, "name", "") == "relax.concat"
+    fields = value(data.args[0]) if is_concat else None
+    parts = len(fields.fields) if isinstance(fields, relax.Tuple) else 1
+    op = f"batch_norm_{call.op.name.removeprefix('relax.nn.')}"
+    if parts > MAX_PARTS:
+        return op, 0, [f"{parts} parts: the kernel concatenates at most {MAX_PARTS}"]
+    spec = ChannelAffineSpec(parts, call.op.name.removeprefix("relax.nn."))
+    reasons = rules_at(lambda s: (pattern(s)[1]["root"], pattern(s)[1]), rules, spec, call, var2val)
+    return op, 0, reasons or []
