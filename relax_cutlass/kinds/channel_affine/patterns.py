@@ -21,7 +21,7 @@ from tvm.relax.dpl import DFPattern, is_op, is_tuple, is_tuple_get_item, wildcar
 from ...toolkit.literals import as_float32
 from .. import CODEGEN
 from ..epilogue import Epilogue
-from ..ir import dtype_of, shape_dims, static_int, static_product, static_shape
+from ..ir import dtype_of, rules_at, shape_dims, static_int, static_product, static_shape
 from .records import MAX_PARTS, VECTOR, ChannelAffineProblem
 
 ACTIVATIONS = ("relu",)
@@ -130,7 +130,6 @@ def read_problem(spec: ChannelAffineSpec, ann: dict, out: relax.Expr, _var2val, 
 def left_in_tvm_row(call: relax.Call, var2val, _layout_skipped):
     """The report row of an activation of a batch norm left in TVM (this kind's root): why the
     kind refused it; None for any other activation (not this kind's op)."""
-    from ..ir import rules_at
 
     def value(expr):
         return var2val.get(expr, expr) if isinstance(expr, relax.Var) else expr
@@ -144,9 +143,10 @@ def left_in_tvm_row(call: relax.Call, var2val, _layout_skipped):
     is_concat = isinstance(data, relax.Call) and getattr(data.op, "name", "") == "relax.concat"
     fields = value(data.args[0]) if is_concat else None
     parts = len(fields.fields) if isinstance(fields, relax.Tuple) else 1
-    op = f"batch_norm_{call.op.name.removeprefix('relax.nn.')}"
+    activation = call.op.name.removeprefix("relax.nn.")
+    op = f"batch_norm_{activation}"
     if parts > MAX_PARTS:
         return op, 0, [f"{parts} parts: the kernel concatenates at most {MAX_PARTS}"]
-    spec = ChannelAffineSpec(parts, call.op.name.removeprefix("relax.nn."))
+    spec = ChannelAffineSpec(parts, activation)
     reasons = rules_at(lambda s: (pattern(s)[1]["root"], pattern(s)[1]), rules, spec, call, var2val)
     return op, 0, reasons or []
