@@ -73,6 +73,11 @@ def input_free_bindings(func: relax.Function, var: relax.Var, free: set | None =
     return [b for block in func.body.blocks for b in block.bindings if b.var in needed]
 
 
+# LLVM at -O0: each value is built, run once on a small tensor and dropped, so optimizing its loops
+# buys nothing; no level changes IEEE float results.
+EVALUATION_TARGET = tvm.target.Target({"kind": "llvm", "opt-level": 0})
+
+
 def evaluate_input_free(func: relax.Function, var: relax.Var, free: set | None = None) -> np.ndarray | None:
     """The value of `var` (a tensor computed from no input of `func`), evaluated on the CPU; None
     when it depends on an input, is too large, or does not build or run (never an error: callers
@@ -89,7 +94,7 @@ def evaluate_input_free(func: relax.Function, var: relax.Var, free: set | None =
     block = relax.DataflowBlock([*bindings, relax.VarBinding(out, var)])
     probe = relax.Function([], relax.SeqExpr([block], out), var.ty)
     try:
-        ex = tvm.compile(tvm.IRModule({"main": probe}), tvm.target.Target({"kind": "llvm", "opt-level": 1}))
+        ex = tvm.compile(tvm.IRModule({"main": probe}), EVALUATION_TARGET)
         return relax.VirtualMachine(ex, tvm.cpu())["main"]().numpy()
     except Exception:  # an op the CPU build lacks: the value stays unknown
         return None

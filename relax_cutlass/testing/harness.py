@@ -25,10 +25,12 @@ from relax_cutlass.toolkit.compile import cache_dir
 
 from .errors import rel_error, within
 
-# LLVM at -O1: the CPU builds are references on small inputs, and most of a test's time was LLVM's
-# -O3 optimization of TVM's unscheduled loops (a one-layer ViT: 57 s -> 19 s on 2 cores). The
-# rewritten and the original module are built alike, and no level changes IEEE float semantics.
-CPU = tvm.target.Target({"kind": "llvm", "opt-level": 1})
+# LLVM at -O0: the CPU builds are references run once or twice on small inputs, and most of a
+# test's time was LLVM's optimization of TVM's unscheduled loops and the JIT's machine code at the
+# VM's first call (on 2 cores: tests/test_attention.py 94 s at -O1, 72 s at -O0; the whole suite
+# 731 s and 645 s; a one-layer ViT took 57 s at -O3). The rewritten and the original module are
+# built alike, and no level changes IEEE float semantics.
+CPU = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
 def build_cpu(mod: tvm.IRModule):
@@ -43,14 +45,14 @@ def build_composite_cpu(composite: relax.Function) -> tuple[relax.VirtualMachine
     """`build_cpu` of one region's composite, built once per machine: the tests' models repeat the
     same regions (a tiny transformer's projections, its attention) from test to test, and their
     llvm builds were a third of a typical model test. Keyed by the composite's structural hash (its
-    constants included), signature and TVM's version; kept in this process and as a shared library beside
-    the kernel objects (toolkit.compile.cache_dir), which every test worker and later run loads.
+    constants included), signature, TVM's version and the CPU target; kept in this process and as a
+    shared library beside the kernel objects (toolkit.compile.cache_dir), which every test worker and later run loads.
     With the VM comes its lock: a VM is not reentrant, and regions of one model (or of the ranks
     testing.parallel runs in threads) may share it."""
     # TVM's structural hash (stable from process to process: MetaSchedule keys its database on it)
     # and the signature; not the printed or serialized IR, which crash on bfloat16 constants
     signature = ", ".join(str(p.ty) for p in composite.params) + f" -> {composite.ret_ty}"
-    text = f"{tvm.__version__}\n{tvm_ffi.structural_hash(composite)}\n{signature}"
+    text = f"{tvm.__version__}\n{CPU}\n{tvm_ffi.structural_hash(composite)}\n{signature}"
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
     if key in COMPOSITE_BUILDS:
         return COMPOSITE_BUILDS[key]
