@@ -89,6 +89,18 @@ def test_under_filled_static_batches_keep_the_sm80_split_k_kernel():
         assert kernel.arch == 90 and split == 1
 
 
+def test_shallow_under_filled_convs_keep_the_sm90_kernel_unsplit():
+    """DenseNet-121's last dense block at batch 32 (7x7, M=1568): its 1x1 bottleneck convs (K=512
+    to 1024) and 3x3 growth convs (K=1152) under-fill the GPU, but a split of them keeps too few
+    main-loop iterations a slice: profiled on the H200 the SM80 split ran 1.5-2x slower than the
+    SM90 kernel or the unsplit tile, so the heuristic keeps the SM90 kernel."""
+    bottleneck = [dict(h=7, w=7, c=c, k=128, r=1, s=1, p=7, q=7) for c in (512, 768, 1024)]
+    growth = dict(h=7, w=7, c=128, k=32, r=3, s=3, p=7, q=7, pad=(1, 1))
+    for dims, epilogue in [*((d, RELU) for d in bottleneck), (growth, Epilogue())]:
+        kernel, split = choose_conv2d_kernel(Conv2dProblem(n=32, **dims), epilogue, 90)
+        assert kernel.arch == 90 and split == 1, (dims, kernel.name, split)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     size=st.integers(1, 60),

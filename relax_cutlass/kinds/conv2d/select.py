@@ -133,7 +133,13 @@ def splits_k(problem: Conv2dProblem, epilogue: Epilogue, tile: TileConfig | None
 MAX_SPLIT_K = 16
 
 
-MIN_K_ITERATIONS_PER_SLICE = 8
+# Each slice keeps at least this many main-loop iterations. Profiled on the H200 (DenseNet-121's
+# convs at batch 32, bench/results/2026-12-02-densenet-convs-nvidia-h200.json), every split of 8 or
+# 9 iterations a slice ran 1.5-2x slower than the same problem unsplit, on the SM80 tile or on the
+# SM90 kernel the split replaced: a (1568 x 128, K=512) 1x1 conv 10.9 us split in 2, 5.8 us on
+# SM90; a (1568 x 32, K=1152) 3x3 one 13.5 us split in 2, 9.0 us unsplit. Deeper problems (ResNet
+# at batch 1, K up to 4608) still split.
+MIN_K_ITERATIONS_PER_SLICE = 16
 
 
 def choose_split_k(gemm: GemmProblem, tile: TileConfig, arch: int, epilogue: Epilogue) -> int:
