@@ -3,8 +3,10 @@
 About 10-20 s per distinct kernel on 2 cores; objects are cached under RELAX_CUTLASS_CACHE_DIR.
 """
 
+import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import tvm
@@ -15,7 +17,8 @@ from relax_cutlass.stages.codegen import CodegenOptions, plan_regions
 from relax_cutlass.stages.constants import offloaded_functions
 from relax_cutlass.stages.emit import emit_kernel
 from relax_cutlass.testing.models import conv2d_epilogue_model, dense_epilogue_model, random_weights
-from relax_cutlass.toolkit.compile import compile_all
+from relax_cutlass.toolkit.compile import cache_dir, compile_all, compile_command, portable_command
+from relax_cutlass.toolkit.toolchain import package_dir, toolchain
 from relax_cutlass.transform import LiftConstants, PartitionForCutlass
 
 pytestmark = pytest.mark.nvcc
@@ -185,15 +188,39 @@ def test_seed_scenario_bert_large_ffn_exports(tmp_path):
     assert "GemmUniversalBase" not in symbols
 
 
-def test_object_cache_makes_rebuilds_free():
+def _gelu_dense_kernel_source():
     mod = dense_epilogue_model("m", 768, 256, activation="gelu_tanh")
     mod = LiftConstants()(PartitionForCutlass()(bind_weights(mod, random_weights(mod))))
     (region,) = plan_regions([f for _, f in offloaded_functions(mod)], CodegenOptions())
-    source = emit_kernel(region.kernel)
+    return emit_kernel(region.kernel)
+
+
+def test_object_cache_makes_rebuilds_free():
+    source = _gelu_dense_kernel_source()
     compile_all([source], 80)
     t0 = time.time()
     ((_, cached),) = compile_all([source], 80).values()
     assert cached and time.time() - t0 < 1.0
+
+
+def test_a_moved_object_cache_still_hits(tmp_path, monkeypatch):
+    """Objects are keyed by content, not by where the cache, nvidia-cutlass or tvm-ffi sit: a copy
+    of the cache at another path (a cache carried to another machine, a fresh clone's virtual
+    environment) hits. The key once held the cache's own path (the no-throw overlay's -I) and the
+    packages' paths, so every object of a moved cache was compiled again."""
+    source = _gelu_dense_kernel_source()
+    ((obj, _),) = compile_all([source], 80).values()
+    moved = tmp_path / "moved-cache"
+    moved.mkdir()
+    shutil.copy(obj, moved / obj.name)
+    for overlay in cache_dir().glob("include-nothrow-*"):
+        shutil.copytree(overlay, moved / overlay.name)
+    monkeypatch.setenv("RELAX_CUTLASS_CACHE_DIR", str(moved))
+    ((hit, cached),) = compile_all([source], 80).values()
+    assert cached and hit == moved / obj.name
+    key_command = " ".join(portable_command(compile_command(toolchain(), source, 80, Path("SRC"), Path("OBJ"))))
+    for folder in (moved, package_dir("cutlass_library"), package_dir("tvm_ffi")):
+        assert str(folder) not in key_command
 
 
 @pytest.mark.parametrize("family,prefix", [pytest.param("auto", "sm90_", marks=pytest.mark.slow), ("sm80", "sm80_")])

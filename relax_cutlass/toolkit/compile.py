@@ -42,6 +42,7 @@ __all__ = [
     "cxx_runtime_symbols",
     "failure_summary",
     "link_relocatable",
+    "portable_command",
 ]
 
 
@@ -134,9 +135,28 @@ def compile_command(tc: Toolchain, src: Source, arch: int, src_path: Path, obj_p
     ]  # fmt: skip
 
 
+def portable_command(cmd: list[str]) -> list[str]:
+    """`cmd` with the folders that differ from install to install of the same versions (the object
+    cache, the nvidia-cutlass and tvm-ffi packages: a virtual environment inside each clone) named
+    by role: the cache key of an object. Their versions are in the toolchain's fingerprint and the
+    no-throw overlay's folder is named by its content's hash, so a cache moved, carried to another
+    machine or shared by a fresh clone still hits."""
+    roots = {
+        str(cache_dir()): "<cache>",
+        str(package_dir("cutlass_library")): "<nvidia-cutlass>",
+        str(package_dir("tvm_ffi")): "<tvm-ffi>",
+    }
+    out = []
+    for arg in cmd:
+        for root, role in roots.items():
+            arg = arg.replace(root, role)
+        out.append(arg)
+    return out
+
+
 def _compile_one(tc: Toolchain, src: Source, arch: int) -> tuple[Path, bool]:
     """-> (object path, whether it came from the cache)."""
-    probe = compile_command(tc, src, arch, Path("SRC"), Path("OBJ"))
+    probe = portable_command(compile_command(tc, src, arch, Path("SRC"), Path("OBJ")))
     key = hashlib.sha256("\0".join([src.text, *probe, tc.fingerprint()]).encode()).hexdigest()[:32]
     root = cache_dir()
     obj = root / f"{src.name}-{key}.o"

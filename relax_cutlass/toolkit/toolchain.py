@@ -52,11 +52,15 @@ class Toolchain:
     cuda_home: Path
     nvcc_version: str
     cutlass_version: str
+    tvm_ffi_version: str  # the glue's headers
     includes_cuda: tuple[str, ...]
     includes_host: tuple[str, ...]
 
     def fingerprint(self) -> str:
-        return f"{self.nvcc_version}|cutlass {self.cutlass_version}|relax_cutlass {__version__}"
+        return (
+            f"{self.nvcc_version}|cutlass {self.cutlass_version}|tvm-ffi {self.tvm_ffi_version}"
+            f"|relax_cutlass {__version__}"
+        )
 
 
 def find_cuda_home(nvcc: str) -> Path:
@@ -94,6 +98,7 @@ def toolchain() -> Toolchain:
         cuda_home=cuda_home,
         nvcc_version=version,
         cutlass_version=importlib.metadata.version("nvidia-cutlass"),
+        tvm_ffi_version=tvm_ffi.__version__,
         includes_cuda=cutlass_inc,
         includes_host=(*ffi_inc, str(cuda_home / "include")),  # the profiler's glue times with CUDA events
     )
