@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import threading
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -26,16 +28,31 @@ from relax_cutlass.toolkit.compile import cache_dir
 from .errors import rel_error, within
 
 # LLVM at -O0: the CPU builds are references run once or twice on small inputs, and most of a
-# test's time was LLVM's optimization of TVM's unscheduled loops and the JIT's machine code at the
-# VM's first call (on 2 cores: tests/test_attention.py 94 s at -O1, 72 s at -O0; the whole suite
-# 731 s and 645 s; a one-layer ViT took 57 s at -O3). The rewritten and the original module are
-# built alike, and no level changes IEEE float semantics.
+# test's time was LLVM's optimization of TVM's unscheduled loops (on 2 cores: tests/test_attention.py
+# 94 s at -O1, 72 s at -O0; the whole suite 731 s and 645 s; a one-layer ViT took 57 s at -O3). The
+# rewritten and the original module are built alike, and no level changes IEEE float semantics.
 CPU = tvm.target.Target({"kind": "llvm", "opt-level": 0})
+
+
+def exported_library(ex, path: Path):
+    """`ex` exported to the shared library `path` and loaded, for `relax.VirtualMachine`. A VM made
+    from the executable itself JIT-compiles its LLVM module at the first call, whatever the target's
+    opt-level: 0.78 s for a one-layer ViT at -O0 and at -O1, where writing the library and loading
+    it took 0.23 s. A host that cannot link a shared object gets `ex` back."""
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.so")
+    try:  # another worker may write the same file: each writes its own, then renames
+        ex.export_library(str(partial))
+        os.replace(partial, path)
+    except Exception:
+        partial.unlink(missing_ok=True)
+        return ex
+    return tvm.runtime.load_module(str(path))
 
 
 def build_cpu(mod: tvm.IRModule):
     ex = tvm.compile(mod, CPU)
-    return relax.VirtualMachine(ex, tvm.cpu())
+    with tempfile.TemporaryDirectory() as folder:  # the loaded library outlives its file
+        return relax.VirtualMachine(exported_library(ex, Path(folder) / "module.so"), tvm.cpu())
 
 
 COMPOSITE_BUILDS: dict[str, tuple[relax.VirtualMachine, threading.Lock]] = {}
@@ -46,9 +63,9 @@ def build_composite_cpu(composite: relax.Function) -> tuple[relax.VirtualMachine
     same regions (a tiny transformer's projections, its attention) from test to test, and their
     llvm builds were a third of a typical model test. Keyed by the composite's structural hash (its
     constants included), signature, TVM's version and the CPU target; kept in this process and as a
-    shared library beside the kernel objects (toolkit.compile.cache_dir), which every test worker and later run loads.
-    With the VM comes its lock: a VM is not reentrant, and regions of one model (or of the ranks
-    testing.parallel runs in threads) may share it."""
+    shared library beside the kernel objects (toolkit.compile.cache_dir), which every test worker
+    and later run loads. With the VM comes its lock: a VM is not reentrant, and regions of one
+    model (or of the ranks testing.parallel runs in threads) may share it."""
     # TVM's structural hash (stable from process to process: MetaSchedule keys its database on it)
     # and the signature; not the printed or serialized IR, which crash on bfloat16 constants
     signature = ", ".join(str(p.ty) for p in composite.params) + f" -> {composite.ret_ty}"
@@ -60,15 +77,9 @@ def build_composite_cpu(composite: relax.Function) -> tuple[relax.VirtualMachine
     if path.exists():
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), tvm.cpu())
     else:
-        ex = tvm.compile(tvm.IRModule({"main": composite}), CPU)
-        vm = relax.VirtualMachine(ex, tvm.cpu())
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp.so")
-        try:  # another worker may write the same file: each writes its own, then renames
-            ex.export_library(str(partial))
-            os.replace(partial, path)
-        except Exception:  # a host that cannot link a shared object builds it once per process
-            partial.unlink(missing_ok=True)
+        library = exported_library(tvm.compile(tvm.IRModule({"main": composite}), CPU), path)
+        vm = relax.VirtualMachine(library, tvm.cpu())
     COMPOSITE_BUILDS[key] = (vm, threading.Lock())
     return COMPOSITE_BUILDS[key]
 

@@ -10,15 +10,17 @@ for every rank's contribution and gives each the sum. This checks what a shardin
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from .harness import CPU
+from .harness import CPU, exported_library
 
 ALLREDUCE = "runtime.disco.allreduce"
 
@@ -90,10 +92,11 @@ def run_ranks_on_cpu(module: tvm.IRModule, params: Sequence[Sequence[np.ndarray]
     rank's output (as numpy)."""
     group = SummingGroup(len(params))
     with _allreduce_by(group.allreduce):
-        executable = tvm.compile(module, CPU)
+        with tempfile.TemporaryDirectory() as folder:  # the loaded library outlives its file
+            library = exported_library(tvm.compile(module, CPU), Path(folder) / "ranks.so")
 
         def rank_main(rank: int) -> np.ndarray:
-            vm = relax.VirtualMachine(executable, tvm.cpu())
+            vm = relax.VirtualMachine(library, tvm.cpu())
             out = vm["main"](*[tvm.runtime.tensor(np.asarray(a)) for a in (*inputs, *params[rank])])
             return (out if hasattr(out, "numpy") else out[0]).numpy()
 
