@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import relax_cutlass
-from relax_cutlass.kinds.conv2d.profile import conv2d_candidates
+from relax_cutlass.kinds.conv2d.profile import conv2d_candidates, split_k_uncertain
 from relax_cutlass.kinds.conv2d.records import Conv2dKernel, Conv2dProblem, conv2d_key, conv_family
 from relax_cutlass.kinds.conv2d.select import candidate_conv2d_tiles, choose_conv2d_kernel
 from relax_cutlass.kinds.conv2d.select_3x import candidate_conv2d_tiles_sm90, tma_conv_fallback_reason, upper_padding
@@ -99,6 +99,8 @@ def test_shallow_under_filled_convs_keep_the_sm90_kernel_unsplit():
     for dims, epilogue in [*((d, RELU) for d in bottleneck), (growth, Epilogue())]:
         kernel, split = choose_conv2d_kernel(Conv2dProblem(n=32, **dims), epilogue, 90)
         assert kernel.arch == 90 and split == 1, (dims, kernel.name, split)
+        # and a build on the GPU still profiles them by default (profile="uncertain")
+        assert "under-fills" in split_k_uncertain(Conv2dProblem(n=32, **dims), 90)
 
 
 @settings(max_examples=200, deadline=None)

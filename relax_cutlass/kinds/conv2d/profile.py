@@ -35,15 +35,24 @@ def conv2d_candidates(
 
 
 def split_k_uncertain(problem: Conv2dProblem, arch: int, family: str = "auto") -> str | None:
-    """Why profile="uncertain" times `problem`: the heuristic splits its K, where profiling beat
-    the heuristic by 1.07-1.65x in every record (29 batch-1 convs of ResNet-50 on the H100,
+    """Why profile="uncertain" times `problem`: its output under-fills the GPU where split-K is
+    legal, so the heuristic weighs splitting K. Profiling beat the heuristic by 1.07-1.65x on every
+    batch-1 conv it split (29 of ResNet-50's on the H100,
     bench/results/2026-11-23-gpu-suite-tuning-conv-nvidia-h100.json: no split, or fewer slices;
-    ResNet-50 at batch 1 ran 1.18x faster tuned). Elsewhere profiling gained a median 1.00-1.06x
-    (docs/tuning.md): the heuristic stands."""
+    ResNet-50 at batch 1 ran 1.18x faster tuned) and on DenseNet-121's under-filled convs on the
+    H200 (2026-12-02-densenet-convs-nvidia-h200.json); the heuristic now splits fewer of them,
+    and they stay profiled. Elsewhere profiling gained a median 1.00-1.06x (docs/tuning.md): the
+    heuristic stands."""
     if problem.n is None:  # a symbolic batch takes no split-K
         return None
     _, split = choose_conv2d_kernel(problem, Epilogue(), arch, family=family)
-    return f"the heuristic splits K {split} ways" if split > 1 else None
+    if split > 1:
+        return f"the heuristic splits K {split} ways"
+    gemm = problem.implicit_gemm()
+    sm80 = next((t for t in ranked_conv2d_tiles(problem, arch, family=family) if conv_family(t) == 80), None)
+    if sm80 is not None and splits_k(problem, Epilogue()) and under_fills(gemm.m, gemm.n, sm80.threadblock, arch):
+        return "its output under-fills the GPU (the heuristic keeps K whole)"
+    return None
 
 
 PROFILE_CONV2D = Template("""\
