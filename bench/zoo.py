@@ -92,6 +92,9 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
         "kinds": sorted({r["op"] for r in report.offloaded}),
         "in_tvm_reasons": sorted({r["reasons"][0] for r in report.left_in_tvm}),
         "text": str(report),
+        # kernels per forward: the offloaded module's and TVM's own build's (tvm_baseline below)
+        "launches_per_forward": report.launches,
+        "tvm_default_launches_per_forward": relax_cutlass.launches_per_forward(tvm_baseline(mod)),
     }
     print(report, flush=True)
 

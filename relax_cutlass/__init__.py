@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from .version import __version__
 
-__all__ = ["from_onnx", "from_torch", "offload_pipeline", "offload_report", "transform", "__version__"]
+__all__ = [
+    "from_onnx",
+    "from_torch",
+    "launches_per_forward",
+    "offload_pipeline",
+    "offload_report",
+    "transform",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -32,4 +40,8 @@ def __getattr__(name: str):
         from .stages.report import offload_report
 
         return offload_report
+    if name == "launches_per_forward":
+        from .stages.launches import launches_per_forward
+
+        return launches_per_forward
     raise AttributeError(f"module 'relax_cutlass' has no attribute {name!r}")

@@ -18,6 +18,7 @@ from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
 from .codegen import REGIONS_ATTR, RETURNED_ATTR, RETURNED_PATTERN_ATTR, CodegenOptions, plan_regions, return_to_tvm
 from .constants import LiftConstants, call_counts, offloaded_functions
+from .launches import launches_per_forward
 from .partition import ARCH_ATTR, NOT_FUSED_ATTR, check_same_arch, partition_as_offloaded
 from .patterns import spec_by_name
 
@@ -32,6 +33,8 @@ class OffloadReport:
     left_in_tvm: list[dict]
     not_fused: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # about the report itself (asked for another arch)
+    # kernels one call of main launches (launches_per_forward), for a module the pipeline returned
+    launches: dict[str, int] | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -40,6 +43,7 @@ class OffloadReport:
                 "left_in_tvm": self.left_in_tvm,
                 "not_fused": self.not_fused,
                 "notes": self.notes,
+                "launches_per_forward": self.launches,
                 "offloaded_flop_fraction": self.offloaded_flop_fraction,
             },
             indent=2,
@@ -65,6 +69,12 @@ class OffloadReport:
             f"{len(self.left_in_tvm)} candidate(s) left in TVM"
             + (f"; {100 * fraction:.1f}% of the {_flops_name()} FLOPs offloaded" if fraction is not None else "")
         ]
+        if self.launches is not None:
+            lines.append(
+                f"  [launches]  one call of main: {self.launches['relax_cutlass']} relax_cutlass kernel(s), "
+                f"{self.launches['tvm']} TVM kernel(s)"
+                + (f", {self.launches['other_externs']} other packed call(s)" if self.launches["other_externs"] else "")
+            )
         for r in self.offloaded:
             lines.append(_kind_of_row(r).report_line(r))
         for r in self.left_in_tvm:
@@ -171,7 +181,8 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     attrs = mod.attrs or {}
     if REGIONS_ATTR in attrs:
         notes = _built_for_another_arch(mod, arch)
-        return OffloadReport(json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod), notes)
+        rows, left, not_fused = json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod)
+        return OffloadReport(rows, left, not_fused, notes, _launches(mod))
     if arch is not None:
         check_same_arch(mod, parse_arch(arch), "report its plan")
     arch = arch if arch is not None else int(attrs.get(ARCH_ATTR, 80))
@@ -187,6 +198,15 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     calls = call_counts(mod)
     rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions if r.symbol not in failed]
     return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
+
+
+def _launches(mod: tvm.IRModule) -> dict[str, int] | None:
+    """launches_per_forward of `main`, or None where the module has no main or TVM's lowering of
+    what it kept fails (a report never raises for it; tvm.compile will say why)."""
+    try:
+        return launches_per_forward(mod)
+    except Exception:
+        return None
 
 
 def _built_for_another_arch(mod: tvm.IRModule, arch) -> list[str]:

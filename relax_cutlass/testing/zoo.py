@@ -343,6 +343,12 @@ def _ms(value: float | None) -> str:
     return f"{value:.3f}" if value else "-"
 
 
+def _tvm_kernels(report: dict) -> str:
+    """ ", N TVM kernels" per forward where the record counted them (report.launches)."""
+    launches = report.get("launches_per_forward")
+    return f", {launches['tvm']} TVM kernels" if launches else ""
+
+
 def table(records: list[dict]) -> str:
     head = (
         "| model | offloaded | FLOPs | err vs torch fp64 (torch 16-bit's) | relax_cutlass ms (graph) "
@@ -362,7 +368,8 @@ def table(records: list[dict]) -> str:
         lines.append(
             f"| {r['model']} b{r['batch']}{'x' + str(r['seq']) if r['seq'] else ''}"
             f"{' ' + r['dtype'] if r.get('dtype', 'float16') != 'float16' else ''} "
-            f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM | {rep['flop_fraction']:.1%} "
+            f"| {rep['offloaded_calls']} calls, {rep['left_in_tvm']} in TVM{_tvm_kernels(rep)} "
+            f"| {rep['flop_fraction']:.1%} "
             f"| {max(errors, default=float('nan')):.1e} ({err.get('torch_fp16_vs_fp64', float('nan')):.1e}){verdict} "
             f"| {_ms(ms.get('relax_cutlass'))} ({_ms(ms.get('relax_cutlass_graph'))}) "
             f"| {_ms(ms.get('tvm_default'))} ({_ms(ms.get('tvm_default_graph'))}) "
