@@ -59,17 +59,6 @@ def _torch_model_in_dtype(model, entry: ZooModel, example, torch):
     return half, inputs
 
 
-def _launches_or_none(mod) -> dict | None:
-    """launches_per_forward of TVM's own build, or None where TVM cannot lower the module (the
-    record keeps the model's other numbers; its tvm_default build will say why)."""
-    import relax_cutlass
-
-    try:
-        return relax_cutlass.launches_per_forward(mod)
-    except Exception:
-        return None
-
-
 def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profile: str, builds_wanted) -> dict:
     """Phase 1 for one model, in this process: import, offload, build and export; returns the JSON
     record (the time phase adds to it)."""
@@ -78,6 +67,7 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
 
     import relax_cutlass
     from relax_cutlass.prepare import tvm_baseline
+    from relax_cutlass.stages.launches import launches_or_none
 
     record: dict = {"model": entry.name, "batch": entry.batch, "seq": entry.seq, "dtype": entry.dtype, "steps": {}}
     steps = record["steps"]
@@ -95,6 +85,9 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
     offloaded = relax_cutlass.offload_pipeline(arch, profile=profile)(mod)
     steps["offload_s"] = round(time.time() - t0, 1)
     report = relax_cutlass.offload_report(offloaded)
+    # TVM's own build of the same module; tvm_baseline makes the one rewrite TVM 0.27's CUDA build
+    # needs for squeeze-excitation blocks (a broadcast out of a conv's kernel), values unchanged.
+    baseline = tvm_baseline(mod)
     record["report"] = {
         "offloaded_regions": len(report.offloaded),
         "offloaded_calls": sum(r.get("calls", 1) for r in report.offloaded),
@@ -103,18 +96,16 @@ def build_one(entry: ZooModel, out: Path, torch_compile: bool, arch: str, profil
         "kinds": sorted({r["op"] for r in report.offloaded}),
         "in_tvm_reasons": sorted({r["reasons"][0] for r in report.left_in_tvm}),
         "text": str(report),
-        # kernels per forward: the offloaded module's and TVM's own build's (tvm_baseline below)
+        # kernels per forward: the offloaded module's and TVM's own build's
         "launches_per_forward": report.launches,
-        "tvm_default_launches_per_forward": _launches_or_none(tvm_baseline(mod)),
+        "tvm_default_launches_per_forward": launches_or_none(baseline),
     }
     print(report, flush=True)
 
     sm = relax_cutlass.arch.parse_arch(arch)
     target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{sm}{'a' if sm == 90 else ''}"}, host="llvm")
     record["libraries"] = {}
-    # TVM's own build of the same module; tvm_baseline makes the one rewrite TVM 0.27's CUDA build
-    # needs for squeeze-excitation blocks (a broadcast out of a conv's kernel), values unchanged.
-    for name, module in (("relax_cutlass", offloaded), ("tvm_default", tvm_baseline(mod))):
+    for name, module in (("relax_cutlass", offloaded), ("tvm_default", baseline)):
         for graph in (False, True):
             key = name + ("_graph" if graph else "")
             if key not in builds_wanted:

@@ -10,17 +10,15 @@ from tvm import relax
 from ..kinds.ir import json_attr
 from .codegen import REGIONS_ATTR
 
-# What tvm.compile's CUDA pipeline does to the ops left in TVM before it schedules them
-# (tvm.relax.backend.cuda.pipeline: legalize_passes, then dataflow_lower_passes' view reshapes):
-# every fused TIR function it leaves is one kernel of TVM's.
-_TVM_FUSION = (
-    relax.transform.LegalizeOps,
-    relax.transform.AnnotateTIROpPattern,
-    relax.transform.FoldConstant,
-    relax.transform.FuseOps,
-    relax.transform.FuseTIR,
-    relax.transform.RewriteDataflowReshape,
-)
+
+def _tvm_fusion() -> tvm.transform.Pass:
+    """What tvm.compile's CUDA pipeline does to the ops left in TVM before it schedules them: TVM's
+    zero pipeline (LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, as
+    tvm.relax.backend.cuda.pipeline's legalize_passes run them), then dataflow_lower_passes' view
+    reshapes. Every fused TIR function left is one kernel of TVM's."""
+    return tvm.transform.Sequential([relax.pipeline.zero_pipeline(), relax.transform.RewriteDataflowReshape()])
+
+
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
 
 
@@ -37,7 +35,7 @@ def launches_per_forward(mod: tvm.IRModule, function: str = "main") -> dict[str,
             "partitioned (its regions are still functions): run the whole pipeline first"
         )
     ours = {row["symbol"] for row in json_attr(mod, REGIONS_ATTR, [])}
-    lowered = tvm.transform.Sequential([make() for make in _TVM_FUSION])(mod)
+    lowered = _tvm_fusion()(mod)
     counts = {"relax_cutlass": 0, "tvm": 0, "other_externs": 0}
 
     def visit(expr):
@@ -50,3 +48,13 @@ def launches_per_forward(mod: tvm.IRModule, function: str = "main") -> dict[str,
 
     relax.analysis.post_order_visit(lowered[function].body, visit)
     return counts
+
+
+def launches_or_none(mod: tvm.IRModule) -> dict[str, int] | None:
+    """`launches_per_forward(mod)`, or None where the module has no main or is not one the pipeline
+    returned, or TVM's lowering of what it kept fails: for reports and records, which keep their
+    other numbers (tvm.compile says why)."""
+    try:
+        return launches_per_forward(mod)
+    except Exception:
+        return None

@@ -18,7 +18,7 @@ from ..rewrites.canonicalize import fold_float32_accumulation
 from ..rewrites.layout import layout_skipped
 from .codegen import REGIONS_ATTR, RETURNED_ATTR, RETURNED_PATTERN_ATTR, CodegenOptions, plan_regions, return_to_tvm
 from .constants import LiftConstants, call_counts, offloaded_functions
-from .launches import launches_per_forward
+from .launches import launches_or_none
 from .partition import ARCH_ATTR, NOT_FUSED_ATTR, check_same_arch, partition_as_offloaded
 from .patterns import spec_by_name
 
@@ -182,7 +182,7 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     if REGIONS_ATTR in attrs:
         notes = _built_for_another_arch(mod, arch)
         rows, left, not_fused = json_attr(mod, REGIONS_ATTR, []), _left_in_tvm(mod), _not_fused(mod)
-        return OffloadReport(rows, left, not_fused, notes, _launches(mod))
+        return OffloadReport(rows, left, not_fused, notes, launches_or_none(mod))
     if arch is not None:
         check_same_arch(mod, parse_arch(arch), "report its plan")
     arch = arch if arch is not None else int(attrs.get(ARCH_ATTR, 80))
@@ -198,15 +198,6 @@ def offload_report(mod: tvm.IRModule, arch: str | int | None = None, **options) 
     calls = call_counts(mod)
     rows = [r.report_row() | {"calls": calls[r.symbol]} for r in regions if r.symbol not in failed]
     return OffloadReport(rows, _left_in_tvm(mod), _not_fused(mod))
-
-
-def _launches(mod: tvm.IRModule) -> dict[str, int] | None:
-    """launches_per_forward of `main`, or None where the module has no main or TVM's lowering of
-    what it kept fails (a report never raises for it; tvm.compile will say why)."""
-    try:
-        return launches_per_forward(mod)
-    except Exception:
-        return None
 
 
 def _built_for_another_arch(mod: tvm.IRModule, arch) -> list[str]:

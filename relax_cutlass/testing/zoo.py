@@ -344,7 +344,7 @@ def _ms(value: float | None) -> str:
 
 
 def _tvm_kernels(report: dict) -> str:
-    """ ", N TVM kernels" per forward where the record counted them (report.launches)."""
+    """The table's TVM kernels per forward, where the record counted them (report.launches)."""
     launches = report.get("launches_per_forward")
     return f", {launches['tvm']} TVM kernels" if launches else ""
 
